@@ -1,0 +1,29 @@
+"""jbps: BytePS for JAX.
+
+    import jbps
+    jbps.init()                                     # JBPS_SERVERS, JBPS_NUM_WORKERS, JBPS_WORKER_RANK
+    f = jax.pmap(lambda g: jbps.psum(g, "i"), axis_name="i")
+"""
+
+from .config import Config
+from .errors import JbpsError
+from .ops import pmean, psum
+from .runtime import Session, config, engine_stats, init, is_initialized, local_size, rank, shutdown, size
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Config",
+    "JbpsError",
+    "Session",
+    "config",
+    "engine_stats",
+    "init",
+    "is_initialized",
+    "local_size",
+    "pmean",
+    "psum",
+    "rank",
+    "shutdown",
+    "size",
+]

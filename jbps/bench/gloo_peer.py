@@ -1,0 +1,95 @@
+"""Peer benchmark: cross-process psum of one float32 buffer in JAX over gloo (CPU).
+
+Started once per process, e.g.
+    python -m jbps.bench.gloo_peer --coordinator 127.0.0.1:PORT --num-processes 2 \
+        --process-id I --sizes 4194304,67108864 --iters 10 --warmup 2
+Process 0 prints one JSON line: {"tool": ..., "results": {"<bytes>": {...}}}.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+# Must be set before jax creates its backend.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.experimental import multihost_utils  # noqa: E402
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
+
+TOOL = "JAX gloo psum"
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--coordinator", required=True, help="host:port of process 0")
+    p.add_argument("--num-processes", type=int, required=True)
+    p.add_argument("--process-id", type=int, required=True)
+    p.add_argument("--sizes", required=True,
+                   help="comma-separated buffer sizes in bytes")
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=2)
+    return p.parse_args(argv)
+
+
+def bench_size(mesh, nbytes, iters, warmup):
+    pid, nproc = jax.process_index(), jax.process_count()
+    n = nbytes // 4
+    sharding = NamedSharding(mesh, P("i"))
+
+    # Global shape (nproc, n): each process owns row `pid`, filled with pid+1,
+    # so the expected sum is known without communication.
+    local = jax.device_put(np.full((1, n), pid + 1, np.float32), jax.local_devices()[0])
+    x = jax.make_array_from_single_device_arrays((nproc, n), sharding, [local])
+
+    psum = jax.jit(jax.shard_map(lambda a: jax.lax.psum(a, "i"), mesh=mesh,
+                                 in_specs=P("i"), out_specs=P("i")))
+
+    times = []
+    for i in range(warmup + iters):
+        # Start all processes together (like MPI Barrier), else we time skew.
+        multihost_utils.sync_global_devices(f"jbps_gloo_{nbytes}")
+        t0 = time.perf_counter()
+        y = psum(x).block_until_ready()
+        t1 = time.perf_counter()
+        if i == 0:
+            got = np.asarray(y.addressable_shards[0].data)
+            expected = np.full((1, n), nproc * (nproc + 1) / 2, np.float32)
+            if not np.array_equal(got, expected):
+                raise RuntimeError(f"process {pid}: wrong psum result for {nbytes} bytes")
+        if i >= warmup:
+            times.append(t1 - t0)
+        del y
+
+    # Report the slowest process per iteration: the collective is done only when all are.
+    all_times = multihost_utils.process_allgather(np.asarray(times))
+    per_iter = np.max(np.asarray(all_times).reshape(nproc, -1), axis=0).tolist()
+    return {"median_s": statistics.median(per_iter), "min_s": min(per_iter),
+            "iters": len(per_iter)}
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    jax.config.update("jax_platforms", "cpu")
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.config.update("jax_num_cpu_devices", 1)
+    jax.distributed.initialize(coordinator_address=args.coordinator,
+                               num_processes=args.num_processes,
+                               process_id=args.process_id)
+    try:
+        mesh = Mesh(np.array(jax.devices()), ("i",))
+        results = {}
+        for nbytes in (int(s) for s in args.sizes.split(",") if s):
+            results[str(nbytes)] = bench_size(mesh, nbytes, args.iters, args.warmup)
+        if jax.process_index() == 0:
+            print(json.dumps({"tool": TOOL, "results": results}), flush=True)
+    finally:
+        jax.distributed.shutdown()
+
+
+if __name__ == "__main__":
+    main()

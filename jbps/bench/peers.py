@@ -1,0 +1,212 @@
+"""Run peer tools (MPI Allreduce, JAX gloo psum) as 2 local processes and collect timings.
+
+Each runner returns {"tool": str, "results": {size_bytes: {"median_s", "min_s", "iters"}}}
+so the jbps benchmark can print them next to its own numbers.
+"""
+
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+logger = logging.getLogger(__name__)
+
+NUM_PROCESSES = 2
+
+# Directory that contains the `jbps` package, so `python -m jbps.bench.*` works
+# both from a source checkout and from a pip install.
+_PKG_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _child_env(extra=None):
+    env = dict(os.environ)
+    old = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = _PKG_PARENT + (os.pathsep + old if old else "")
+    env.update(extra or {})
+    return env
+
+
+def _peer_args(sizes, iters, warmup):
+    return ["--sizes", ",".join(str(int(s)) for s in sizes),
+            "--iters", str(int(iters)), "--warmup", str(int(warmup))]
+
+
+def _parse_result(stdout, what):
+    # Libraries (e.g. gloo) also write to stdout, so take the last JSON line.
+    for line in reversed(stdout.splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                out = json.loads(line)
+            except ValueError:
+                continue
+            out["results"] = {int(k): v for k, v in out["results"].items()}
+            return out
+    raise RuntimeError(f"{what}: no JSON result in output:\n{stdout}")
+
+
+def _proc_start(pid):
+    """(ppid, start time) of `pid` from /proc, or None if it is gone (Linux only)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[1]), fields[19]
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _descendants(root_pids):
+    """Snapshot {pid: start time} of every live descendant of `root_pids`."""
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return {}
+    info = {pid: st for pid in pids if (st := _proc_start(pid)) is not None}
+    found, todo = {}, list(root_pids)
+    while todo:
+        parent = todo.pop()
+        for pid, (ppid, start) in info.items():
+            if ppid == parent and pid not in found:
+                found[pid] = start
+                todo.append(pid)
+    return found
+
+
+def _terminate(procs, what, grace_s):
+    """End every process we started and everything they spawned, by pid.
+
+    Each child leads its own process group (start_new_session=True), but
+    mpiexec's proxy and ranks call setsid, so a group kill misses them.
+    SIGTERM first (if grace_s > 0) lets mpiexec tear its ranks down; then
+    SIGKILL the groups and any descendant from the snapshot that is still alive
+    (same pid *and* start time, so a recycled pid is never hit).
+    """
+    live = [p for p in procs if p.poll() is None]
+    if not live:
+        return
+    family = _descendants(p.pid for p in live)
+    if grace_s > 0:
+        for p in live:
+            _signal_group(p, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(p.poll() is None for p in live):
+        time.sleep(0.05)
+    for p in live:
+        if p.poll() is None:
+            _signal_group(p, signal.SIGKILL)
+    for pid, start in family.items():
+        st = _proc_start(pid)
+        if st is not None and st[1] == start:
+            logger.debug("%s: killing leftover pid %d", what, pid)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _signal_group(proc, sig):
+    try:
+        os.killpg(proc.pid, sig)  # the group we created with start_new_session
+    except ProcessLookupError:
+        pass
+
+
+def _run_group(cmds, env, timeout_s, what, grace_s=0.0):
+    """Start each command in its own session, wait for all, return their stdouts.
+
+    Fails as soon as any process exits non-zero (its peers would otherwise
+    block until the timeout). On timeout or failure everything we started is
+    ended by pid (see _terminate); all children are reaped in `finally`.
+    """
+    procs, logs = [], []
+    try:
+        for cmd in cmds:
+            logger.debug("%s: starting %s", what, " ".join(cmd))
+            # Files, not pipes: a chatty child can never block on a full pipe.
+            out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+            logs.append((out, err))
+            procs.append(subprocess.Popen(cmd, env=env, cwd=_PKG_PARENT, stdout=out,
+                                          stderr=err, text=True, start_new_session=True))
+        deadline = time.monotonic() + timeout_s
+        while True:
+            codes = [p.poll() for p in procs]
+            for i, rc in enumerate(codes):
+                if rc not in (None, 0):
+                    raise RuntimeError(f"{what}: process {i} exited with {rc}; "
+                                       f"stderr:\n{_read(logs[i][1])}")
+            if all(rc == 0 for rc in codes):
+                return [_read(out) for out, _ in logs]
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{what}: timed out after {timeout_s} s; stderr of "
+                                   f"process 0:\n{_read(logs[0][1])}")
+            time.sleep(0.05)
+    finally:
+        _terminate(procs, what, grace_s)
+        for p in procs:
+            try:
+                p.wait(timeout=10)  # reap
+            except subprocess.TimeoutExpired:
+                logger.warning("%s: pid %d did not exit after SIGKILL", what, p.pid)
+        for out, err in logs:
+            out.close()
+            err.close()
+
+
+def _read(f):
+    f.seek(0)
+    return f.read()
+
+
+def _find_mpiexec():
+    # Prefer the venv's own mpiexec: it matches the MPI that mpi4py was built against.
+    local = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if os.access(local, os.X_OK):
+        return local
+    return shutil.which("mpiexec")
+
+
+def run_mpi_allreduce(sizes: list[int], iters: int, warmup: int,
+                      timeout_s: float = 300) -> dict | None:
+    """Time mpi4py Allreduce(SUM) across 2 local ranks; None if mpi4py is missing."""
+    if importlib.util.find_spec("mpi4py") is None:
+        logger.info("mpi4py not installed; skipping MPI peer")
+        return None
+    mpiexec = _find_mpiexec()
+    if mpiexec is None:
+        raise RuntimeError("mpi4py is installed but no mpiexec was found")
+    cmd = [mpiexec, "-n", str(NUM_PROCESSES), sys.executable, "-m", "jbps.bench.mpi_peer",
+           *_peer_args(sizes, iters, warmup)]
+    # SIGTERM grace: mpiexec then tears down its ranks, which sit in their own sessions.
+    [out] = _run_group([cmd], _child_env(), timeout_s, "mpi_peer", grace_s=3.0)
+    return _parse_result(out, "mpi_peer")
+
+
+def run_gloo_psum(sizes: list[int], iters: int, warmup: int,
+                  timeout_s: float = 300) -> dict:
+    """Time a JAX psum over gloo across 2 local processes with 1 CPU device each."""
+    # One CPU device per process; appended so it wins over an inherited count.
+    xla_flags = (os.environ.get("XLA_FLAGS", "") +
+                 " --xla_force_host_platform_device_count=1").strip()
+    env = _child_env({"JAX_PLATFORMS": "cpu", "XLA_FLAGS": xla_flags})
+    coordinator = f"127.0.0.1:{free_port()}"
+    cmds = [[sys.executable, "-m", "jbps.bench.gloo_peer", "--coordinator", coordinator,
+             "--num-processes", str(NUM_PROCESSES), "--process-id", str(i),
+             *_peer_args(sizes, iters, warmup)]
+            for i in range(NUM_PROCESSES)]
+    # No SIGTERM grace: JAX's distributed runtime catches SIGTERM (preemption).
+    outputs = _run_group(cmds, env, timeout_s, "gloo_peer")
+    return _parse_result(outputs[0], "gloo_peer")

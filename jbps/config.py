@@ -1,0 +1,126 @@
+"""Every knob of jbps: a keyword of ``jbps.init()`` and an environment variable.
+
+BytePS names are accepted as aliases where the meaning is the same. Keywords
+override the environment; the JBPS_* name wins over its alias.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Callable, Mapping
+
+from .errors import JbpsError
+
+DEFAULT_PARTITION_BYTES = 4 << 20
+DEFAULT_SCHEDULING_CREDIT = 4
+DEFAULT_TIMEOUT_S = 60.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    name: str  # keyword of jbps.init()
+    env: tuple[str, ...]  # environment variables, preferred first
+    parse: Callable[[str], Any]
+    default: Any
+    help: str
+
+
+def _servers(text: str) -> tuple[str, ...]:
+    items = tuple(s.strip() for s in text.split(",") if s.strip())
+    for item in items:
+        host, sep, port = item.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"{item!r} is not host:port")
+    return items
+
+
+def _positive_int(text: str) -> int:
+    value = int(text, 0)
+    if value < 1:
+        raise ValueError("must be at least 1")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text, 0)
+    if value < 0:
+        raise ValueError("must not be negative")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise ValueError("must be positive")
+    return value
+
+
+def _token(text: str) -> int:
+    value = int(text, 0)
+    if not 0 <= value < 1 << 64:
+        raise ValueError("must be an integer in [0, 2**64)")
+    return value
+
+
+OPTIONS = (
+    Option("servers", ("JBPS_SERVERS",), _servers, None,
+           "comma-separated host:port of every summation server"),
+    Option("num_workers", ("JBPS_NUM_WORKERS", "DMLC_NUM_WORKER"), _positive_int, 1,
+           "number of worker processes in the job"),
+    Option("worker_rank", ("JBPS_WORKER_RANK", "DMLC_WORKER_ID"), _non_negative_int, 0,
+           "this worker's rank, 0 .. num_workers-1"),
+    Option("partition_bytes", ("JBPS_PARTITION_BYTES", "BYTEPS_PARTITION_BYTES"), _positive_int,
+           DEFAULT_PARTITION_BYTES, "largest chunk of a tensor sent as one message"),
+    Option("scheduling_credit", ("JBPS_SCHEDULING_CREDIT", "BYTEPS_SCHEDULING_CREDIT"), _positive_int,
+           DEFAULT_SCHEDULING_CREDIT, "partitions in flight per worker (credit window = this x partition_bytes)"),
+    Option("timeout_s", ("JBPS_TIMEOUT_S",), _positive_float, DEFAULT_TIMEOUT_S,
+           "seconds before connecting or a psum gives up with an error"),
+    Option("job_token", ("JBPS_JOB_TOKEN",), _token, 0,
+           "shared secret of the job; servers refuse workers without it"),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    servers: tuple[str, ...]
+    num_workers: int
+    worker_rank: int
+    partition_bytes: int
+    scheduling_credit: int
+    timeout_s: float
+    job_token: int
+
+    @classmethod
+    def resolve(cls, overrides: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> "Config":
+        """Builds the config from keywords, then the environment, then defaults."""
+        environ = os.environ if environ is None else environ
+        known = {o.name for o in OPTIONS}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise TypeError(f"jbps.init() got unknown option(s) {unknown}; known: {sorted(known)}")
+        values = {}
+        for opt in OPTIONS:
+            if opt.name in overrides and overrides[opt.name] is not None:
+                raw, source = overrides[opt.name], f"jbps.init({opt.name}=...)"
+                if isinstance(raw, (list, tuple)):
+                    raw = ",".join(raw)  # servers=["h:p", ...]
+                raw = str(raw)
+            else:
+                source = next((e for e in opt.env if environ.get(e, "").strip()), None)
+                if source is None:
+                    values[opt.name] = opt.default
+                    continue
+                raw = environ[source]
+            try:
+                values[opt.name] = opt.parse(raw.strip())
+            except ValueError as exc:
+                raise JbpsError(f"{source}={raw!r}: {exc}") from None
+        config = cls(**values)
+        if not config.servers:
+            raise JbpsError("no summation servers: set JBPS_SERVERS=host:port[,host:port...] "
+                            "or pass jbps.init(servers=[...])")
+        if config.worker_rank >= config.num_workers:
+            raise JbpsError(f"worker rank {config.worker_rank} (JBPS_WORKER_RANK) is out of range for "
+                            f"{config.num_workers} workers (JBPS_NUM_WORKERS)")
+        return config

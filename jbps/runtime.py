@@ -1,0 +1,120 @@
+"""Process-wide state: init(), shutdown() and what they start."""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import threading
+
+import jax
+
+from . import _core
+from .config import Config
+from .errors import JbpsError
+
+FFI_TARGET = "jbps_psum"
+
+_lock = threading.Lock()
+_config: Config | None = None
+_ffi_registered = False
+_atexit_registered = False
+_names = itertools.count()
+
+
+class Session:
+    """What init() returns; usable as a context manager that shuts down on exit."""
+
+    def __init__(self, config: Config):
+        self.config = config
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        shutdown()
+
+    def __repr__(self) -> str:
+        return f"jbps.Session({self.config})"
+
+
+def _register_ffi() -> None:
+    global _ffi_registered
+    if not _ffi_registered:
+        for name, capsule in _core.ffi_targets().items():
+            jax.ffi.register_ffi_target(name, capsule, platform="cpu")
+        _ffi_registered = True
+
+
+def init(**overrides) -> Session:
+    """Starts this process's engine and connects to every summation server.
+
+    Calling init again with no keywords, or with the same settings, while
+    initialized is a no-op; different settings raise JbpsError (call
+    shutdown() first).
+    """
+    global _config, _atexit_registered
+    with _lock:
+        config = Config.resolve(overrides)
+        if _config is not None:
+            if config != _config:
+                raise JbpsError("jbps is already initialized with different settings; call jbps.shutdown() first")
+            return Session(_config)
+        _register_ffi()
+        try:
+            _core.engine_start(list(config.servers), config.worker_rank, config.num_workers, config.job_token,
+                               config.partition_bytes, config.scheduling_credit, config.timeout_s)
+        except RuntimeError as exc:
+            raise JbpsError(f"jbps.init() failed: {exc}") from None
+        _config = config
+        if not _atexit_registered:
+            atexit.register(shutdown)
+            _atexit_registered = True
+        return Session(config)
+
+
+def shutdown() -> None:
+    """Stops the engine; pending psums fail with an error. Safe to call twice."""
+    global _config
+    with _lock:
+        if _config is None:
+            return
+        _core.engine_stop()
+        _config = None
+
+
+def is_initialized() -> bool:
+    return _config is not None
+
+
+def config() -> Config:
+    """The active configuration; raises JbpsError before init()."""
+    if _config is None:
+        raise JbpsError("jbps is not initialized: call jbps.init() first")
+    return _config
+
+
+def rank() -> int:
+    """This worker process's rank, 0 .. size()-1."""
+    return config().worker_rank
+
+
+def size() -> int:
+    """Number of worker processes in the job."""
+    return config().num_workers
+
+
+def local_size() -> int:
+    """Number of local devices this worker reduces over before the network."""
+    config()
+    return jax.local_device_count()
+
+
+def engine_stats() -> dict:
+    """Counters of this process's engine (bytes pushed/pulled, calls, chunks)."""
+    return dict(_core.engine_stats())
+
+
+def next_auto_name(prefix: str) -> str:
+    """A name for an unnamed psum: the n-th traced in this process. Workers run
+    the same program, so they trace psums in the same order."""
+    return f"{prefix}.{next(_names)}"

@@ -1,0 +1,1 @@
+"""The summation server: `python -m jbps.server --bind HOST:PORT --num-workers N`."""

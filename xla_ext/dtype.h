@@ -1,0 +1,21 @@
+// Element types jbps can sum, as they travel on the wire.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace jbps {
+
+enum class DType : uint8_t { kF32 = 0, kF64 = 1, kF16 = 2, kBF16 = 3, kI32 = 4 };
+
+constexpr int kNumDTypes = 5;
+
+bool DTypeValid(uint8_t raw);
+size_t DTypeSize(DType d);
+const char* DTypeName(DType d);
+
+// Servers accumulate 16-bit floats in float32 so that sums over many workers
+// do not lose precision at every addition; other types accumulate as themselves.
+size_t AccumulatorSize(DType d);
+
+}  // namespace jbps

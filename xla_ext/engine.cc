@@ -1,0 +1,725 @@
+#include "engine.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <queue>
+#include <thread>
+#include <unordered_map>
+
+#include "log.h"
+#include "net.h"
+#include "protocol.h"
+
+namespace jbps {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+std::string FormatSeconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", s);
+  return buf;
+}
+
+// One psum call of one device: its chunks complete it; any failure fails it.
+// XLA owns the input/output memory until `done` runs, so every thread that
+// touches that memory holds an I/O reference, and `done` runs only after the
+// last one is released. A failed call refuses new references, which is what
+// stops late sums from being written into freed buffers.
+struct Call {
+  Engine::Impl* engine = nullptr;
+  uint64_t id = 0;
+  CallSpec spec;
+  DoneFn done;
+  Clock::time_point deadline;
+  size_t total_chunks = 0;
+  std::atomic<bool> failed{false};
+
+  std::mutex mu;
+  int io_refs = 1;  // the base reference, dropped on success or failure
+  bool base_released = false;
+  size_t remaining = 0;
+  std::string error;
+
+  bool TryAcquire() {
+    std::lock_guard<std::mutex> lock(mu);
+    if (base_released) return false;
+    ++io_refs;
+    return true;
+  }
+
+  std::string TensorName(int op) const {
+    size_t start = 0;
+    for (int i = 0; i < op; ++i) {
+      start = spec.names.find('\n', start);
+      if (start == std::string::npos) return "#" + std::to_string(op);
+      ++start;
+    }
+    size_t end = spec.names.find('\n', start);
+    std::string name = spec.names.substr(start, end == std::string::npos ? std::string::npos : end - start);
+    return name.empty() ? "#" + std::to_string(op) : name;
+  }
+};
+using CallPtr = std::shared_ptr<Call>;
+
+struct Chunk {
+  CallPtr call;
+  int op = 0;
+  size_t offset = 0;
+  size_t nbytes = 0;
+  uint64_t key = 0;
+  uint32_t round = 0;
+  int server = 0;
+  int64_t priority = 0;
+  uint64_t seq = 0;
+  bool skipped = false;  // never sent (its call failed first)
+};
+using ChunkPtr = std::shared_ptr<Chunk>;
+
+// Highest priority first; first submitted first among equals.
+struct ChunkOrder {
+  bool operator()(const ChunkPtr& a, const ChunkPtr& b) const {
+    if (a->priority != b->priority) return a->priority < b->priority;
+    return a->seq > b->seq;
+  }
+};
+
+struct RoundKey {
+  uint64_t key;
+  uint32_t round;
+  bool operator==(const RoundKey& o) const { return key == o.key && round == o.round; }
+};
+struct RoundKeyHash {
+  size_t operator()(const RoundKey& k) const { return k.key * 31 + k.round; }
+};
+
+struct ServerConn {
+  int index = 0;
+  HostPort addr;
+  int fd = -1;
+  // Guarded by Engine::Impl::mu.
+  std::deque<ChunkPtr> sendq;
+  std::deque<ChunkPtr> unacked;  // dispatched, in send order, awaiting kPushAck
+  std::condition_variable send_cv;
+  bool bye = false;
+  bool failed = false;
+  std::thread sender;
+  std::thread receiver;
+};
+
+// Runs `done` callbacks. XLA may continue the device's program inline in the
+// thread that completes its future (and block there in a cross-device
+// rendezvous), so each local device gets its own thread and no network thread
+// ever runs user computation.
+class Completer {
+ public:
+  Completer() : thread_([this] { Loop(); }) {}
+  ~Completer() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void Post(std::function<void()> fn) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      q_.push_back(std::move(fn));
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || !q_.empty(); });
+      if (q_.empty()) return;  // stop requested and drained
+      auto fn = std::move(q_.front());
+      q_.pop_front();
+      lock.unlock();
+      fn();
+      lock.lock();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> q_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace
+
+uint64_t ChunkKey(uint64_t base_key, uint32_t shard, uint32_t chunk) {
+  uint64_t k = SplitMix64(base_key ^ SplitMix64((static_cast<uint64_t>(shard) << 32) | chunk));
+  return k == 0 ? 1 : k;  // key 0 marks connection-level errors on the wire
+}
+
+struct Engine::Impl {
+  EngineOptions opt;
+  int stall_ms = 60000;
+  size_t credit_bytes = 0;
+
+  std::mutex mu;
+  std::condition_variable dispatch_cv;
+  std::condition_variable watchdog_cv;
+  bool running = false;
+  bool stopping = false;
+  std::priority_queue<ChunkPtr, std::vector<ChunkPtr>, ChunkOrder> queue;
+  size_t inflight_bytes = 0;
+  std::unordered_map<RoundKey, ChunkPtr, RoundKeyHash> pending;  // sent or sending, sum not yet received
+  std::unordered_map<uint64_t, uint32_t> next_round;
+  std::map<uint64_t, CallPtr> active;  // by id: ids grow with deadlines
+  std::vector<std::unique_ptr<ServerConn>> conns;
+  uint64_t next_call_id = 1;
+  uint64_t next_seq = 0;
+  std::thread dispatcher;
+  std::thread watchdog;
+
+  std::mutex completer_mu;
+  std::unordered_map<uint32_t, std::unique_ptr<Completer>> completers;
+
+  std::atomic<uint64_t> calls{0}, calls_failed{0}, chunks_pushed{0}, bytes_pushed{0}, bytes_pulled{0};
+
+  void DispatchLoop();
+  void SendLoop(ServerConn* sc);
+  void RecvLoop(ServerConn* sc);
+  void WatchdogLoop();
+
+  void ReleaseIo(Call* c);
+  void ChunkDone(Call* c);
+  void FailCall(const CallPtr& c, const std::string& msg);
+  void Complete(Call* c);
+  void ConnFailed(ServerConn* sc, const std::string& why);
+  void PopAcked(ServerConn* sc);
+  bool Drain(int fd, uint64_t nbytes, std::vector<char>* scratch);
+  std::string TimeoutMessage(const CallPtr& c);
+};
+
+Engine::Engine() : impl_(std::make_shared<Impl>()) {}
+
+Engine& Engine::Get() {
+  static Engine* engine = new Engine();  // never destroyed: threads are stopped by Stop()
+  return *engine;
+}
+
+bool Engine::running() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->running;
+}
+
+EngineStats Engine::stats() const {
+  EngineStats s;
+  s.calls = impl_->calls.load();
+  s.calls_failed = impl_->calls_failed.load();
+  s.chunks_pushed = impl_->chunks_pushed.load();
+  s.bytes_pushed = impl_->bytes_pushed.load();
+  s.bytes_pulled = impl_->bytes_pulled.load();
+  return s;
+}
+
+bool Engine::Start(const EngineOptions& options, std::string* err) {
+  Impl& s = *impl_;
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (s.running) {
+    *err = "the jbps engine is already running";
+    return false;
+  }
+  if (options.servers.empty()) {
+    *err = "no summation servers given";
+    return false;
+  }
+  if (options.num_workers < 1 || options.rank >= options.num_workers) {
+    *err = "worker rank " + std::to_string(options.rank) + " out of range for " +
+           std::to_string(options.num_workers) + " workers";
+    return false;
+  }
+  if (options.partition_bytes < 8 || options.credit < 1 || options.timeout_s <= 0) {
+    *err = "partition_bytes must be >= 8, credit >= 1 and timeout_s > 0";
+    return false;
+  }
+  s.opt = options;
+  s.stall_ms = static_cast<int>(std::min(options.timeout_s * 1000, 2e9));
+  s.credit_bytes = options.partition_bytes * static_cast<size_t>(options.credit);
+
+  auto deadline = Clock::now() + std::chrono::duration<double>(options.timeout_s);
+  std::vector<std::unique_ptr<ServerConn>> conns;
+  auto fail = [&](const std::string& why) {
+    for (auto& c : conns) CloseFd(c->fd);
+    *err = why;
+    return false;
+  };
+  for (size_t i = 0; i < options.servers.size(); ++i) {
+    auto sc = std::make_unique<ServerConn>();
+    sc->index = static_cast<int>(i);
+    if (!ParseHostPort(options.servers[i], &sc->addr, err)) return fail("server " + *err);
+    double left = std::chrono::duration<double>(deadline - Clock::now()).count();
+    sc->fd = ConnectWithRetry(sc->addr, std::max(left, 0.001), err);
+    if (sc->fd < 0) return fail(*err);
+    conns.push_back(std::move(sc));
+    ServerConn& c = *conns.back();
+    FrameHeader hello = MakeHeader(MsgType::kHello, options.token);
+    hello.sender = options.rank;
+    hello.key = options.num_workers;
+    struct iovec iov = {&hello, sizeof(hello)};
+    FrameHeader reply;
+    IoStatus st = SendAll(c.fd, &iov, 1, s.stall_ms);
+    if (st == IoStatus::kOk) st = RecvAll(c.fd, &reply, sizeof(reply), s.stall_ms, s.stall_ms);
+    if (st != IoStatus::kOk)
+      return fail("server " + c.addr.ToString() + " did not answer the hello: " + IoStatusName(st) +
+                  " (wrong job token, or not a jbps server?)");
+    std::string why = ValidateHeader(reply, options.token);
+    if (!why.empty()) return fail("server " + c.addr.ToString() + ": " + why);
+    if (reply.type == static_cast<uint16_t>(MsgType::kError)) {
+      std::string text(reply.nbytes, '\0');
+      RecvAll(c.fd, text.data(), text.size(), s.stall_ms, s.stall_ms);
+      return fail("server " + c.addr.ToString() + " refused this worker: " + text);
+    }
+    if (reply.type != static_cast<uint16_t>(MsgType::kHelloOk))
+      return fail("server " + c.addr.ToString() + " answered the hello with message type " +
+                  std::to_string(reply.type));
+  }
+  s.conns = std::move(conns);
+  s.running = true;
+  s.stopping = false;
+  for (auto& c : s.conns) {
+    ServerConn* sc = c.get();
+    sc->sender = std::thread([&s, sc] { s.SendLoop(sc); });
+    sc->receiver = std::thread([&s, sc] { s.RecvLoop(sc); });
+  }
+  s.dispatcher = std::thread([&s] { s.DispatchLoop(); });
+  s.watchdog = std::thread([&s] { s.WatchdogLoop(); });
+  return true;
+}
+
+void Engine::Stop() {
+  Impl& s = *impl_;
+  std::vector<CallPtr> victims;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (!s.running || s.stopping) return;
+    s.stopping = true;
+    for (auto& kv : s.active) victims.push_back(kv.second);
+  }
+  s.dispatch_cv.notify_all();
+  s.watchdog_cv.notify_all();
+  s.dispatcher.join();
+  s.watchdog.join();
+  for (auto& c : victims) s.FailCall(c, "jbps was shut down while this psum was pending");
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    for (auto& c : s.conns) {
+      c->bye = true;
+      c->send_cv.notify_all();
+    }
+  }
+  for (auto& c : s.conns) c->sender.join();  // each says goodbye, then exits
+  for (auto& c : s.conns) {
+    ShutdownFd(c->fd);
+    c->receiver.join();
+    CloseFd(c->fd);
+  }
+  {
+    std::lock_guard<std::mutex> lock(s.completer_mu);
+    s.completers.clear();  // runs what is queued, then joins
+  }
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.conns.clear();
+  s.queue = {};
+  s.pending.clear();
+  s.next_round.clear();
+  s.active.clear();
+  s.inflight_bytes = 0;
+  s.running = false;
+  s.stopping = false;
+}
+
+void Engine::Submit(CallSpec spec, DoneFn done) {
+  Impl& s = *impl_;
+  auto call = std::make_shared<Call>();
+  call->engine = &s;
+  call->spec = std::move(spec);
+  call->done = std::move(done);
+  std::vector<ChunkPtr> chunks;
+  const size_t partition = s.opt.partition_bytes;
+  for (size_t i = 0; i < call->spec.operands.size(); ++i) {
+    const Operand& op = call->spec.operands[i];
+    if (op.nbytes == 0) continue;
+    size_t elem = DTypeSize(op.dtype);
+    size_t part = std::max(elem, partition - partition % elem);
+    uint32_t n = static_cast<uint32_t>((op.nbytes + part - 1) / part);
+    for (uint32_t c = 0; c < n; ++c) {
+      auto ch = std::make_shared<Chunk>();
+      ch->call = call;
+      ch->op = static_cast<int>(i);
+      ch->offset = c * part;
+      ch->nbytes = std::min(part, op.nbytes - ch->offset);
+      ch->key = ChunkKey(op.base_key, call->spec.shard, c);
+      ch->priority = op.priority;
+      chunks.push_back(std::move(ch));
+    }
+  }
+  call->total_chunks = call->remaining = chunks.size();
+
+  std::string fail;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (!s.running || s.stopping) {
+      fail = "the jbps engine is not running: call jbps.init() first (or it was shut down)";
+    } else {
+      for (auto& c : s.conns)
+        if (c->failed) fail = "jbps lost summation server " + c->addr.ToString() + " earlier in this job";
+    }
+    if (fail.empty()) {
+      call->id = s.next_call_id++;
+      call->deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                          std::chrono::duration<double>(s.opt.timeout_s));
+      for (auto& ch : chunks) {
+        ch->round = s.next_round[ch->key]++;
+        ch->server = static_cast<int>(ch->key % s.conns.size());
+        ch->seq = s.next_seq++;
+        s.queue.push(ch);
+      }
+      s.active[call->id] = call;
+      ++s.calls;
+    }
+  }
+  if (!fail.empty()) {
+    ++s.calls;
+    s.FailCall(call, fail);
+    return;
+  }
+  if (chunks.empty()) {
+    call->remaining = 1;  // nothing to send: complete through the usual path
+    s.ChunkDone(call.get());
+    return;
+  }
+  s.dispatch_cv.notify_one();
+  s.watchdog_cv.notify_one();
+}
+
+void Engine::Impl::DispatchLoop() {
+  std::unique_lock<std::mutex> lock(mu);
+  for (;;) {
+    // The credit window bounds bytes on the wire, so a high-priority chunk that
+    // arrives now waits behind at most `credit` partitions, not a whole model.
+    dispatch_cv.wait(lock, [&] {
+      return stopping ||
+             (!queue.empty() && (inflight_bytes == 0 || inflight_bytes + queue.top()->nbytes <= credit_bytes));
+    });
+    if (stopping) return;
+    ChunkPtr ch = queue.top();
+    queue.pop();
+    if (ch->call->failed) continue;
+    ServerConn* sc = conns[ch->server].get();
+    if (sc->failed) {
+      lock.unlock();
+      FailCall(ch->call, "jbps lost summation server " + sc->addr.ToString() + " earlier in this job");
+      lock.lock();
+      continue;
+    }
+    inflight_bytes += ch->nbytes;
+    pending[RoundKey{ch->key, ch->round}] = ch;
+    sc->unacked.push_back(ch);
+    sc->sendq.push_back(ch);
+    sc->send_cv.notify_one();
+  }
+}
+
+void Engine::Impl::PopAcked(ServerConn* sc) {
+  // Credit of never-sent chunks is returned once they reach the front.
+  while (!sc->unacked.empty() && sc->unacked.front()->skipped) {
+    inflight_bytes -= sc->unacked.front()->nbytes;
+    sc->unacked.pop_front();
+  }
+}
+
+void Engine::Impl::SendLoop(ServerConn* sc) {
+  for (;;) {
+    ChunkPtr ch;
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      sc->send_cv.wait(lock, [&] { return sc->failed || sc->bye || !sc->sendq.empty(); });
+      if (sc->failed) return;
+      if (!sc->sendq.empty()) {
+        ch = sc->sendq.front();
+        sc->sendq.pop_front();
+      }
+    }
+    if (!ch) {  // asked to stop and nothing left to send
+      FrameHeader bye = MakeHeader(MsgType::kBye, opt.token);
+      bye.sender = opt.rank;
+      struct iovec iov = {&bye, sizeof(bye)};
+      SendAll(sc->fd, &iov, 1, 1000);
+      return;
+    }
+    Call* call = ch->call.get();
+    if (!call->TryAcquire()) {
+      std::lock_guard<std::mutex> lock(mu);
+      auto it = pending.find(RoundKey{ch->key, ch->round});
+      if (it != pending.end() && it->second == ch) pending.erase(it);
+      ch->skipped = true;
+      PopAcked(sc);
+      dispatch_cv.notify_one();
+      continue;
+    }
+    const Operand& op = call->spec.operands[ch->op];
+    FrameHeader h = MakeHeader(MsgType::kPush, opt.token);
+    h.key = ch->key;
+    h.round = ch->round;
+    h.dtype = static_cast<uint8_t>(op.dtype);
+    h.sender = opt.rank;
+    h.nbytes = ch->nbytes;
+    // Header and payload in one sendmsg, the payload read straight from XLA's buffer.
+    struct iovec iov[2] = {{&h, sizeof(h)},
+                           {const_cast<char*>(static_cast<const char*>(op.in)) + ch->offset, ch->nbytes}};
+    IoStatus st = SendAll(sc->fd, iov, 2, stall_ms);
+    ReleaseIo(call);
+    if (st != IoStatus::kOk) {
+      ConnFailed(sc, std::string("send failed: ") + IoStatusName(st));
+      return;
+    }
+    ++chunks_pushed;
+    bytes_pushed += ch->nbytes;
+  }
+}
+
+bool Engine::Impl::Drain(int fd, uint64_t nbytes, std::vector<char>* scratch) {
+  scratch->resize(1 << 20);
+  while (nbytes > 0) {
+    size_t n = std::min<uint64_t>(nbytes, scratch->size());
+    if (RecvAll(fd, scratch->data(), n, stall_ms, stall_ms) != IoStatus::kOk) return false;
+    nbytes -= n;
+  }
+  return true;
+}
+
+void Engine::Impl::RecvLoop(ServerConn* sc) {
+  std::vector<char> scratch;
+  const std::string server = sc->addr.ToString();
+  for (;;) {
+    FrameHeader h;
+    IoStatus st = RecvAll(sc->fd, &h, sizeof(h), -1, stall_ms);
+    if (st != IoStatus::kOk) {
+      ConnFailed(sc, IoStatusName(st));
+      return;
+    }
+    std::string why = ValidateHeader(h, opt.token);
+    if (!why.empty()) {
+      ConnFailed(sc, "protocol error: " + why);
+      return;
+    }
+    const auto type = static_cast<MsgType>(h.type);
+    if (type == MsgType::kPushAck) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!sc->unacked.empty()) {
+        inflight_bytes -= sc->unacked.front()->nbytes;
+        sc->unacked.pop_front();
+        PopAcked(sc);
+      }
+      dispatch_cv.notify_one();
+      continue;
+    }
+    if (type != MsgType::kSum && type != MsgType::kError) {
+      ConnFailed(sc, "protocol error: unexpected message type " + std::to_string(h.type));
+      return;
+    }
+    ChunkPtr ch;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      auto it = pending.find(RoundKey{h.key, h.round});
+      if (it != pending.end()) {
+        ch = it->second;
+        pending.erase(it);
+      }
+    }
+    if (type == MsgType::kError) {
+      std::string text(h.nbytes, '\0');
+      if (RecvAll(sc->fd, text.data(), text.size(), stall_ms, stall_ms) != IoStatus::kOk) {
+        ConnFailed(sc, "truncated error message");
+        return;
+      }
+      if (ch) {
+        FailCall(ch->call, "jbps: psum of tensor '" + ch->call->TensorName(ch->op) + "' failed on server " +
+                               server + ": " + text);
+      } else if (h.key == 0) {
+        ConnFailed(sc, text);
+        return;
+      }
+      continue;
+    }
+    // kSum: land the payload in the output buffer, or drain it if its call is gone.
+    bool wanted = ch && ch->call->TryAcquire();
+    if (wanted) {
+      const Operand& op = ch->call->spec.operands[ch->op];
+      if (h.nbytes != ch->nbytes || h.dtype != static_cast<uint8_t>(op.dtype)) {
+        FailCall(ch->call, "jbps: server " + server + " returned " + std::to_string(h.nbytes) +
+                               " bytes for tensor '" + ch->call->TensorName(ch->op) + "', expected " +
+                               std::to_string(ch->nbytes));
+        ReleaseIo(ch->call.get());
+        wanted = false;
+      }
+    }
+    if (!wanted) {
+      if (!Drain(sc->fd, h.nbytes, &scratch)) {
+        ConnFailed(sc, "truncated sum");
+        return;
+      }
+      continue;
+    }
+    char* out = static_cast<char*>(ch->call->spec.operands[ch->op].out) + ch->offset;
+    st = RecvAll(sc->fd, out, ch->nbytes, stall_ms, stall_ms);
+    if (st == IoStatus::kOk) {
+      bytes_pulled += ch->nbytes;
+      ChunkDone(ch->call.get());
+    }
+    ReleaseIo(ch->call.get());
+    if (st != IoStatus::kOk) {
+      ConnFailed(sc, std::string("receiving a sum: ") + IoStatusName(st));
+      return;
+    }
+  }
+}
+
+std::string Engine::Impl::TimeoutMessage(const CallPtr& c) {
+  // Called with mu held.
+  std::vector<std::string> waiting;
+  int first_op = -1;
+  size_t missing = 0;
+  for (auto& kv : pending) {
+    if (kv.second->call != c) continue;
+    ++missing;
+    if (first_op < 0) first_op = kv.second->op;
+    std::string name = conns[kv.second->server]->addr.ToString();
+    if (std::find(waiting.begin(), waiting.end(), name) == waiting.end()) waiting.push_back(name);
+  }
+  std::string msg = "jbps: psum timed out after " + FormatSeconds(opt.timeout_s) + " s (JBPS_TIMEOUT_S)";
+  size_t remaining;
+  {
+    std::lock_guard<std::mutex> lock(c->mu);
+    remaining = c->remaining;
+  }
+  msg += ": " + std::to_string(remaining) + " of " + std::to_string(c->total_chunks) + " chunks not summed";
+  if (first_op >= 0) {
+    msg += "; tensor '" + c->TensorName(first_op) + "' is waiting on server";
+    for (auto& w : waiting) msg += " " + w;
+    msg += " for the other workers' pushes (is a worker missing, or calling psum with a different tree?)";
+  } else {
+    msg += " (chunks still queued: the credit window is held by other calls)";
+  }
+  return msg;
+}
+
+void Engine::Impl::WatchdogLoop() {
+  std::unique_lock<std::mutex> lock(mu);
+  for (;;) {
+    if (stopping) return;
+    if (active.empty()) {
+      watchdog_cv.wait(lock);
+      continue;
+    }
+    CallPtr first = active.begin()->second;
+    if (Clock::now() < first->deadline) {
+      watchdog_cv.wait_until(lock, first->deadline);
+      continue;
+    }
+    active.erase(active.begin());
+    std::string msg = TimeoutMessage(first);
+    lock.unlock();
+    FailCall(first, msg);
+    lock.lock();
+  }
+}
+
+void Engine::Impl::ReleaseIo(Call* c) {
+  bool complete;
+  {
+    std::lock_guard<std::mutex> lock(c->mu);
+    complete = --c->io_refs == 0;
+  }
+  if (complete) Complete(c);
+}
+
+void Engine::Impl::ChunkDone(Call* c) {
+  bool complete = false;
+  {
+    std::lock_guard<std::mutex> lock(c->mu);
+    if (--c->remaining == 0 && !c->base_released) {
+      c->base_released = true;
+      complete = --c->io_refs == 0;
+    }
+  }
+  if (complete) Complete(c);
+}
+
+void Engine::Impl::FailCall(const CallPtr& c, const std::string& msg) {
+  bool complete;
+  {
+    std::lock_guard<std::mutex> lock(c->mu);
+    if (c->base_released) return;
+    c->base_released = true;
+    c->error = msg;
+    c->failed = true;
+    complete = --c->io_refs == 0;
+  }
+  {
+    // Forget its outstanding chunks: their sums, if they come, are drained.
+    std::lock_guard<std::mutex> lock(mu);
+    for (auto it = pending.begin(); it != pending.end();) {
+      it = it->second->call == c ? pending.erase(it) : std::next(it);
+    }
+  }
+  if (complete) Complete(c.get());
+}
+
+void Engine::Impl::Complete(Call* c) {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    active.erase(c->id);
+  }
+  if (c->failed) ++calls_failed;
+  std::function<void()> fn = [done = std::move(c->done), error = c->error] { done(error); };
+  std::lock_guard<std::mutex> lock(completer_mu);
+  auto& completer = completers[c->spec.shard];
+  if (!completer) completer = std::make_unique<Completer>();
+  completer->Post(std::move(fn));
+}
+
+void Engine::Impl::ConnFailed(ServerConn* sc, const std::string& why) {
+  std::vector<CallPtr> victims;
+  bool quiet;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (sc->failed) return;
+    sc->failed = true;
+    quiet = stopping;
+    for (auto& ch : sc->unacked) inflight_bytes -= ch->nbytes;
+    sc->unacked.clear();
+    for (auto& ch : sc->sendq) victims.push_back(ch->call);
+    sc->sendq.clear();
+    for (auto& kv : pending)
+      if (kv.second->server == sc->index) victims.push_back(kv.second->call);
+    sc->send_cv.notify_all();
+    dispatch_cv.notify_all();
+  }
+  ShutdownFd(sc->fd);  // wakes this connection's other thread
+  const std::string msg = "jbps: lost connection to summation server " + sc->addr.ToString() + ": " + why;
+  if (!quiet) LogWarning("%s", msg.c_str());
+  for (auto& c : victims) FailCall(c, msg);
+}
+
+}  // namespace jbps

@@ -1,0 +1,83 @@
+// The worker engine: one per worker process. It takes the shards of every
+// psum call of every local device, cuts them into chunks, pushes the chunks to
+// their servers in priority order under a credit window, and receives each
+// chunk's sum straight into the call's output buffer.
+//
+// Threads: a dispatcher (priority queue -> per-server send queues, bounded by
+// credits), a sender and a receiver per server connection, a watchdog that
+// fails calls past their deadline, and per-device completion threads.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dtype.h"
+
+namespace jbps {
+
+struct EngineOptions {
+  std::vector<std::string> servers;  // host:port of every summation server
+  uint32_t rank = 0;
+  uint32_t num_workers = 1;
+  uint64_t token = 0;
+  size_t partition_bytes = 4 << 20;  // largest chunk on the wire
+  int credit = 4;                    // chunks pushed but not yet acknowledged
+  double timeout_s = 60;             // connect, and every psum call end to end
+};
+
+struct EngineStats {
+  uint64_t calls = 0;
+  uint64_t calls_failed = 0;
+  uint64_t chunks_pushed = 0;
+  uint64_t bytes_pushed = 0;
+  uint64_t bytes_pulled = 0;
+};
+
+// One tensor shard of a call: `nbytes` read from `in`, the sum written to `out`.
+struct Operand {
+  const void* in = nullptr;
+  void* out = nullptr;
+  size_t nbytes = 0;
+  DType dtype = DType::kF32;
+  uint64_t base_key = 0;  // identical on every worker for the same tensor
+  int64_t priority = 0;   // larger is sent sooner
+};
+
+struct CallSpec {
+  std::vector<Operand> operands;
+  uint32_t shard = 0;   // which local-device shard of each tensor this is
+  std::string names;    // tensor names, one line per operand, for errors
+};
+
+// Called exactly once, with an empty string on success or the error.
+using DoneFn = std::function<void(const std::string& error)>;
+
+class Engine {
+ public:
+  // The process-wide engine.
+  static Engine& Get();
+
+  bool Start(const EngineOptions& options, std::string* err);
+  void Stop();
+  bool running() const;
+  EngineStats stats() const;
+
+  // Never blocks on the network; `done` runs on a completion thread.
+  void Submit(CallSpec spec, DoneFn done);
+
+  struct Impl;
+
+ private:
+  Engine();
+  std::shared_ptr<Impl> impl_;
+};
+
+// The key of chunk `chunk` of shard `shard` of a tensor: the same function on
+// every worker, so the same data meets on the same server under the same key.
+uint64_t ChunkKey(uint64_t base_key, uint32_t shard, uint32_t chunk);
+
+}  // namespace jbps

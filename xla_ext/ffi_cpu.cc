@@ -1,0 +1,90 @@
+// Operands: the device's shard index (int32 scalar), then one shard per tensor.
+// Results: one summed shard per tensor, same shapes and dtypes.
+// Attributes: leaf_keys (int64 per tensor, identical on every worker),
+// priorities (int64 per tensor, larger sooner), names (tensor names, one per line).
+//
+// The handler hands everything to the engine and returns a Future at once, so
+// no XLA thread waits on the network.
+#include "ffi_cpu.h"
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "engine.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace jbps {
+namespace {
+
+bool ToDType(ffi::DataType t, DType* out) {
+  switch (t) {
+    case ffi::DataType::F32: *out = DType::kF32; return true;
+    case ffi::DataType::F64: *out = DType::kF64; return true;
+    case ffi::DataType::F16: *out = DType::kF16; return true;
+    case ffi::DataType::BF16: *out = DType::kBF16; return true;
+    case ffi::DataType::S32: *out = DType::kI32; return true;
+    default: return false;
+  }
+}
+
+ffi::Future Failed(std::string msg) {
+  ffi::Promise promise;
+  ffi::Future future(promise);
+  promise.SetError(ffi::Error(ffi::ErrorCode::kInvalidArgument, std::move(msg)));
+  return future;
+}
+
+ffi::Future PsumCpu(ffi::Buffer<ffi::S32> shard_index, ffi::RemainingArgs args, ffi::RemainingRets rets,
+                    ffi::Span<const int64_t> leaf_keys, ffi::Span<const int64_t> priorities,
+                    std::string_view names) {
+  const size_t n = args.size();
+  if (rets.size() != n || leaf_keys.size() != n || priorities.size() != n)
+    return Failed("jbps_psum: operand, result and attribute counts differ (" + std::to_string(n) + ", " +
+                  std::to_string(rets.size()) + ", " + std::to_string(leaf_keys.size()) + ")");
+  CallSpec spec;
+  spec.shard = static_cast<uint32_t>(*shard_index.typed_data());
+  spec.names = std::string(names);
+  spec.operands.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    auto in = args.get<ffi::AnyBuffer>(i);
+    auto out = rets.get<ffi::AnyBuffer>(i);
+    if (!in.has_value() || !out.has_value()) return Failed("jbps_psum: operand " + std::to_string(i) + " is not a buffer");
+    Operand& op = spec.operands[i];
+    if (!ToDType(in->element_type(), &op.dtype))
+      return Failed("jbps_psum: operand " + std::to_string(i) + " has a dtype jbps cannot sum");
+    if ((*out)->size_bytes() != in->size_bytes())
+      return Failed("jbps_psum: result " + std::to_string(i) + " differs in size from its operand");
+    op.in = in->untyped_data();
+    op.out = (*out)->untyped_data();
+    op.nbytes = in->size_bytes();
+    op.base_key = static_cast<uint64_t>(leaf_keys[i]);
+    op.priority = priorities[i];
+  }
+  ffi::Promise promise;
+  ffi::Future future(promise);
+  auto shared = std::make_shared<ffi::Promise>(std::move(promise));
+  Engine::Get().Submit(std::move(spec), [shared](const std::string& error) {
+    if (error.empty()) {
+      shared->SetAvailable();
+    } else {
+      shared->SetError(ffi::Error(ffi::ErrorCode::kUnavailable, error));
+    }
+  });
+  return future;
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JbpsPsumCpu, PsumCpu,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .RemainingArgs()
+                                  .RemainingRets()
+                                  .Attr<ffi::Span<const int64_t>>("leaf_keys")
+                                  .Attr<ffi::Span<const int64_t>>("priorities")
+                                  .Attr<std::string_view>("names"));
+
+}  // namespace jbps

@@ -1,0 +1,12 @@
+// The XLA FFI handler for CPU: jbps_psum's custom call target.
+#pragma once
+
+#include "xla/ffi/api/c_api.h"
+
+namespace jbps {
+
+// XLA_FFI_Handler for platform "cpu"; registered from Python with
+// jax.ffi.register_ffi_target("jbps_psum", <capsule>, platform="cpu").
+extern "C" XLA_FFI_Error* JbpsPsumCpu(XLA_FFI_CallFrame* call_frame);
+
+}  // namespace jbps

@@ -1,0 +1,116 @@
+// jbps._core: the Python face of the C++ engine, server and FFI handler.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <memory>
+#include <string>
+
+#include "engine.h"
+#include "ffi_cpu.h"
+#include "server.h"
+
+namespace nb = nanobind;
+
+namespace {
+
+nb::capsule FfiCapsule(void* fn) { return nb::capsule(fn); }
+
+class PyServer {
+ public:
+  PyServer(std::string bind, int num_workers, uint64_t token, int engine_threads, double timeout_s,
+           bool keep_alive) {
+    jbps::ServerOptions o;
+    o.bind = std::move(bind);
+    o.num_workers = num_workers;
+    o.token = token;
+    o.engine_threads = engine_threads;
+    o.timeout_s = timeout_s;
+    o.keep_alive = keep_alive;
+    server_ = std::make_unique<jbps::SummationServer>(o);
+    std::string err;
+    if (!server_->Start(&err)) throw std::runtime_error("jbps.server: " + err);
+  }
+  int port() const { return server_->port(); }
+  bool wait(double seconds) {
+    nb::gil_scoped_release release;
+    return server_->WaitFor(seconds);
+  }
+  void stop() {
+    nb::gil_scoped_release release;
+    server_->Stop();
+  }
+  nb::dict stats() const {
+    auto s = server_->stats();
+    nb::dict d;
+    d["pushes"] = s.pushes;
+    d["bytes_received"] = s.bytes_received;
+    d["sums_sent"] = s.sums_sent;
+    d["rejected"] = s.rejected;
+    return d;
+  }
+
+ private:
+  std::unique_ptr<jbps::SummationServer> server_;
+};
+
+}  // namespace
+
+NB_MODULE(_core, m) {
+  m.doc() = "jbps C++ core: worker engine, summation server, XLA FFI handlers";
+
+  m.def("ffi_targets", [] {
+    nb::dict d;
+    d["jbps_psum"] = FfiCapsule(reinterpret_cast<void*>(jbps::JbpsPsumCpu));
+    return d;
+  });
+
+  m.def(
+      "engine_start",
+      [](std::vector<std::string> servers, uint32_t rank, uint32_t num_workers, uint64_t token,
+         size_t partition_bytes, int credit, double timeout_s) {
+        jbps::EngineOptions o;
+        o.servers = std::move(servers);
+        o.rank = rank;
+        o.num_workers = num_workers;
+        o.token = token;
+        o.partition_bytes = partition_bytes;
+        o.credit = credit;
+        o.timeout_s = timeout_s;
+        std::string err;
+        bool ok;
+        {
+          nb::gil_scoped_release release;
+          ok = jbps::Engine::Get().Start(o, &err);
+        }
+        if (!ok) throw std::runtime_error(err);
+      },
+      nb::arg("servers"), nb::arg("rank"), nb::arg("num_workers"), nb::arg("token"), nb::arg("partition_bytes"),
+      nb::arg("credit"), nb::arg("timeout_s"));
+
+  m.def("engine_stop", [] {
+    nb::gil_scoped_release release;
+    jbps::Engine::Get().Stop();
+  });
+  m.def("engine_running", [] { return jbps::Engine::Get().running(); });
+  m.def("engine_stats", [] {
+    auto s = jbps::Engine::Get().stats();
+    nb::dict d;
+    d["calls"] = s.calls;
+    d["calls_failed"] = s.calls_failed;
+    d["chunks_pushed"] = s.chunks_pushed;
+    d["bytes_pushed"] = s.bytes_pushed;
+    d["bytes_pulled"] = s.bytes_pulled;
+    return d;
+  });
+  m.def("chunk_key", &jbps::ChunkKey, nb::arg("base_key"), nb::arg("shard"), nb::arg("chunk"));
+
+  nb::class_<PyServer>(m, "Server")
+      .def(nb::init<std::string, int, uint64_t, int, double, bool>(), nb::arg("bind"), nb::arg("num_workers"),
+           nb::arg("token") = 0, nb::arg("engine_threads") = 0, nb::arg("timeout_s") = 60.0,
+           nb::arg("keep_alive") = false)
+      .def_prop_ro("port", &PyServer::port)
+      .def("wait", &PyServer::wait, nb::arg("seconds"))
+      .def("stop", &PyServer::stop)
+      .def("stats", &PyServer::stats);
+}

@@ -1,0 +1,250 @@
+#include "net.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+namespace jbps {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int MsLeft(Clock::time_point deadline) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  return left < 0 ? 0 : static_cast<int>(left);
+}
+
+// Waits until fd is ready for `events`; returns kOk, kTimeout or kError.
+IoStatus WaitFd(int fd, short events, int timeout_ms) {
+  struct pollfd p = {fd, events, 0};
+  for (;;) {
+    int rc = ::poll(&p, 1, timeout_ms);
+    if (rc > 0) return IoStatus::kOk;  // readiness or error: the next syscall tells which
+    if (rc == 0) return IoStatus::kTimeout;
+    if (errno != EINTR) return IoStatus::kError;
+  }
+}
+
+bool Resolve(const HostPort& addr, struct addrinfo** res, bool passive, std::string* err) {
+  struct addrinfo hints;
+  std::memset(&hints, 0, sizeof(hints));
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  if (passive) hints.ai_flags = AI_PASSIVE;
+  std::string port = std::to_string(addr.port);
+  int rc = ::getaddrinfo(addr.host.empty() ? nullptr : addr.host.c_str(), port.c_str(), &hints, res);
+  if (rc != 0) {
+    *err = "cannot resolve " + addr.ToString() + ": " + gai_strerror(rc);
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+bool ParseHostPort(const std::string& text, HostPort* out, std::string* err) {
+  std::string host;
+  std::string port;
+  if (!text.empty() && text[0] == '[') {
+    auto close = text.find(']');
+    if (close == std::string::npos || close + 1 >= text.size() || text[close + 1] != ':') {
+      *err = "bad address '" + text + "' (expected [v6addr]:port)";
+      return false;
+    }
+    host = text.substr(1, close - 1);
+    port = text.substr(close + 2);
+  } else {
+    auto colon = text.rfind(':');
+    if (colon == std::string::npos) {
+      *err = "bad address '" + text + "' (expected host:port)";
+      return false;
+    }
+    host = text.substr(0, colon);
+    port = text.substr(colon + 1);
+  }
+  char* end = nullptr;
+  long p = std::strtol(port.c_str(), &end, 10);
+  if (port.empty() || *end != '\0' || p < 0 || p > 65535) {
+    *err = "bad port in address '" + text + "'";
+    return false;
+  }
+  out->host = host;
+  out->port = static_cast<int>(p);
+  return true;
+}
+
+void TuneSocket(int fd) {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+}
+
+int ConnectWithRetry(const HostPort& addr, double timeout_s, std::string* err) {
+  auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  int backoff_ms = 20;
+  std::string last = "timed out";
+  for (;;) {
+    struct addrinfo* res = nullptr;
+    if (!Resolve(addr, &res, false, err)) return -1;
+    for (struct addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
+      int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+      if (fd < 0) {
+        last = std::strerror(errno);
+        continue;
+      }
+      // Non-blocking connect so the deadline bounds it, then back to blocking.
+      int flags = ::fcntl(fd, F_GETFL, 0);
+      ::fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+      int rc = ::connect(fd, ai->ai_addr, ai->ai_addrlen);
+      if (rc != 0 && errno == EINPROGRESS) {
+        if (WaitFd(fd, POLLOUT, MsLeft(deadline)) == IoStatus::kOk) {
+          int soerr = 0;
+          socklen_t len = sizeof(soerr);
+          ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &len);
+          rc = soerr == 0 ? 0 : -1;
+          errno = soerr;
+        } else {
+          errno = ETIMEDOUT;
+        }
+      }
+      if (rc == 0) {
+        ::fcntl(fd, F_SETFL, flags);
+        TuneSocket(fd);
+        ::freeaddrinfo(res);
+        return fd;
+      }
+      last = std::strerror(errno);
+      ::close(fd);
+    }
+    ::freeaddrinfo(res);
+    if (MsLeft(deadline) == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::min(backoff_ms, MsLeft(deadline))));
+    backoff_ms = std::min(backoff_ms * 2, 500);
+  }
+  *err = "cannot connect to " + addr.ToString() + " within " + std::to_string(timeout_s) + " s: " + last;
+  return -1;
+}
+
+int Listen(const HostPort& addr, int* bound_port, std::string* err) {
+  struct addrinfo* res = nullptr;
+  if (!Resolve(addr, &res, true, err)) return -1;
+  int fd = -1;
+  std::string last;
+  for (struct addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
+    fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+    if (fd < 0) continue;
+    int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (::bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && ::listen(fd, 128) == 0) break;
+    last = std::strerror(errno);
+    ::close(fd);
+    fd = -1;
+  }
+  ::freeaddrinfo(res);
+  if (fd < 0) {
+    *err = "cannot listen on " + addr.ToString() + ": " + last;
+    return -1;
+  }
+  struct sockaddr_storage ss;
+  socklen_t len = sizeof(ss);
+  ::getsockname(fd, reinterpret_cast<struct sockaddr*>(&ss), &len);
+  *bound_port = ss.ss_family == AF_INET6 ? ntohs(reinterpret_cast<struct sockaddr_in6*>(&ss)->sin6_port)
+                                         : ntohs(reinterpret_cast<struct sockaddr_in*>(&ss)->sin_port);
+  return fd;
+}
+
+IoStatus RecvAll(int fd, void* buf, size_t n, int timeout_ms, int stall_timeout_ms) {
+  char* p = static_cast<char*>(buf);
+  size_t got = 0;
+  while (got < n) {
+    IoStatus w = WaitFd(fd, POLLIN, got == 0 ? timeout_ms : stall_timeout_ms);
+    if (w != IoStatus::kOk) return w;
+    ssize_t r = ::recv(fd, p + got, n - got, 0);
+    if (r > 0) {
+      got += static_cast<size_t>(r);
+    } else if (r == 0) {
+      return IoStatus::kClosed;
+    } else if (errno != EINTR && errno != EAGAIN) {
+      return errno == ECONNRESET ? IoStatus::kClosed : IoStatus::kError;
+    }
+  }
+  return IoStatus::kOk;
+}
+
+IoStatus SendAll(int fd, struct iovec* iov, int iovcnt, int timeout_ms) {
+  while (iovcnt > 0) {
+    struct msghdr msg;
+    std::memset(&msg, 0, sizeof(msg));
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<size_t>(iovcnt);
+    ssize_t w = ::sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN) {
+        IoStatus s = WaitFd(fd, POLLOUT, timeout_ms);
+        if (s != IoStatus::kOk) return s;
+        continue;
+      }
+      return (errno == EPIPE || errno == ECONNRESET) ? IoStatus::kClosed : IoStatus::kError;
+    }
+    size_t left = static_cast<size_t>(w);
+    while (iovcnt > 0 && left >= iov->iov_len) {
+      left -= iov->iov_len;
+      ++iov;
+      --iovcnt;
+    }
+    if (iovcnt > 0) {
+      iov->iov_base = static_cast<char*>(iov->iov_base) + left;
+      iov->iov_len -= left;
+    }
+  }
+  return IoStatus::kOk;
+}
+
+const char* IoStatusName(IoStatus s) {
+  switch (s) {
+    case IoStatus::kOk: return "ok";
+    case IoStatus::kClosed: return "connection closed by peer";
+    case IoStatus::kTimeout: return "timed out";
+    case IoStatus::kError: return "socket error";
+  }
+  return "?";
+}
+
+std::string PeerName(int fd) {
+  struct sockaddr_storage ss;
+  socklen_t len = sizeof(ss);
+  if (::getpeername(fd, reinterpret_cast<struct sockaddr*>(&ss), &len) != 0) return "?";
+  char host[INET6_ADDRSTRLEN] = "?";
+  int port = 0;
+  if (ss.ss_family == AF_INET6) {
+    auto* a = reinterpret_cast<struct sockaddr_in6*>(&ss);
+    ::inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
+    port = ntohs(a->sin6_port);
+  } else {
+    auto* a = reinterpret_cast<struct sockaddr_in*>(&ss);
+    ::inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
+    port = ntohs(a->sin_port);
+  }
+  return std::string(host) + ":" + std::to_string(port);
+}
+
+void ShutdownFd(int fd) {
+  if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
+}
+
+void CloseFd(int fd) {
+  if (fd >= 0) ::close(fd);
+}
+
+}  // namespace jbps

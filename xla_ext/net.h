@@ -1,0 +1,54 @@
+// Blocking TCP helpers with explicit timeouts. Threads block in the kernel
+// (poll/recv/sendmsg), never in busy loops; another thread wakes a blocked
+// reader by shutting the socket down.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace jbps {
+
+struct HostPort {
+  std::string host;
+  int port = 0;
+  std::string ToString() const { return host + ":" + std::to_string(port); }
+};
+
+// Parses "host:port" ("[v6]:port" too). Returns false and sets *err on failure.
+bool ParseHostPort(const std::string& text, HostPort* out, std::string* err);
+
+// Connects, retrying refused connections until the deadline (the peer may
+// still be starting). Returns the fd or -1 with *err set.
+int ConnectWithRetry(const HostPort& addr, double timeout_s, std::string* err);
+
+// Binds and listens; *bound_port receives the port (useful with port 0).
+int Listen(const HostPort& addr, int* bound_port, std::string* err);
+
+// Low-latency, large-transfer options for data sockets.
+void TuneSocket(int fd);
+
+enum class IoStatus { kOk, kClosed, kTimeout, kError };
+
+// Receives exactly n bytes. timeout_ms < 0 waits for the first byte without a
+// bound (an idle connection), but once a message has started every further
+// wait is bounded by `stall_timeout_ms` so a half-sent frame cannot hang us.
+IoStatus RecvAll(int fd, void* buf, size_t n, int timeout_ms, int stall_timeout_ms);
+
+// Sends all bytes of the iovecs (header + payload in one syscall when possible).
+// Waits at most timeout_ms for the peer to make progress.
+IoStatus SendAll(int fd, struct iovec* iov, int iovcnt, int timeout_ms);
+
+const char* IoStatusName(IoStatus s);
+
+// "host:port" of the socket's peer, for log lines.
+std::string PeerName(int fd);
+
+// Wakes any thread blocked on fd and stops further I/O; the fd stays open
+// until CloseFd so it cannot be reused under a running thread.
+void ShutdownFd(int fd);
+void CloseFd(int fd);
+
+}  // namespace jbps

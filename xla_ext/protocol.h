@@ -1,0 +1,89 @@
+// The wire format between workers and summation servers.
+//
+// Every message is a fixed 48-byte header, optionally followed by `nbytes` of
+// payload. Headers are checked field by field before any payload is read, so a
+// bad length never makes the reader allocate or wait for it.
+//
+//   worker -> server  kHello    sender=rank, key=num_workers     (first message)
+//   server -> worker  kHelloOk                                   (or kError + close)
+//   worker -> server  kPush     key, round, dtype, payload       (a chunk of a shard)
+//   server -> worker  kPushAck  key, round                       (payload received: frees a credit)
+//   server -> worker  kSum      key, round, dtype, payload       (all workers pushed: the sum)
+//   server -> worker  kError    key, round, payload = message    (this key/round failed)
+//   worker -> server  kBye                                       (clean end of the job)
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "dtype.h"
+
+namespace jbps {
+
+constexpr uint32_t kMagic = 0x5350424a;  // "JBPS" in little-endian bytes
+constexpr uint16_t kProtocolVersion = 1;
+// Largest payload a header may announce. Chunks are at most the partition size
+// (default 4 MiB); this bound only stops a hostile length from being trusted.
+constexpr uint64_t kMaxPayloadBytes = uint64_t{1} << 31;
+constexpr uint64_t kMaxErrorBytes = 64 * 1024;
+
+enum class MsgType : uint16_t {
+  kHello = 1,
+  kHelloOk = 2,
+  kPush = 3,
+  kPushAck = 4,
+  kSum = 5,
+  kError = 6,
+  kBye = 7,
+};
+
+struct FrameHeader {
+  uint32_t magic = kMagic;
+  uint16_t version = kProtocolVersion;
+  uint16_t type = 0;
+  uint64_t token = 0;   // the job token: a frame without it is refused
+  uint64_t key = 0;
+  uint32_t round = 0;
+  uint8_t dtype = 0;
+  uint8_t reserved[3] = {0, 0, 0};
+  uint32_t sender = 0;  // worker rank
+  uint32_t reserved2 = 0;
+  uint64_t nbytes = 0;  // payload bytes that follow
+};
+static_assert(sizeof(FrameHeader) == 48, "wire header must stay 48 bytes");
+
+inline FrameHeader MakeHeader(MsgType type, uint64_t token) {
+  FrameHeader h;
+  h.type = static_cast<uint16_t>(type);
+  h.token = token;
+  return h;
+}
+
+// Checks what can be checked without context; returns an empty string when
+// the header is well formed, otherwise why not.
+inline std::string ValidateHeader(const FrameHeader& h, uint64_t token) {
+  if (h.magic != kMagic) return "bad magic (not a jbps peer)";
+  if (h.version != kProtocolVersion)
+    return "protocol version " + std::to_string(h.version) + ", expected " +
+           std::to_string(kProtocolVersion);
+  if (h.token != token) return "wrong job token";
+  if (h.type < static_cast<uint16_t>(MsgType::kHello) ||
+      h.type > static_cast<uint16_t>(MsgType::kBye))
+    return "unknown message type " + std::to_string(h.type);
+  const bool carries_data = h.type == static_cast<uint16_t>(MsgType::kPush) ||
+                            h.type == static_cast<uint16_t>(MsgType::kSum);
+  if (carries_data) {
+    if (!DTypeValid(h.dtype)) return "unknown dtype code " + std::to_string(h.dtype);
+    if (h.nbytes > kMaxPayloadBytes) return "payload length " + std::to_string(h.nbytes) + " too large";
+    if (h.nbytes % DTypeSize(static_cast<DType>(h.dtype)) != 0)
+      return "payload length not a multiple of the element size";
+  } else if (h.type == static_cast<uint16_t>(MsgType::kError)) {
+    if (h.nbytes > kMaxErrorBytes) return "error message too long";
+  } else if (h.nbytes != 0) {
+    return "unexpected payload on a control message";
+  }
+  return {};
+}
+
+}  // namespace jbps

@@ -1,0 +1,52 @@
+// The summation server: receives pushed chunks from every worker, adds them
+// per (key, round), and sends each worker the sum once all have pushed.
+//
+// Threads: one acceptor; a reader and a writer per worker connection; a fixed
+// set of engine threads that own the per-key state (a key always maps to the
+// same engine thread, so sums need no locks).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace jbps {
+
+struct ServerOptions {
+  std::string bind = "127.0.0.1:0";  // host:port; port 0 picks a free one
+  int num_workers = 1;
+  uint64_t token = 0;
+  int engine_threads = 0;  // 0: sized to the machine
+  double timeout_s = 60;   // bound on a stalled frame or send
+  bool keep_alive = false; // keep serving after every worker said goodbye
+};
+
+struct ServerStats {
+  uint64_t pushes = 0;
+  uint64_t bytes_received = 0;
+  uint64_t sums_sent = 0;
+  uint64_t rejected = 0;
+};
+
+class SummationServer {
+ public:
+  explicit SummationServer(ServerOptions options);
+  ~SummationServer();
+  SummationServer(const SummationServer&) = delete;
+  SummationServer& operator=(const SummationServer&) = delete;
+
+  // Binds, listens and starts the threads. False with *err on failure.
+  bool Start(std::string* err);
+  int port() const;
+  // Waits up to `seconds` for the job to end (every worker said goodbye) or
+  // for Stop(); true when finished.
+  bool WaitFor(double seconds);
+  void Stop();
+  ServerStats stats() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace jbps

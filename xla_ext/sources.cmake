@@ -1,0 +1,13 @@
+# Sources of the jbps C++ extension, relative to the repository root.
+# The Bazel build (bazel/) reads the same lists; keep them in one place.
+set(JBPS_CORE_SOURCES
+  ${CMAKE_CURRENT_LIST_DIR}/dtype.cc
+  ${CMAKE_CURRENT_LIST_DIR}/sum_kernels.cc
+  ${CMAKE_CURRENT_LIST_DIR}/net.cc
+  ${CMAKE_CURRENT_LIST_DIR}/server.cc
+  ${CMAKE_CURRENT_LIST_DIR}/engine.cc
+  ${CMAKE_CURRENT_LIST_DIR}/ffi_cpu.cc
+)
+set(JBPS_MODULE_SOURCES
+  ${CMAKE_CURRENT_LIST_DIR}/module.cc
+)

@@ -1,0 +1,26 @@
+// The summation kernels of the server: convert-in, add, convert-out.
+//
+// An accumulator holds `count` elements of AccumulatorType(d): float for
+// float32/float16/bfloat16, double for float64, int32 for int32.
+#pragma once
+
+#include <cstddef>
+
+#include "dtype.h"
+
+namespace jbps {
+
+// acc[i] = widen(src[i])
+void AccumulatorInit(DType d, void* acc, const void* src, size_t count);
+// acc[i] += widen(src[i])   (int32 wraps around, as two's complement adds do)
+void AccumulatorAdd(DType d, void* acc, const void* src, size_t count);
+// dst[i] = narrow(acc[i])   (round to nearest even for the 16-bit floats)
+void AccumulatorFinish(DType d, void* dst, const void* acc, size_t count);
+
+// True when the accumulator has the wire layout, so a pushed buffer can become
+// the accumulator and the accumulator can be sent back, with no conversion.
+inline bool AccumulatorIsWire(DType d) {
+  return d == DType::kF32 || d == DType::kF64 || d == DType::kI32;
+}
+
+}  // namespace jbps
