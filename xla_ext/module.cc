@@ -1,6 +1,7 @@
 // jbps._core: the Python face of the C++ engine, server and FFI handler.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/ndarray.h>
 #include <nanobind/stl/vector.h>
 
 #include <memory>
@@ -9,6 +10,7 @@
 #include "engine.h"
 #include "ffi_cpu.h"
 #include "server.h"
+#include "sum_kernels.h"
 
 namespace nb = nanobind;
 
@@ -103,6 +105,15 @@ NB_MODULE(_core, m) {
     d["bytes_pulled"] = s.bytes_pulled;
     return d;
   });
+  // The server's f32 add kernel on numpy arrays, for the benchmark (acc += src).
+  m.def(
+      "accumulate_f32",
+      [](nb::ndarray<float, nb::c_contig, nb::device::cpu> acc, nb::ndarray<const float, nb::c_contig, nb::device::cpu> src) {
+        if (acc.size() != src.size()) throw std::invalid_argument("acc and src differ in size");
+        nb::gil_scoped_release release;
+        jbps::AccumulatorAdd(jbps::DType::kF32, acc.data(), src.data(), acc.size());
+      },
+      nb::arg("acc"), nb::arg("src"));
   m.def("chunk_key", &jbps::ChunkKey, nb::arg("base_key"), nb::arg("shard"), nb::arg("chunk"));
 
   nb::class_<PyServer>(m, "Server")

@@ -302,7 +302,12 @@ bool SummationServer::Impl::Handshake(const ConnPtr& c) {
   }
   if (!why.empty()) {
     Reject(c, why);
-    SendError(c, 0, 0, why);
+    // Written here, not queued: the connection closes right after, and the
+    // writer has nothing else to send yet.
+    FrameHeader eh = MakeHeader(MsgType::kError, opt.token);
+    eh.nbytes = why.size();
+    struct iovec iov[2] = {{&eh, sizeof(eh)}, {const_cast<char*>(why.data()), why.size()}};
+    SendAll(c->fd, iov, 2, stall_ms);
     return false;
   }
   c->Send(OutMsg{MakeHeader(MsgType::kHelloOk, opt.token), nullptr, {}});

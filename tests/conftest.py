@@ -1,0 +1,50 @@
+"""Shared fixtures. In-process tests get 4 host devices and a real summation
+server running on threads of the test process (real sockets on loopback)."""
+
+import json
+import os
+import sys
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import pytest
+
+import jbps
+from jbps import _core
+from jbps.local_cluster import LocalCluster
+
+WORKERS = os.path.join(os.path.dirname(__file__), "workers")
+
+
+@pytest.fixture
+def server():
+    """A one-worker summation server on a free loopback port."""
+    srv = _core.Server("127.0.0.1:0", 1, keep_alive=True)
+    yield f"127.0.0.1:{srv.port}"
+    srv.stop()
+
+
+@pytest.fixture
+def session(server):
+    """jbps initialised as the only worker of a job, shut down afterwards."""
+    with jbps.init(servers=[server], num_workers=1, worker_rank=0, timeout_s=20) as s:
+        yield s
+
+
+def worker_script(name):
+    return os.path.join(WORKERS, name)
+
+
+def run_job(script_args, *, workers, servers, devices=1, env=None, env_per_rank=None, timeout_s=180):
+    """Runs a multi-process job; returns the WorkerResults (asserting none timed out)."""
+    with LocalCluster(workers, servers, local_devices=devices, timeout_s=timeout_s, env=env,
+                      python=sys.executable) as cluster:
+        return cluster.run_workers(script_args, env_per_rank=env_per_rank)
+
+
+def last_json(text):
+    for line in reversed(text.strip().splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    raise AssertionError(f"no JSON line in output:\n{text[-2000:]}")

@@ -1,0 +1,122 @@
+"""Bad input gets a clear error naming what is at fault, and nothing hangs."""
+
+import socket
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jbps
+from jbps import _core
+from conftest import last_json, run_job, worker_script
+
+
+@pytest.mark.parametrize("what", ["shape", "dtype"])
+def test_workers_disagreeing_on_a_tensor_all_raise_naming_it(what):
+    results = run_job([worker_script("mismatch.py"), "--what", what], workers=2, servers=2,
+                      env={"JBPS_TIMEOUT_S": "20"})
+    for r in results:
+        assert r.returncode == 0, r.stderr[-3000:]
+        rep = last_json(r.stdout)
+        assert rep["error"] is not None, f"worker {r.rank} got no error"
+        assert "mismatched['b']" in rep["error"], rep["error"]
+        assert "disagree" in rep["error"]
+        assert "timed out" not in rep["error"]
+        assert rep["recovered"], f"worker {r.rank} could not psum after the failed call"
+
+
+def closed_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_unreachable_server_fails_init_within_timeout_naming_it():
+    addr = f"127.0.0.1:{closed_port()}"
+    start = time.monotonic()
+    with pytest.raises(jbps.JbpsError, match=addr):
+        jbps.init(servers=[addr], num_workers=1, worker_rank=0, timeout_s=1.0)
+    assert time.monotonic() - start < 5
+    assert not jbps.is_initialized()
+
+
+def test_silent_peer_fails_init_within_timeout_naming_it():
+    # Something listens but never speaks the protocol.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        addr = "127.0.0.1:%d" % s.getsockname()[1]
+        start = time.monotonic()
+        with pytest.raises(jbps.JbpsError, match=addr):
+            jbps.init(servers=[addr], num_workers=1, worker_rank=0, timeout_s=1.0)
+        assert time.monotonic() - start < 5
+
+
+def test_wrong_job_token_is_refused():
+    srv = _core.Server("127.0.0.1:0", 1, token=1234)
+    try:
+        with pytest.raises(jbps.JbpsError, match=f"127.0.0.1:{srv.port}"):
+            jbps.init(servers=[f"127.0.0.1:{srv.port}"], num_workers=1, worker_rank=0, timeout_s=2.0,
+                      job_token=99)
+        with jbps.init(servers=[f"127.0.0.1:{srv.port}"], num_workers=1, worker_rank=0, timeout_s=2.0,
+                       job_token=1234):
+            assert float(jax.jit(lambda x: jbps.psum(x))(jnp.float32(2))) == 2.0
+        assert srv.stats()["rejected"] >= 1
+    finally:
+        srv.stop()
+
+
+def test_server_disagreeing_on_worker_count_is_reported():
+    srv = _core.Server("127.0.0.1:0", 3)
+    try:
+        with pytest.raises(jbps.JbpsError, match="--num-workers 3"):
+            jbps.init(servers=[f"127.0.0.1:{srv.port}"], num_workers=2, worker_rank=0, timeout_s=2.0)
+    finally:
+        srv.stop()
+
+
+def test_psum_before_init_is_a_clear_error():
+    assert not jbps.is_initialized()
+    with pytest.raises(jbps.JbpsError, match="jbps.init"):
+        jax.jit(lambda x: jbps.psum(x))(jnp.ones(3))
+
+
+@pytest.mark.parametrize("dtype", [jnp.complex64, jnp.bool_, jnp.int8, jnp.uint32, jnp.int64])
+def test_unsupported_dtype_is_a_type_error_naming_the_leaf(session, dtype):
+    if dtype == jnp.int64 and not jax.config.jax_enable_x64:
+        pytest.skip("int64 arrays need jax_enable_x64")
+    tree = {"ok": jnp.ones(2), "layer": {"bad": jnp.zeros(3, dtype)}}
+    with pytest.raises(TypeError, match=r"\['layer'\]\['bad'\].*" + np.dtype(dtype).name):
+        jax.jit(lambda t: jbps.psum(t))(tree)
+
+
+def test_a_missing_worker_times_out_naming_the_tensor_and_server():
+    # The server expects 2 workers; only this one comes.
+    srv = _core.Server("127.0.0.1:0", 2)
+    addr = f"127.0.0.1:{srv.port}"
+    try:
+        with jbps.init(servers=[addr], num_workers=2, worker_rank=0, timeout_s=1.5):
+            start = time.monotonic()
+            with pytest.raises(Exception, match=r"timed out.*lonely\['x'\].*" + addr):
+                jax.block_until_ready(jax.jit(lambda t: jbps.psum(t, name="lonely"))({"x": jnp.ones(4)}))
+            assert time.monotonic() - start < 10
+    finally:
+        srv.stop()
+
+
+def test_bad_configuration_names_the_variable(monkeypatch):
+    monkeypatch.setenv("JBPS_SERVERS", "127.0.0.1:1")
+    monkeypatch.setenv("JBPS_NUM_WORKERS", "zero")
+    with pytest.raises(jbps.JbpsError, match="JBPS_NUM_WORKERS"):
+        jbps.init()
+    monkeypatch.setenv("JBPS_NUM_WORKERS", "2")
+    monkeypatch.setenv("JBPS_WORKER_RANK", "2")
+    with pytest.raises(jbps.JbpsError, match="out of range"):
+        jbps.init()
+    monkeypatch.delenv("JBPS_SERVERS")
+    with pytest.raises(jbps.JbpsError, match="JBPS_SERVERS"):
+        jbps.init()
+    with pytest.raises(TypeError, match="unknown option"):
+        jbps.init(server="127.0.0.1:1")
