@@ -8,7 +8,13 @@ import threading
 
 import jax
 
-from . import _core
+try:
+    from . import _core
+except ImportError as exc:  # a source checkout without the built extension
+    raise ImportError(
+        "jbps's C++ extension (jbps._core) is missing: install the package with `pip install .` and run "
+        "from outside the source tree (`pytest tests` works from the checkout; `python -m pytest` would put "
+        f"the unbuilt sources first on sys.path): {exc}") from None
 from .config import Config
 from .errors import JbpsError
 

@@ -96,15 +96,6 @@ struct ChunkOrder {
   }
 };
 
-struct RoundKey {
-  uint64_t key;
-  uint32_t round;
-  bool operator==(const RoundKey& o) const { return key == o.key && round == o.round; }
-};
-struct RoundKeyHash {
-  size_t operator()(const RoundKey& k) const { return k.key * 31 + k.round; }
-};
-
 struct ServerConn {
   int index = 0;
   HostPort addr;

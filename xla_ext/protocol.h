@@ -53,6 +53,17 @@ struct FrameHeader {
 };
 static_assert(sizeof(FrameHeader) == 48, "wire header must stay 48 bytes");
 
+// One sum on a server: a key in one round. Rounds keep a fast worker's next
+// step apart from a slow worker's current one.
+struct RoundKey {
+  uint64_t key;
+  uint32_t round;
+  bool operator==(const RoundKey& o) const { return key == o.key && round == o.round; }
+};
+struct RoundKeyHash {
+  size_t operator()(const RoundKey& k) const { return k.key * 31 + k.round; }
+};
+
 inline FrameHeader MakeHeader(MsgType type, uint64_t token) {
   FrameHeader h;
   h.type = static_cast<uint16_t>(type);

@@ -71,15 +71,6 @@ struct Task {
   ConnPtr conn;
 };
 
-struct RoundKey {
-  uint64_t key;
-  uint32_t round;
-  bool operator==(const RoundKey& o) const { return key == o.key && round == o.round; }
-};
-struct RoundKeyHash {
-  size_t operator()(const RoundKey& k) const { return k.key * 31 + k.round; }
-};
-
 // The sum of one key in one round, until every worker has pushed it.
 struct RoundState {
   DType dtype = DType::kF32;
