@@ -1,0 +1,345 @@
+"""Benchmark jbps.psum against MPI Allreduce and JAX's gloo psum on this machine.
+
+    python -m jbps.bench [--sizes 4M,64M,256M] [--iters N] [--warmup N]
+                         [--workers 2] [--servers 2] [--json] [--skip-peers] [--plot out.png]
+
+One invocation runs: jbps psum (a LocalCluster of CPU summation servers and
+worker processes), mpi4py Allreduce and JAX gloo psum (2 processes each), and
+the servers' float32 summation kernel against numpy. Every collective time
+is the median over the timed calls of the slowest process. Progress goes to stderr;
+the table (or, with --json, one JSON document) goes to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import importlib.util
+import json
+import logging
+import os
+import platform
+import re
+import statistics
+import sys
+import time
+
+import numpy as np
+
+log = logging.getLogger("jbps.bench")
+
+DEFAULT_SIZES = "4M,64M,256M"
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+# As a module, not a file path: a script's folder would go first on the workers' sys.path.
+_WORKER = ["-m", "jbps.bench.jbps_worker"]
+
+
+def parse_size(text: str) -> int:
+    """'4M' -> 4194304 (binary units); a plain number is bytes."""
+    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:i?B)?\s*", text, re.IGNORECASE)
+    if not match:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size like 4096, 64K, 4M or 1G")
+    nbytes = int(match.group(1)) * _UNITS[match.group(2).upper()]
+    if nbytes < 4 or nbytes % 4:
+        raise argparse.ArgumentTypeError(f"{text!r}: a size must be a positive multiple of 4 bytes (float32)")
+    return nbytes
+
+
+def parse_sizes(text: str) -> list[int]:
+    sizes = sorted({parse_size(s) for s in text.split(",") if s.strip()})
+    if not sizes:
+        raise argparse.ArgumentTypeError("--sizes needs at least one size")
+    return sizes
+
+
+def format_size(nbytes: int) -> str:
+    for unit in ("G", "M", "K"):
+        if nbytes >= _UNITS[unit] and nbytes % _UNITS[unit] == 0:
+            return f"{nbytes // _UNITS[unit]} {unit}iB"
+    return f"{nbytes} B"
+
+
+def iters_for(nbytes: int, base: int, scale: bool) -> int:
+    """Timed calls per size: more where calls are quick (noisier), fewer where one takes seconds."""
+    if not scale:
+        return base
+    if nbytes <= 4 << 20:
+        return base * 4
+    if nbytes > 64 << 20:
+        return max(3, base // 2)
+    return base
+
+
+def parse_args(argv=None, prog=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog=prog or "python -m jbps.bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", type=parse_sizes, default=parse_sizes(DEFAULT_SIZES),
+                   help=f"comma-separated float32 buffer sizes, K/M/G = KiB/MiB/GiB (default {DEFAULT_SIZES})")
+    p.add_argument("--iters", type=int, default=None,
+                   help="timed calls per size (default 20, scaled: x4 up to 4 MiB, /2 above 64 MiB; "
+                        "given explicitly, every size gets exactly this many)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed calls per size first (default 2)")
+    p.add_argument("--workers", type=int, default=2, help="jbps worker processes (default 2)")
+    p.add_argument("--servers", type=int, default=2, help="jbps summation servers (default 2)")
+    p.add_argument("--timeout", type=float, default=600, help="seconds any one tool may take (default 600)")
+    p.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
+    p.add_argument("--skip-peers", action="store_true", help="do not run MPI and gloo")
+    p.add_argument("--plot", metavar="PNG", help="also draw bandwidth vs size into this file (needs matplotlib)")
+    args = p.parse_args(argv)
+    if args.iters is not None and args.iters < 1:
+        p.error("--iters must be at least 1")
+    if args.warmup < 0:
+        p.error("--warmup must not be negative")
+    if args.workers < 1 or args.servers < 1:
+        p.error("--workers and --servers must be at least 1")
+    return args
+
+
+def run_jbps(sizes, iters, warmup, workers, servers, timeout_s) -> dict:
+    from ..local_cluster import LocalCluster
+
+    argv = [*_WORKER, "--sizes", ",".join(map(str, sizes)), "--iters", ",".join(str(iters[s]) for s in sizes),
+            "--warmup", str(warmup)]
+    with LocalCluster(workers, servers, local_devices=1, timeout_s=timeout_s) as cluster:
+        log.info("jbps: %s, %s at %s", _count(workers, "worker"), _count(servers, "server"),
+                 ",".join(cluster.addresses))
+        results = cluster.run_workers(argv)
+    failed = [r for r in results if r.returncode != 0]
+    if failed:
+        raise RuntimeError("jbps workers failed:\n" + "\n".join(
+            f"--- worker {r.rank} (exit {r.returncode}):\n{r.stderr[-3000:]}" for r in failed))
+    for line in reversed(results[0].stdout.splitlines()):
+        if line.startswith("{"):
+            out = json.loads(line)
+            out["results"] = {int(k): v for k, v in out["results"].items()}
+            return out
+    raise RuntimeError(f"jbps worker 0 printed no JSON result:\n{results[0].stdout}\n{results[0].stderr[-3000:]}")
+
+
+def run_peer(runner, sizes, iters, warmup, timeout_s) -> dict | None:
+    """One peer tool over every size; sizes with different iteration counts run as separate jobs
+    because the peer scripts take one count for all their sizes."""
+    merged = None
+    for count in sorted(set(iters[s] for s in sizes)):
+        group = [s for s in sizes if iters[s] == count]
+        out = runner(group, count, warmup, timeout_s)
+        if out is None:
+            return None
+        if merged is None:
+            merged = {"tool": out["tool"], "results": {}}
+        merged["results"].update(out["results"])
+    merged["results"] = dict(sorted(merged["results"].items()))
+    return merged
+
+
+def bench_kernel(nbytes: int, reps: int = 10) -> dict:
+    """The servers' float32 add (acc += src) against numpy's add and a plain copy.
+
+    GB/s counts every array the operation touches: read acc, read src, write
+    acc for the adds (3x); read src, write dst for the copy (2x). A copy is
+    the memory-bound ceiling an add can approach.
+    """
+    from .. import _core
+
+    n = nbytes // 4
+    acc = np.ones(n, np.float32)
+    src = np.ones(n, np.float32)
+
+    def timed(fn, arrays):
+        fn()  # first touch and cache warm-up
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        med = statistics.median(times)
+        return {"median_s": med, "min_s": min(times), "reps": reps, "gbps": arrays * nbytes / med / 1e9}
+
+    out = {
+        "bytes": nbytes,
+        "accumulate_f32": timed(lambda: _core.accumulate_f32(acc, src), 3),
+        "numpy_add": timed(lambda: np.add(acc, src, out=acc), 3),
+        "numpy_copyto": timed(lambda: np.copyto(acc, src), 2),
+    }
+    # The adds above ran 2*(reps+1) times on ones: a wrong kernel would show here.
+    if not np.array_equal(acc, src):
+        raise RuntimeError("kernel benchmark: copyto result is wrong")
+    check = np.ones(1024, np.float32)
+    _core.accumulate_f32(check, np.full(1024, 2, np.float32))
+    if not np.array_equal(check, np.full(1024, 3, np.float32)):
+        raise RuntimeError("kernel benchmark: accumulate_f32 computed a wrong sum")
+    return out
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _median(tool: dict | None, nbytes: int) -> float | None:
+    if tool is None or nbytes not in tool["results"]:
+        return None
+    return tool["results"][nbytes]["median_s"]
+
+
+def _ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def make_rows(sizes, tools) -> list[dict]:
+    rows = []
+    for nbytes in sizes:
+        jbps_s, mpi_s, gloo_s = (_median(tools[k], nbytes) for k in ("jbps", "mpi", "gloo"))
+        rows.append({
+            "bytes": nbytes,
+            "jbps_median_s": jbps_s,
+            "jbps_gbps": nbytes / jbps_s / 1e9 if jbps_s else None,
+            "bytes_pushed_per_call": (tools["jbps"] or {}).get("results", {}).get(nbytes, {}).get(
+                "bytes_pushed_per_call"),
+            "mpi_median_s": mpi_s,
+            "gloo_median_s": gloo_s,
+            # Time ratios: below 1 means jbps is faster.
+            "jbps_over_mpi": _ratio(jbps_s, mpi_s),
+            "jbps_over_gloo": _ratio(jbps_s, gloo_s),
+        })
+    return rows
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}{'es' if noun.endswith('s') else 's'}"
+
+
+def _cell(value, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def format_table(doc: dict) -> str:
+    cfg = doc["config"]
+    header = ("size", "jbps ms", "jbps GB/s", "MPI ms", "gloo ms", "jbps/MPI", "jbps/gloo")
+    lines = [f"jbps psum: {_count(cfg['workers'], 'worker')} x 1 CPU device, {_count(cfg['servers'], 'server')}; "
+             f"peers: {_count(cfg['peer_processes'], 'process')}. Median of the slowest process per call; "
+             "GB/s = bytes / time (algorithm bandwidth); jbps/X = time ratio, < 1 means jbps is faster.",
+             "{:>9} {:>9} {:>10} {:>9} {:>9} {:>9} {:>10}".format(*header)]
+    for row in doc["rows"]:
+        ms = lambda s: None if s is None else s * 1e3  # noqa: E731
+        lines.append("{:>9} {:>9} {:>10} {:>9} {:>9} {:>9} {:>10}".format(
+            format_size(row["bytes"]), _cell(ms(row["jbps_median_s"]), ".2f"), _cell(row["jbps_gbps"], ".3f"),
+            _cell(ms(row["mpi_median_s"]), ".2f"), _cell(ms(row["gloo_median_s"]), ".2f"),
+            _cell(row["jbps_over_mpi"], ".2f"), _cell(row["jbps_over_gloo"], ".2f")))
+    kernel = doc["kernel"]
+    if kernel is not None:
+        lines.append(f"summation kernel on {format_size(kernel['bytes'])} float32 "
+                     "(GB/s over every array touched: 3 for an add, 2 for a copy):")
+        for key, label in (("accumulate_f32", "jbps accumulate_f32 (acc += src)"),
+                           ("numpy_add", "numpy add(acc, src, out=acc)"),
+                           ("numpy_copyto", "numpy copyto(dst, src)")):
+            k = kernel[key]
+            lines.append(f"  {label:<34} {k['median_s'] * 1e3:9.3f} ms {k['gbps']:7.2f} GB/s")
+    for what, err in doc["errors"].items():
+        last = next((line.strip() for line in reversed(err.splitlines()) if line.strip()), "")
+        lines.append(f"{what} FAILED: {last} (details on stderr)")
+    return "\n".join(lines)
+
+
+def plot(doc: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; no display needed
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for tool in doc["tools"].values():
+        if tool is None:
+            continue
+        sizes = sorted(tool["results"])
+        ax.plot(sizes, [s / tool["results"][s]["median_s"] / 1e9 for s in sizes], marker="o", label=tool["tool"])
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(doc["config"]["sizes"], [format_size(s) for s in doc["config"]["sizes"]])
+    ax.minorticks_off()
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("buffer size (float32)")
+    ax.set_ylabel("algorithm bandwidth (GB/s)")
+    ax.set_title("sum across processes on one machine")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _json_ready(doc: dict) -> dict:
+    """JSON object keys must be strings: results are keyed by byte count."""
+    out = dict(doc)
+    out["tools"] = {k: None if t is None else {**t, "results": {str(s): r for s, r in t["results"].items()}}
+                    for k, t in doc["tools"].items()}
+    return out
+
+
+def main(argv=None, prog=None) -> int:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(name)s: %(message)s")
+    args = parse_args(argv, prog)
+    # Fail before minutes of benchmarking, not after.
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        log.error("--plot needs matplotlib, which is not installed (pip install matplotlib); "
+                  "jbps itself does not depend on it")
+        return 2
+
+    from . import peers
+
+    sizes = args.sizes
+    iters = {s: iters_for(s, args.iters or 20, scale=args.iters is None) for s in sizes}
+    timeout = args.timeout
+    tools = {"jbps": None, "mpi": None, "gloo": None}
+    errors: dict[str, str] = {}
+
+    log.info("sizes %s, timed calls %s, warm-up %d", ", ".join(map(format_size, sizes)),
+             ", ".join(str(iters[s]) for s in sizes), args.warmup)
+    t0 = time.monotonic()
+    log.info("jbps psum ...")
+    try:
+        tools["jbps"] = run_jbps(sizes, iters, args.warmup, args.workers, args.servers, timeout)
+    except (RuntimeError, TimeoutError) as exc:
+        log.error("jbps psum failed: %s", exc)
+        errors["jbps"] = str(exc)
+    if not args.skip_peers:
+        if args.workers != peers.NUM_PROCESSES:
+            log.warning("peers always run %d processes; jbps runs %d workers, so the ratios compare "
+                        "different jobs", peers.NUM_PROCESSES, args.workers)
+        for key, runner in (("mpi", peers.run_mpi_allreduce), ("gloo", peers.run_gloo_psum)):
+            log.info("%s ...", key)
+            try:
+                tools[key] = run_peer(runner, sizes, iters, args.warmup, timeout)
+                if tools[key] is None:
+                    log.info("%s skipped: not installed", key)
+            except (RuntimeError, TimeoutError) as exc:
+                log.error("%s failed: %s", key, exc)
+                errors[key] = str(exc)
+    log.info("summation kernel on %s ...", format_size(sizes[-1]))
+    kernel = bench_kernel(sizes[-1])
+    log.info("done in %.0f s", time.monotonic() - t0)
+
+    doc = {
+        "config": {"sizes": sizes, "iters": {str(s): iters[s] for s in sizes}, "warmup": args.warmup,
+                   "workers": args.workers, "servers": args.servers, "peer_processes": peers.NUM_PROCESSES,
+                   "skip_peers": args.skip_peers},
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+                    "jax": _version("jax"), "numpy": np.__version__},
+        "tools": tools,
+        "rows": make_rows(sizes, tools),
+        "kernel": kernel,
+        "errors": errors,
+    }
+    if args.json:
+        print(json.dumps(_json_ready(doc), indent=2))
+    else:
+        print(format_table(doc))
+    if args.plot:
+        plot(doc, args.plot)
+        log.info("plot written to %s", args.plot)
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

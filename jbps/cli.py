@@ -1,0 +1,48 @@
+"""The `jbps` command: one entry point for the tools that ship with the package.
+
+    jbps server --bind 0.0.0.0:9000 --num-workers 4    # a summation server
+    jbps bench --sizes 4M,64M                           # jbps psum vs MPI and gloo
+
+Each subcommand's own options follow it (`jbps bench --help`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import __version__
+
+
+def _bench(argv: list[str]) -> int:
+    from .bench.__main__ import main
+
+    return main(argv, prog="jbps bench")
+
+
+def _server(argv: list[str]) -> int:
+    from .server.__main__ import main
+
+    return main(argv)
+
+
+_COMMANDS = {
+    "bench": (_bench, "benchmark jbps psum against MPI Allreduce and JAX gloo psum"),
+    "server": (_server, "run a summation server"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="jbps", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+    parser.add_argument("--version", action="version", version=f"jbps {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (_, help_text) in _COMMANDS.items():
+        # No help of their own: `jbps bench --help` is answered by the bench's parser.
+        commands.add_parser(name, help=help_text, add_help=False)
+    args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    return _COMMANDS[args.command][0](rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
