@@ -73,8 +73,10 @@ class LocalCluster:
         out = open(self.dir / f"{stem}.out", "wb")
         err = open(self.dir / f"{stem}.err", "wb")
         try:
+            # cwd: the job's own folder, so `python -m` never imports a source
+            # checkout in the caller's cwd ahead of the installed package.
             return subprocess.Popen(argv, env=dict(env), stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
+                                    cwd=self.dir, start_new_session=True)
         finally:
             out.close()
             err.close()
