@@ -81,6 +81,34 @@ OPTIONS = (
 )
 
 
+_BY_NAME = {o.name: o for o in OPTIONS}
+_NO_DEFAULT = object()
+
+
+def _parse(opt: Option, raw: str, source: str) -> Any:
+    try:
+        return opt.parse(raw.strip())
+    except ValueError as exc:
+        raise JbpsError(f"{source}={raw!r}: {exc}") from None
+
+
+def env_value(name: str, environ: Mapping[str, str] | None = None, default: Any = _NO_DEFAULT) -> Any:
+    """Option `name` from the environment (its JBPS_* name first, then aliases),
+    parsed and checked; the option's default (or `default`) when unset. A bad
+    value raises JbpsError naming the variable. Workers and servers share it."""
+    environ = os.environ if environ is None else environ
+    opt = _BY_NAME[name]
+    source = next((e for e in opt.env if environ.get(e, "").strip()), None)
+    if source is None:
+        return opt.default if default is _NO_DEFAULT else default
+    return _parse(opt, environ[source], source)
+
+
+def parse_option(name: str, text: str) -> Any:
+    """Parses a command-line value of option `name` (argparse `type=`)."""
+    return _BY_NAME[name].parse(text)
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     servers: tuple[str, ...]
@@ -106,16 +134,9 @@ class Config:
                 if isinstance(raw, (list, tuple)):
                     raw = ",".join(raw)  # servers=["h:p", ...]
                 raw = str(raw)
+                values[opt.name] = _parse(opt, raw, source)
             else:
-                source = next((e for e in opt.env if environ.get(e, "").strip()), None)
-                if source is None:
-                    values[opt.name] = opt.default
-                    continue
-                raw = environ[source]
-            try:
-                values[opt.name] = opt.parse(raw.strip())
-            except ValueError as exc:
-                raise JbpsError(f"{source}={raw!r}: {exc}") from None
+                values[opt.name] = env_value(opt.name, environ)
         config = cls(**values)
         if not config.servers:
             raise JbpsError("no summation servers: set JBPS_SERVERS=host:port[,host:port...] "

@@ -8,6 +8,7 @@ its own session and ended by PID; nothing is left behind, even on timeout.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import re
@@ -31,6 +32,19 @@ class WorkerResult:
     returncode: int
     stdout: str
     stderr: str
+
+
+def last_json_line(text: str) -> dict | None:
+    """The last line of `text` that parses as a JSON object (libraries may print
+    around it); None if there is none."""
+    for line in reversed(text.splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                continue
+    return None
 
 
 def _output(path: Path) -> str:

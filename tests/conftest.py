@@ -1,7 +1,6 @@
 """Shared fixtures. In-process tests get 4 host devices and a real summation
 server running on threads of the test process (real sockets on loopback)."""
 
-import json
 import os
 import sys
 
@@ -12,7 +11,7 @@ import pytest
 
 import jbps
 from jbps import _core
-from jbps.local_cluster import LocalCluster
+from jbps.local_cluster import LocalCluster, last_json_line
 
 WORKERS = os.path.join(os.path.dirname(__file__), "workers")
 
@@ -44,7 +43,6 @@ def run_job(script_args, *, workers, servers, devices=1, env=None, env_per_rank=
 
 
 def last_json(text):
-    for line in reversed(text.strip().splitlines()):
-        if line.startswith("{"):
-            return json.loads(line)
-    raise AssertionError(f"no JSON line in output:\n{text[-2000:]}")
+    report = last_json_line(text)
+    assert report is not None, f"no JSON line in output:\n{text[-2000:]}"
+    return report

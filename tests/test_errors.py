@@ -120,3 +120,21 @@ def test_bad_configuration_names_the_variable(monkeypatch):
         jbps.init()
     with pytest.raises(TypeError, match="unknown option"):
         jbps.init(server="127.0.0.1:1")
+
+
+@pytest.mark.parametrize("argv,env,needle", [
+    (["--num-workers", "0"], {}, "--num-workers"),
+    (["--num-workers", "1", "--token", str(1 << 65)], {}, "--token"),
+    (["--num-workers", "1"], {"JBPS_TIMEOUT_S": "-3"}, "JBPS_TIMEOUT_S"),
+    ([], {"DMLC_NUM_WORKER": "many"}, "DMLC_NUM_WORKER"),
+    ([], {}, "--num-workers is required"),
+])
+def test_server_command_line_names_the_bad_setting(argv, env, needle):
+    import os
+    import subprocess
+    import sys
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("JBPS_", "DMLC_"))}
+    out = subprocess.run([sys.executable, "-m", "jbps.server", *argv], env={**clean, **env}, cwd="/",
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert needle in out.stderr

@@ -26,6 +26,8 @@ import time
 
 import numpy as np
 
+from .report import parse_report
+
 log = logging.getLogger("jbps.bench")
 
 DEFAULT_SIZES = "4M,64M,256M"
@@ -108,12 +110,7 @@ def run_jbps(sizes, iters, warmup, workers, servers, timeout_s) -> dict:
     if failed:
         raise RuntimeError("jbps workers failed:\n" + "\n".join(
             f"--- worker {r.rank} (exit {r.returncode}):\n{r.stderr[-3000:]}" for r in failed))
-    for line in reversed(results[0].stdout.splitlines()):
-        if line.startswith("{"):
-            out = json.loads(line)
-            out["results"] = {int(k): v for k, v in out["results"].items()}
-            return out
-    raise RuntimeError(f"jbps worker 0 printed no JSON result:\n{results[0].stdout}\n{results[0].stderr[-3000:]}")
+    return parse_report(results[0].stdout + "\n" + results[0].stderr[-3000:], "jbps worker 0")
 
 
 def run_peer(runner, sizes, iters, warmup, timeout_s) -> dict | None:

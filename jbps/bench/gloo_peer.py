@@ -9,7 +9,6 @@ Process 0 prints one JSON line: {"tool": ..., "results": {"<bytes>": {...}}}.
 import argparse
 import json
 import os
-import statistics
 import time
 
 # Must be set before jax creates its backend.
@@ -18,6 +17,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+
+from jbps.bench.report import summarize  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
@@ -68,8 +69,7 @@ def bench_size(mesh, nbytes, iters, warmup):
     # Report the slowest process per iteration: the collective is done only when all are.
     all_times = multihost_utils.process_allgather(np.asarray(times))
     per_iter = np.max(np.asarray(all_times).reshape(nproc, -1), axis=0).tolist()
-    return {"median_s": statistics.median(per_iter), "min_s": min(per_iter),
-            "iters": len(per_iter)}
+    return summarize(per_iter)
 
 
 def main(argv=None):

@@ -9,7 +9,6 @@ Rank 0 prints one JSON line: {"tool": ..., "results": {"<bytes>": {...}}}.
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 
@@ -21,6 +20,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import jbps  # noqa: E402
+from jbps.bench.report import summarize  # noqa: E402
 
 TOOL = "jbps psum"
 
@@ -90,7 +90,7 @@ def bench_size(nbytes, iters, warmup):
 
     # Report the slowest worker per iteration: the sum is done only when all have it.
     per_iter = gather_times(times, nbytes).max(axis=0).tolist()
-    return {"median_s": statistics.median(per_iter), "min_s": min(per_iter), "iters": len(per_iter),
+    return {**summarize(per_iter),
             "bytes_pushed_per_call": after["bytes_pushed"] - before["bytes_pushed"],
             "bytes_pulled_per_call": after["bytes_pulled"] - before["bytes_pulled"]}
 

@@ -7,11 +7,12 @@ Rank 0 prints one JSON line: {"tool": ..., "results": {"<bytes>": {...}}}.
 
 import argparse
 import json
-import statistics
 import sys
 import time
 
 import numpy as np
+
+from jbps.bench.report import summarize
 from mpi4py import MPI
 
 TOOL = "mpi4py Allreduce (MPICH)"
@@ -51,8 +52,7 @@ def bench_size(comm, nbytes, iters, warmup):
     if rank != 0:
         return None
     per_iter = [max(ts) for ts in zip(*all_times)]
-    return {"median_s": statistics.median(per_iter), "min_s": min(per_iter),
-            "iters": len(per_iter)}
+    return summarize(per_iter)
 
 
 def main(argv=None):

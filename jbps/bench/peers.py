@@ -5,7 +5,6 @@ so the jbps benchmark can print them next to its own numbers.
 """
 
 import importlib.util
-import json
 import logging
 import os
 import shutil
@@ -15,6 +14,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from .report import parse_report
 
 logger = logging.getLogger(__name__)
 
@@ -43,20 +44,6 @@ def _child_env(extra=None):
 def _peer_args(sizes, iters, warmup):
     return ["--sizes", ",".join(str(int(s)) for s in sizes),
             "--iters", str(int(iters)), "--warmup", str(int(warmup))]
-
-
-def _parse_result(stdout, what):
-    # Libraries (e.g. gloo) also write to stdout, so take the last JSON line.
-    for line in reversed(stdout.splitlines()):
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                out = json.loads(line)
-            except ValueError:
-                continue
-            out["results"] = {int(k): v for k, v in out["results"].items()}
-            return out
-    raise RuntimeError(f"{what}: no JSON result in output:\n{stdout}")
 
 
 def _proc_start(pid):
@@ -192,7 +179,7 @@ def run_mpi_allreduce(sizes: list[int], iters: int, warmup: int,
            *_peer_args(sizes, iters, warmup)]
     # SIGTERM grace: mpiexec then tears down its ranks, which sit in their own sessions.
     [out] = _run_group([cmd], _child_env(), timeout_s, "mpi_peer", grace_s=3.0)
-    return _parse_result(out, "mpi_peer")
+    return parse_report(out, "mpi_peer")
 
 
 def run_gloo_psum(sizes: list[int], iters: int, warmup: int,
@@ -209,4 +196,4 @@ def run_gloo_psum(sizes: list[int], iters: int, warmup: int,
             for i in range(NUM_PROCESSES)]
     # No SIGTERM grace: JAX's distributed runtime catches SIGTERM (preemption).
     outputs = _run_group(cmds, env, timeout_s, "gloo_peer")
-    return _parse_result(outputs[0], "gloo_peer")
+    return parse_report(outputs[0], "gloo_peer")

@@ -16,40 +16,52 @@ import signal
 import sys
 import threading
 
-from ..config import DEFAULT_TIMEOUT_S
+from ..config import env_value, parse_option
+from ..errors import JbpsError
 
 log = logging.getLogger("jbps.server")
 
 
 def _env(*names: str, default=None):
+    """Server-only variables; those shared with workers come from jbps.config."""
     return next((os.environ[n] for n in names if os.environ.get(n, "").strip()), default)
+
+
+def _option_type(name: str):
+    """argparse `type=` that checks a flag exactly as jbps.init() checks the option."""
+    def parse(text: str):
+        try:
+            return parse_option(name, text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+    return parse
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m jbps.server", description="jbps summation server")
+    try:
+        num_workers = env_value("num_workers", default=None)
+        token = env_value("job_token")
+        timeout_s = env_value("timeout_s")
+    except JbpsError as exc:
+        p.error(str(exc))
     p.add_argument("--bind", default=_env("JBPS_SERVER_BIND", default="127.0.0.1:0"),
                    help="host:port to listen on (default 127.0.0.1:0, a free loopback port; env JBPS_SERVER_BIND)")
-    p.add_argument("--num-workers", type=int, default=_env("JBPS_NUM_WORKERS", "DMLC_NUM_WORKER"),
+    p.add_argument("--num-workers", type=_option_type("num_workers"), default=num_workers,
                    help="worker processes in the job (env JBPS_NUM_WORKERS / DMLC_NUM_WORKER)")
     p.add_argument("--engine-threads", type=int,
                    default=int(_env("JBPS_SERVER_ENGINE_THREADS", "BYTEPS_SERVER_ENGINE_THREAD", default=0)),
                    help="summation threads (default: min(4, cores); env JBPS_SERVER_ENGINE_THREADS / "
                         "BYTEPS_SERVER_ENGINE_THREAD)")
-    p.add_argument("--token", default=_env("JBPS_JOB_TOKEN", default="0"),
+    p.add_argument("--token", type=_option_type("job_token"), default=token,
                    help="job token workers must present (env JBPS_JOB_TOKEN)")
-    p.add_argument("--timeout", type=float, default=float(_env("JBPS_TIMEOUT_S", default=DEFAULT_TIMEOUT_S)),
+    p.add_argument("--timeout", type=_option_type("timeout_s"), default=timeout_s,
                    help="seconds a half-received message or a blocked send may stall (env JBPS_TIMEOUT_S)")
     p.add_argument("--keep-alive", action="store_true",
                    help="keep serving after every worker said goodbye (for a following job)")
     args = p.parse_args(argv)
     if args.num_workers is None:
         p.error("--num-workers is required (or set JBPS_NUM_WORKERS)")
-    if args.num_workers < 1:
-        p.error("--num-workers must be at least 1")
-    try:
-        args.token = int(str(args.token), 0)
-    except ValueError:
-        p.error(f"--token {args.token!r} is not an integer")
     return args
 
 
