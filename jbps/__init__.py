@@ -7,7 +7,9 @@
 
 from .config import Config
 from .errors import JbpsError
+from . import partition
 from .ops import pmean, psum
+from .partition import forward_order, optimal_split
 from .runtime import Session, config, engine_stats, init, is_initialized, local_size, rank, shutdown, size
 
 __version__ = "0.1.0"
@@ -18,9 +20,12 @@ __all__ = [
     "Session",
     "config",
     "engine_stats",
+    "forward_order",
     "init",
     "is_initialized",
     "local_size",
+    "optimal_split",
+    "partition",
     "pmean",
     "psum",
     "rank",

@@ -24,6 +24,9 @@ class Option:
     parse: Callable[[str], Any]
     default: Any
     help: str
+    # Read when none of `env` is set: BytePS spells some settings as two variables.
+    # Returns (variable, raw value) or None.
+    fallback: Callable[[Mapping[str, str]], tuple[str, str] | None] | None = None
 
 
 def _servers(text: str) -> tuple[str, ...]:
@@ -63,6 +66,19 @@ def _token(text: str) -> int:
     return value
 
 
+def _text(text: str) -> str:
+    if not text:
+        raise ValueError("must not be empty")
+    return text
+
+
+def _byteps_trace_dir(environ: Mapping[str, str]) -> tuple[str, str] | None:
+    """BYTEPS_TRACE_DIR counts only with BYTEPS_TRACE_ON=1, as in BytePS."""
+    if environ.get("BYTEPS_TRACE_ON", "").strip() == "1" and environ.get("BYTEPS_TRACE_DIR", "").strip():
+        return "BYTEPS_TRACE_DIR", environ["BYTEPS_TRACE_DIR"]
+    return None
+
+
 OPTIONS = (
     Option("servers", ("JBPS_SERVERS",), _servers, None,
            "comma-separated host:port of every summation server"),
@@ -73,11 +89,14 @@ OPTIONS = (
     Option("partition_bytes", ("JBPS_PARTITION_BYTES", "BYTEPS_PARTITION_BYTES"), _positive_int,
            DEFAULT_PARTITION_BYTES, "largest chunk of a tensor sent as one message"),
     Option("scheduling_credit", ("JBPS_SCHEDULING_CREDIT", "BYTEPS_SCHEDULING_CREDIT"), _positive_int,
-           DEFAULT_SCHEDULING_CREDIT, "partitions in flight per worker (credit window = this x partition_bytes)"),
+           DEFAULT_SCHEDULING_CREDIT, "chunks pushed and not yet acknowledged, per worker (the credit window)"),
     Option("timeout_s", ("JBPS_TIMEOUT_S",), _positive_float, DEFAULT_TIMEOUT_S,
            "seconds before connecting or a psum gives up with an error"),
     Option("job_token", ("JBPS_JOB_TOKEN",), _token, 0,
            "shared secret of the job; servers refuse workers without it"),
+    Option("trace_dir", ("JBPS_TRACE_DIR",), _text, None,
+           "write a Chrome/Perfetto trace of every chunk to DIR/<rank>/comm.json at shutdown",
+           fallback=_byteps_trace_dir),
 )
 
 
@@ -99,6 +118,10 @@ def env_value(name: str, environ: Mapping[str, str] | None = None, default: Any 
     environ = os.environ if environ is None else environ
     opt = _BY_NAME[name]
     source = next((e for e in opt.env if environ.get(e, "").strip()), None)
+    if source is None and opt.fallback is not None:
+        found = opt.fallback(environ)
+        if found is not None:
+            return _parse(opt, found[1], found[0])
     if source is None:
         return opt.default if default is _NO_DEFAULT else default
     return _parse(opt, environ[source], source)
@@ -118,6 +141,7 @@ class Config:
     scheduling_credit: int
     timeout_s: float
     job_token: int
+    trace_dir: str | None
 
     @classmethod
     def resolve(cls, overrides: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> "Config":

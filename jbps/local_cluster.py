@@ -56,13 +56,16 @@ class LocalCluster:
 
     def __init__(self, num_workers: int, num_servers: int, *, local_devices: int = 1, timeout_s: float = 120,
                  env: Mapping[str, str] | None = None, python: str = sys.executable,
-                 server_args: Sequence[str] = ()):
+                 server_args: Sequence[str] = (), server_roles: Sequence[str] | None = None):
         self.num_workers = num_workers
         self.num_servers = num_servers
         self.local_devices = local_devices
         self.timeout_s = timeout_s
         self.python = python
         self.server_args = list(server_args)
+        self.server_roles = list(server_roles) if server_roles is not None else ["colocated"] * num_servers
+        if len(self.server_roles) != num_servers:
+            raise ValueError(f"{num_servers} servers but {len(self.server_roles)} roles")
         self.env = dict(os.environ)
         # The package must import in children whether it is installed or run from a checkout.
         self.env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, self.env.get("PYTHONPATH")) if p)
@@ -98,7 +101,7 @@ class LocalCluster:
     def start_servers(self) -> list[str]:
         for i in range(self.num_servers):
             argv = [self.python, "-m", "jbps.server", "--bind", "127.0.0.1:0", "--num-workers",
-                    str(self.num_workers), *self.server_args]
+                    str(self.num_workers), "--role", self.server_roles[i], *self.server_args]
             self.servers.append(self._spawn(argv, self.env, f"server{i}"))
         deadline = time.monotonic() + 60
         for i, proc in enumerate(self.servers):

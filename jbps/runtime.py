@@ -15,13 +15,16 @@ except ImportError as exc:  # a source checkout without the built extension
         "jbps's C++ extension (jbps._core) is missing: install the package with `pip install .` and run "
         "from outside the source tree (`pytest tests` works from the checkout; `python -m pytest` would put "
         f"the unbuilt sources first on sys.path): {exc}") from None
+from . import trace
 from .config import Config
 from .errors import JbpsError
+from .partition import server_fractions as _fractions_for_roles
 
 FFI_TARGET = "jbps_psum"
 
 _lock = threading.Lock()
 _config: Config | None = None
+_fractions: tuple[float, ...] = ()
 _ffi_registered = False
 _atexit_registered = False
 _names = itertools.count()
@@ -58,7 +61,7 @@ def init(**overrides) -> Session:
     initialized is a no-op; different settings raise JbpsError (call
     shutdown() first).
     """
-    global _config, _atexit_registered
+    global _config, _fractions, _atexit_registered
     with _lock:
         config = Config.resolve(overrides)
         if _config is not None:
@@ -68,9 +71,10 @@ def init(**overrides) -> Session:
         _register_ffi()
         try:
             _core.engine_start(list(config.servers), config.worker_rank, config.num_workers, config.job_token,
-                               config.partition_bytes, config.scheduling_credit, config.timeout_s)
+                               config.scheduling_credit, config.timeout_s, trace=config.trace_dir is not None)
         except RuntimeError as exc:
             raise JbpsError(f"jbps.init() failed: {exc}") from None
+        _fractions = tuple(_fractions_for_roles(_core.engine_server_roles(), config.num_workers))
         _config = config
         if not _atexit_registered:
             atexit.register(shutdown)
@@ -79,12 +83,15 @@ def init(**overrides) -> Session:
 
 
 def shutdown() -> None:
-    """Stops the engine; pending psums fail with an error. Safe to call twice."""
+    """Stops the engine; pending psums fail with an error. Writes the trace
+    when tracing (JBPS_TRACE_DIR). Safe to call twice."""
     global _config
     with _lock:
         if _config is None:
             return
         _core.engine_stop()
+        if _config.trace_dir is not None:
+            trace.write_trace(_core.engine_take_trace(), _config.trace_dir, _config.worker_rank)
         _config = None
 
 
@@ -118,6 +125,13 @@ def local_size() -> int:
 def engine_stats() -> dict:
     """Counters of this process's engine (bytes pushed/pulled, calls, chunks)."""
     return dict(_core.engine_stats())
+
+
+def server_fractions() -> tuple[float, ...]:
+    """Share of the bytes each server owns (in JBPS_SERVERS order), from the
+    roles the servers declared and the worker count: the optimal split."""
+    config()
+    return _fractions
 
 
 def next_auto_name(prefix: str) -> str:

@@ -19,12 +19,17 @@ namespace jbps {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+constexpr size_t kMaxTraceRecords = 1 << 21;
 
 uint64_t SplitMix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   return x ^ (x >> 31);
+}
+
+double NowMicros() {
+  return std::chrono::duration<double, std::micro>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 std::string FormatSeconds(double s) {
@@ -85,6 +90,8 @@ struct Chunk {
   int64_t priority = 0;
   uint64_t seq = 0;
   bool skipped = false;  // never sent (its call failed first)
+  // Trace timestamps (NowMicros), set only when tracing.
+  double queued = 0, sent_start = 0, sent = 0, sum_arrived = 0;
 };
 using ChunkPtr = std::shared_ptr<Chunk>;
 
@@ -163,7 +170,7 @@ uint64_t ChunkKey(uint64_t base_key, uint32_t shard, uint32_t chunk) {
 struct Engine::Impl {
   EngineOptions opt;
   int stall_ms = 60000;
-  size_t credit_bytes = 0;
+  std::vector<ServerRole> roles;  // per connection, from the hello replies
 
   std::mutex mu;
   std::condition_variable dispatch_cv;
@@ -171,7 +178,7 @@ struct Engine::Impl {
   bool running = false;
   bool stopping = false;
   std::priority_queue<ChunkPtr, std::vector<ChunkPtr>, ChunkOrder> queue;
-  size_t inflight_bytes = 0;
+  int inflight_chunks = 0;  // dispatched, not yet acknowledged: bounded by opt.credit
   std::unordered_map<RoundKey, ChunkPtr, RoundKeyHash> pending;  // sent or sending, sum not yet received
   std::unordered_map<uint64_t, uint32_t> next_round;
   std::map<uint64_t, CallPtr> active;  // by id: ids grow with deadlines
@@ -180,6 +187,9 @@ struct Engine::Impl {
   uint64_t next_seq = 0;
   std::thread dispatcher;
   std::thread watchdog;
+
+  std::mutex trace_mu;
+  std::vector<TraceRecord> trace;
 
   std::mutex completer_mu;
   std::unordered_map<uint32_t, std::unique_ptr<Completer>> completers;
@@ -195,6 +205,7 @@ struct Engine::Impl {
   void ChunkDone(Call* c);
   void FailCall(const CallPtr& c, const std::string& msg);
   void Complete(Call* c);
+  void Record(const Chunk& ch, double pulled);
   void ConnFailed(ServerConn* sc, const std::string& why);
   void PopAcked(ServerConn* sc);
   bool Drain(int fd, uint64_t nbytes, std::vector<char>* scratch);
@@ -223,6 +234,24 @@ EngineStats Engine::stats() const {
   return s;
 }
 
+std::vector<ServerRole> Engine::server_roles() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->roles;
+}
+
+std::vector<TraceRecord> Engine::TakeTrace() {
+  std::lock_guard<std::mutex> lock(impl_->trace_mu);
+  std::vector<TraceRecord> out;
+  out.swap(impl_->trace);
+  return out;
+}
+
+size_t Engine::NumChunks(size_t nbytes, DType dtype, size_t partition_bytes) {
+  size_t elem = DTypeSize(dtype);
+  size_t part = std::max(elem, partition_bytes - partition_bytes % elem);
+  return (nbytes + part - 1) / part;
+}
+
 bool Engine::Start(const EngineOptions& options, std::string* err) {
   Impl& s = *impl_;
   std::lock_guard<std::mutex> lock(s.mu);
@@ -239,13 +268,13 @@ bool Engine::Start(const EngineOptions& options, std::string* err) {
            std::to_string(options.num_workers) + " workers";
     return false;
   }
-  if (options.partition_bytes < 8 || options.credit < 1 || options.timeout_s <= 0) {
-    *err = "partition_bytes must be >= 8, credit >= 1 and timeout_s > 0";
+  if (options.credit < 1 || options.timeout_s <= 0) {
+    *err = "credit must be >= 1 and timeout_s > 0";
     return false;
   }
   s.opt = options;
   s.stall_ms = static_cast<int>(std::min(options.timeout_s * 1000, 2e9));
-  s.credit_bytes = options.partition_bytes * static_cast<size_t>(options.credit);
+  std::vector<ServerRole> roles;
 
   auto deadline = Clock::now() + std::chrono::duration<double>(options.timeout_s);
   std::vector<std::unique_ptr<ServerConn>> conns;
@@ -283,8 +312,12 @@ bool Engine::Start(const EngineOptions& options, std::string* err) {
     if (reply.type != static_cast<uint16_t>(MsgType::kHelloOk))
       return fail("server " + c.addr.ToString() + " answered the hello with message type " +
                   std::to_string(reply.type));
+    if (reply.key > static_cast<uint64_t>(ServerRole::kDedicated))
+      return fail("server " + c.addr.ToString() + " declared unknown role " + std::to_string(reply.key));
+    roles.push_back(static_cast<ServerRole>(reply.key));
   }
   s.conns = std::move(conns);
+  s.roles = std::move(roles);
   s.running = true;
   s.stopping = false;
   for (auto& c : s.conns) {
@@ -334,7 +367,8 @@ void Engine::Stop() {
   s.pending.clear();
   s.next_round.clear();
   s.active.clear();
-  s.inflight_bytes = 0;
+  s.roles.clear();
+  s.inflight_chunks = 0;
   s.running = false;
   s.stopping = false;
 }
@@ -346,13 +380,15 @@ void Engine::Submit(CallSpec spec, DoneFn done) {
   call->spec = std::move(spec);
   call->done = std::move(done);
   std::vector<ChunkPtr> chunks;
-  const size_t partition = s.opt.partition_bytes;
+  const size_t partition = std::max<size_t>(call->spec.partition_bytes, 1);
+  const double now = s.opt.trace ? NowMicros() : 0;
+  size_t next_server = 0;
   for (size_t i = 0; i < call->spec.operands.size(); ++i) {
     const Operand& op = call->spec.operands[i];
     if (op.nbytes == 0) continue;
     size_t elem = DTypeSize(op.dtype);
     size_t part = std::max(elem, partition - partition % elem);
-    uint32_t n = static_cast<uint32_t>((op.nbytes + part - 1) / part);
+    uint32_t n = static_cast<uint32_t>(NumChunks(op.nbytes, op.dtype, partition));
     for (uint32_t c = 0; c < n; ++c) {
       auto ch = std::make_shared<Chunk>();
       ch->call = call;
@@ -361,6 +397,9 @@ void Engine::Submit(CallSpec spec, DoneFn done) {
       ch->nbytes = std::min(part, op.nbytes - ch->offset);
       ch->key = ChunkKey(op.base_key, call->spec.shard, c);
       ch->priority = op.priority;
+      ch->server = next_server < call->spec.servers.size() ? call->spec.servers[next_server] : -1;
+      ch->queued = now;
+      ++next_server;
       chunks.push_back(std::move(ch));
     }
   }
@@ -371,9 +410,20 @@ void Engine::Submit(CallSpec spec, DoneFn done) {
     std::lock_guard<std::mutex> lock(s.mu);
     if (!s.running || s.stopping) {
       fail = "the jbps engine is not running: call jbps.init() first (or it was shut down)";
+    } else if (next_server != call->spec.servers.size()) {
+      fail = "jbps: the psum's plan routes " + std::to_string(call->spec.servers.size()) + " chunks, the engine cut " +
+             std::to_string(next_server) + " (internal error: plan and engine disagree on chunking)";
     } else {
       for (auto& c : s.conns)
         if (c->failed) fail = "jbps lost summation server " + c->addr.ToString() + " earlier in this job";
+      for (auto& ch : chunks) {
+        if (ch->server < 0 || static_cast<size_t>(ch->server) >= s.conns.size()) {
+          fail = "jbps: the psum was planned for more servers (chunk routed to server " + std::to_string(ch->server) +
+                 ") than the engine has (" + std::to_string(s.conns.size()) +
+                 "); re-trace it after jbps.init() with the new servers";
+          break;
+        }
+      }
     }
     if (fail.empty()) {
       call->id = s.next_call_id++;
@@ -381,7 +431,6 @@ void Engine::Submit(CallSpec spec, DoneFn done) {
                                           std::chrono::duration<double>(s.opt.timeout_s));
       for (auto& ch : chunks) {
         ch->round = s.next_round[ch->key]++;
-        ch->server = static_cast<int>(ch->key % s.conns.size());
         ch->seq = s.next_seq++;
         s.queue.push(ch);
       }
@@ -406,12 +455,9 @@ void Engine::Submit(CallSpec spec, DoneFn done) {
 void Engine::Impl::DispatchLoop() {
   std::unique_lock<std::mutex> lock(mu);
   for (;;) {
-    // The credit window bounds bytes on the wire, so a high-priority chunk that
-    // arrives now waits behind at most `credit` partitions, not a whole model.
-    dispatch_cv.wait(lock, [&] {
-      return stopping ||
-             (!queue.empty() && (inflight_bytes == 0 || inflight_bytes + queue.top()->nbytes <= credit_bytes));
-    });
+    // The credit window bounds chunks on the wire, so a high-priority chunk
+    // that arrives now waits behind at most `credit` chunks, not a whole model.
+    dispatch_cv.wait(lock, [&] { return stopping || (!queue.empty() && inflight_chunks < opt.credit); });
     if (stopping) return;
     ChunkPtr ch = queue.top();
     queue.pop();
@@ -423,7 +469,7 @@ void Engine::Impl::DispatchLoop() {
       lock.lock();
       continue;
     }
-    inflight_bytes += ch->nbytes;
+    ++inflight_chunks;
     pending[RoundKey{ch->key, ch->round}] = ch;
     sc->unacked.push_back(ch);
     sc->sendq.push_back(ch);
@@ -434,7 +480,7 @@ void Engine::Impl::DispatchLoop() {
 void Engine::Impl::PopAcked(ServerConn* sc) {
   // Credit of never-sent chunks is returned once they reach the front.
   while (!sc->unacked.empty() && sc->unacked.front()->skipped) {
-    inflight_bytes -= sc->unacked.front()->nbytes;
+    --inflight_chunks;
     sc->unacked.pop_front();
   }
 }
@@ -478,7 +524,9 @@ void Engine::Impl::SendLoop(ServerConn* sc) {
     // Header and payload in one sendmsg, the payload read straight from XLA's buffer.
     struct iovec iov[2] = {{&h, sizeof(h)},
                            {const_cast<char*>(static_cast<const char*>(op.in)) + ch->offset, ch->nbytes}};
+    if (opt.trace) ch->sent_start = NowMicros();
     IoStatus st = SendAll(sc->fd, iov, 2, stall_ms);
+    if (opt.trace) ch->sent = NowMicros();
     ReleaseIo(call);
     if (st != IoStatus::kOk) {
       ConnFailed(sc, std::string("send failed: ") + IoStatusName(st));
@@ -518,7 +566,7 @@ void Engine::Impl::RecvLoop(ServerConn* sc) {
     if (type == MsgType::kPushAck) {
       std::lock_guard<std::mutex> lock(mu);
       if (!sc->unacked.empty()) {
-        inflight_bytes -= sc->unacked.front()->nbytes;
+        --inflight_chunks;
         sc->unacked.pop_front();
         PopAcked(sc);
       }
@@ -573,9 +621,11 @@ void Engine::Impl::RecvLoop(ServerConn* sc) {
       continue;
     }
     char* out = static_cast<char*>(ch->call->spec.operands[ch->op].out) + ch->offset;
+    if (opt.trace) ch->sum_arrived = NowMicros();
     st = RecvAll(sc->fd, out, ch->nbytes, stall_ms, stall_ms);
     if (st == IoStatus::kOk) {
       bytes_pulled += ch->nbytes;
+      if (opt.trace) Record(*ch, NowMicros());
       ChunkDone(ch->call.get());
     }
     ReleaseIo(ch->call.get());
@@ -690,6 +740,25 @@ void Engine::Impl::Complete(Call* c) {
   completer->Post(std::move(fn));
 }
 
+void Engine::Impl::Record(const Chunk& ch, double pulled) {
+  TraceRecord r;
+  r.key = ch.key;
+  r.round = ch.round;
+  r.shard = ch.call->spec.shard;
+  r.server = ch.server;
+  r.priority = ch.priority;
+  r.nbytes = ch.nbytes;
+  r.tensor = ch.call->TensorName(ch.op);
+  r.queued = ch.queued;
+  r.sent_start = ch.sent_start;
+  r.sent = ch.sent;
+  r.sum_arrived = ch.sum_arrived;
+  r.pulled = pulled;
+  std::lock_guard<std::mutex> lock(trace_mu);
+  // A bound on memory for long traced runs; the Python side says when it was hit.
+  if (trace.size() < kMaxTraceRecords) trace.push_back(std::move(r));
+}
+
 void Engine::Impl::ConnFailed(ServerConn* sc, const std::string& why) {
   std::vector<CallPtr> victims;
   bool quiet;
@@ -698,7 +767,7 @@ void Engine::Impl::ConnFailed(ServerConn* sc, const std::string& why) {
     if (sc->failed) return;
     sc->failed = true;
     quiet = stopping;
-    for (auto& ch : sc->unacked) inflight_bytes -= ch->nbytes;
+    inflight_chunks -= static_cast<int>(sc->unacked.size());
     sc->unacked.clear();
     for (auto& ch : sc->sendq) victims.push_back(ch->call);
     sc->sendq.clear();

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "dtype.h"
+#include "protocol.h"
 
 namespace jbps {
 
@@ -24,10 +25,11 @@ struct EngineOptions {
   uint32_t rank = 0;
   uint32_t num_workers = 1;
   uint64_t token = 0;
-  size_t partition_bytes = 4 << 20;  // largest chunk on the wire
-  int credit = 4;                    // chunks pushed but not yet acknowledged
-  double timeout_s = 60;             // connect, and every psum call end to end
+  int credit = 4;          // chunks pushed but not yet acknowledged, per worker
+  double timeout_s = 60;   // connect, and every psum call end to end
+  bool trace = false;      // keep a TraceRecord of every chunk (JBPS_TRACE_DIR)
 };
+
 
 struct EngineStats {
   uint64_t calls = 0;
@@ -47,10 +49,27 @@ struct Operand {
   int64_t priority = 0;   // larger is sent sooner
 };
 
+// The plan fixes the chunking and each chunk's server (jbps/partition), so
+// every worker cuts and routes the same tensor the same way.
 struct CallSpec {
   std::vector<Operand> operands;
-  uint32_t shard = 0;   // which local-device shard of each tensor this is
-  std::string names;    // tensor names, one line per operand, for errors
+  uint32_t shard = 0;             // which local-device shard of each tensor this is
+  std::string names;              // tensor names, one line per operand, for errors and traces
+  size_t partition_bytes = 4 << 20;  // largest chunk; rounded down to whole elements
+  std::vector<int32_t> servers;   // server of each chunk, operand by operand
+};
+
+// The life of one chunk, in microseconds since the Unix epoch (so traces of
+// several workers on one machine line up).
+struct TraceRecord {
+  uint64_t key = 0;
+  uint32_t round = 0;
+  uint32_t shard = 0;
+  int server = 0;
+  int64_t priority = 0;
+  uint64_t nbytes = 0;
+  std::string tensor;
+  double queued = 0, sent_start = 0, sent = 0, sum_arrived = 0, pulled = 0;
 };
 
 // Called exactly once, with an empty string on success or the error.
@@ -65,6 +84,11 @@ class Engine {
   void Stop();
   bool running() const;
   EngineStats stats() const;
+  std::vector<ServerRole> server_roles() const;
+  // Chunks completed since the last call (empty unless options.trace).
+  std::vector<TraceRecord> TakeTrace();
+  // Chunk count of an operand of `nbytes` under the call's partition size.
+  static size_t NumChunks(size_t nbytes, DType dtype, size_t partition_bytes);
 
   // Never blocks on the network; `done` runs on a completion thread.
   void Submit(CallSpec spec, DoneFn done);

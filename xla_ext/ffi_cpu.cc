@@ -1,7 +1,9 @@
 // Operands: the device's shard index (int32 scalar), then one shard per tensor.
 // Results: one summed shard per tensor, same shapes and dtypes.
 // Attributes: leaf_keys (int64 per tensor, identical on every worker),
-// priorities (int64 per tensor, larger sooner), names (tensor names, one per line).
+// priorities (int64 per tensor, larger sooner), names (tensor names, one per
+// line), partition_bytes (int64, the largest chunk), chunk_servers (int32, the
+// server of every chunk: shard by shard, tensor by tensor, chunk by chunk).
 //
 // The handler hands everything to the engine and returns a Future at once, so
 // no XLA thread waits on the network.
@@ -39,15 +41,18 @@ ffi::Future Failed(std::string msg) {
 
 ffi::Future PsumCpu(ffi::Buffer<ffi::S32> shard_index, ffi::RemainingArgs args, ffi::RemainingRets rets,
                     ffi::Span<const int64_t> leaf_keys, ffi::Span<const int64_t> priorities,
-                    std::string_view names) {
+                    std::string_view names, int64_t partition_bytes, ffi::Span<const int32_t> chunk_servers) {
   const size_t n = args.size();
   if (rets.size() != n || leaf_keys.size() != n || priorities.size() != n)
     return Failed("jbps_psum: operand, result and attribute counts differ (" + std::to_string(n) + ", " +
                   std::to_string(rets.size()) + ", " + std::to_string(leaf_keys.size()) + ")");
+  if (partition_bytes < 1) return Failed("jbps_psum: partition_bytes must be positive");
   CallSpec spec;
   spec.shard = static_cast<uint32_t>(*shard_index.typed_data());
   spec.names = std::string(names);
+  spec.partition_bytes = static_cast<size_t>(partition_bytes);
   spec.operands.resize(n);
+  size_t chunks_per_shard = 0;
   for (size_t i = 0; i < n; ++i) {
     auto in = args.get<ffi::AnyBuffer>(i);
     auto out = rets.get<ffi::AnyBuffer>(i);
@@ -62,7 +67,13 @@ ffi::Future PsumCpu(ffi::Buffer<ffi::S32> shard_index, ffi::RemainingArgs args, 
     op.nbytes = in->size_bytes();
     op.base_key = static_cast<uint64_t>(leaf_keys[i]);
     op.priority = priorities[i];
+    chunks_per_shard += Engine::NumChunks(op.nbytes, op.dtype, spec.partition_bytes);
   }
+  const size_t first = static_cast<size_t>(spec.shard) * chunks_per_shard;
+  if (first + chunks_per_shard > chunk_servers.size())
+    return Failed("jbps_psum: the plan routes " + std::to_string(chunk_servers.size()) + " chunks, too few for shard " +
+                  std::to_string(spec.shard) + " of " + std::to_string(chunks_per_shard) + " chunks each");
+  spec.servers.assign(chunk_servers.begin() + first, chunk_servers.begin() + first + chunks_per_shard);
   ffi::Promise promise;
   ffi::Future future(promise);
   auto shared = std::make_shared<ffi::Promise>(std::move(promise));
@@ -85,6 +96,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JbpsPsumCpu, PsumCpu,
                                   .RemainingRets()
                                   .Attr<ffi::Span<const int64_t>>("leaf_keys")
                                   .Attr<ffi::Span<const int64_t>>("priorities")
-                                  .Attr<std::string_view>("names"));
+                                  .Attr<std::string_view>("names")
+                                  .Attr<int64_t>("partition_bytes")
+                                  .Attr<ffi::Span<const int32_t>>("chunk_servers"));
 
 }  // namespace jbps

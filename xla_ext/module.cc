@@ -21,7 +21,7 @@ nb::capsule FfiCapsule(void* fn) { return nb::capsule(fn); }
 class PyServer {
  public:
   PyServer(std::string bind, int num_workers, uint64_t token, int engine_threads, double timeout_s,
-           bool keep_alive) {
+           bool keep_alive, const std::string& role, bool deterministic) {
     jbps::ServerOptions o;
     o.bind = std::move(bind);
     o.num_workers = num_workers;
@@ -29,6 +29,12 @@ class PyServer {
     o.engine_threads = engine_threads;
     o.timeout_s = timeout_s;
     o.keep_alive = keep_alive;
+    if (role == "dedicated") {
+      o.role = jbps::ServerRole::kDedicated;
+    } else if (role != "colocated") {
+      throw std::invalid_argument("jbps.server: role must be 'colocated' or 'dedicated', got '" + role + "'");
+    }
+    o.deterministic = deterministic;
     server_ = std::make_unique<jbps::SummationServer>(o);
     std::string err;
     if (!server_->Start(&err)) throw std::runtime_error("jbps.server: " + err);
@@ -70,15 +76,15 @@ NB_MODULE(_core, m) {
   m.def(
       "engine_start",
       [](std::vector<std::string> servers, uint32_t rank, uint32_t num_workers, uint64_t token,
-         size_t partition_bytes, int credit, double timeout_s) {
+         int credit, double timeout_s, bool trace) {
         jbps::EngineOptions o;
         o.servers = std::move(servers);
         o.rank = rank;
         o.num_workers = num_workers;
         o.token = token;
-        o.partition_bytes = partition_bytes;
         o.credit = credit;
         o.timeout_s = timeout_s;
+        o.trace = trace;
         std::string err;
         bool ok;
         {
@@ -87,12 +93,33 @@ NB_MODULE(_core, m) {
         }
         if (!ok) throw std::runtime_error(err);
       },
-      nb::arg("servers"), nb::arg("rank"), nb::arg("num_workers"), nb::arg("token"), nb::arg("partition_bytes"),
-      nb::arg("credit"), nb::arg("timeout_s"));
+      nb::arg("servers"), nb::arg("rank"), nb::arg("num_workers"), nb::arg("token"), nb::arg("credit"),
+      nb::arg("timeout_s"), nb::arg("trace") = false);
 
   m.def("engine_stop", [] {
     nb::gil_scoped_release release;
     jbps::Engine::Get().Stop();
+  });
+  m.def("engine_server_roles", [] {
+    std::vector<std::string> out;
+    for (auto r : jbps::Engine::Get().server_roles())
+      out.push_back(r == jbps::ServerRole::kDedicated ? "dedicated" : "colocated");
+    return out;
+  });
+  // Chunks traced since the last call: (tensor, key, round, shard, server,
+  // priority, bytes, queued, sent_start, sent, sum_arrived, pulled) with times
+  // in microseconds since the Unix epoch.
+  m.def("engine_take_trace", [] {
+    std::vector<jbps::TraceRecord> records;
+    {
+      nb::gil_scoped_release release;
+      records = jbps::Engine::Get().TakeTrace();
+    }
+    nb::list out;
+    for (auto& r : records)
+      out.append(nb::make_tuple(r.tensor, r.key, r.round, r.shard, r.server, r.priority, r.nbytes, r.queued,
+                                r.sent_start, r.sent, r.sum_arrived, r.pulled));
+    return out;
   });
   m.def("engine_running", [] { return jbps::Engine::Get().running(); });
   m.def("engine_stats", [] {
@@ -117,9 +144,9 @@ NB_MODULE(_core, m) {
   m.def("chunk_key", &jbps::ChunkKey, nb::arg("base_key"), nb::arg("shard"), nb::arg("chunk"));
 
   nb::class_<PyServer>(m, "Server")
-      .def(nb::init<std::string, int, uint64_t, int, double, bool>(), nb::arg("bind"), nb::arg("num_workers"),
-           nb::arg("token") = 0, nb::arg("engine_threads") = 0, nb::arg("timeout_s") = 60.0,
-           nb::arg("keep_alive") = false)
+      .def(nb::init<std::string, int, uint64_t, int, double, bool, const std::string&, bool>(), nb::arg("bind"),
+           nb::arg("num_workers"), nb::arg("token") = 0, nb::arg("engine_threads") = 0, nb::arg("timeout_s") = 60.0,
+           nb::arg("keep_alive") = false, nb::arg("role") = "colocated", nb::arg("deterministic") = false)
       .def_prop_ro("port", &PyServer::port)
       .def("wait", &PyServer::wait, nb::arg("seconds"))
       .def("stop", &PyServer::stop)

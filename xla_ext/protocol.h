@@ -5,7 +5,7 @@
 // bad length never makes the reader allocate or wait for it.
 //
 //   worker -> server  kHello    sender=rank, key=num_workers     (first message)
-//   server -> worker  kHelloOk                                   (or kError + close)
+//   server -> worker  kHelloOk  key=role (ServerRole)            (or kError + close)
 //   worker -> server  kPush     key, round, dtype, payload       (a chunk of a shard)
 //   server -> worker  kPushAck  key, round                       (payload received: frees a credit)
 //   server -> worker  kSum      key, round, dtype, payload       (all workers pushed: the sum)
@@ -27,6 +27,10 @@ constexpr uint16_t kProtocolVersion = 1;
 // (default 4 MiB); this bound only stops a hostile length from being trusted.
 constexpr uint64_t kMaxPayloadBytes = uint64_t{1} << 31;
 constexpr uint64_t kMaxErrorBytes = 64 * 1024;
+
+// Where a server runs, which decides its share of the bytes (DESIGN.md, "The
+// optimal split"): on a worker's machine, or on a CPU-only machine.
+enum class ServerRole : uint8_t { kColocated = 0, kDedicated = 1 };
 
 enum class MsgType : uint16_t {
   kHello = 1,

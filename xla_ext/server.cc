@@ -77,8 +77,10 @@ struct RoundState {
   uint64_t nbytes = 0;
   uint32_t first_rank = 0;
   int pushes = 0;
+  int folded = 0;  // pushes added into acc
   std::vector<bool> pushed;
   Payload acc;
+  std::vector<Payload> held;  // deterministic mode: pushes waiting for a lower rank
   std::vector<ConnPtr> waiters;
   std::string error;
 };
@@ -103,6 +105,10 @@ struct SummationServer::Impl {
   std::thread acceptor;
   std::vector<std::unique_ptr<EngineThread>> engines;
 
+  std::mutex bind_mu;  // guards key_thread, thread_bytes
+  std::unordered_map<uint64_t, size_t> key_thread;
+  std::vector<uint64_t> thread_bytes;
+
   std::mutex mu;  // guards conns, connected, byes, finished
   std::condition_variable finished_cv;
   std::list<ConnPtr> conns;
@@ -121,6 +127,8 @@ struct SummationServer::Impl {
   bool Handshake(const ConnPtr& c);
   void Reject(const ConnPtr& c, const std::string& why);
   void Process(Task& t, EngineThread* e);
+  void Fold(RoundState& st, DType dtype, Payload data);
+  EngineThread* ThreadFor(uint64_t key, uint64_t nbytes);
   void SendError(const ConnPtr& c, uint64_t key, uint32_t round, const std::string& msg);
   void ReapFinishedConns();
   void MarkFinished();
@@ -152,6 +160,7 @@ bool SummationServer::Start(std::string* err) {
     EngineThread* e = s.engines.back().get();
     e->thread = std::thread([&s, e] { s.EngineLoop(e); });
   }
+  s.thread_bytes.assign(s.engines.size(), 0);
   s.acceptor = std::thread([&s] { s.AcceptLoop(); });
   return true;
 }
@@ -301,7 +310,9 @@ bool SummationServer::Impl::Handshake(const ConnPtr& c) {
     SendAll(c->fd, iov, 2, stall_ms);
     return false;
   }
-  c->Send(OutMsg{MakeHeader(MsgType::kHelloOk, opt.token), nullptr, {}});
+  FrameHeader ok = MakeHeader(MsgType::kHelloOk, opt.token);
+  ok.key = static_cast<uint64_t>(opt.role);
+  c->Send(OutMsg{ok, nullptr, {}});
   return true;
 }
 
@@ -339,7 +350,7 @@ void SummationServer::Impl::ReaderLoop(ConnPtr c) {
       ack.key = h.key;
       ack.round = h.round;
       c->Send(OutMsg{ack, nullptr, {}});
-      EngineThread* e = engines[h.key % engines.size()].get();
+      EngineThread* e = ThreadFor(h.key, h.nbytes);
       {
         std::lock_guard<std::mutex> lock(e->mu);
         e->queue.push_back(Task{h.key, h.round, static_cast<DType>(h.dtype), c->rank, std::move(data), c});
@@ -401,6 +412,19 @@ void SummationServer::Impl::SendError(const ConnPtr& c, uint64_t key, uint32_t r
   c->Send(std::move(m));
 }
 
+EngineThread* SummationServer::Impl::ThreadFor(uint64_t key, uint64_t nbytes) {
+  // A key's rounds all run on one thread; a new key goes to the thread with
+  // the fewest bytes bound so far. One entry per key the workers' plans name.
+  std::lock_guard<std::mutex> lock(bind_mu);
+  auto it = key_thread.find(key);
+  if (it == key_thread.end()) {
+    size_t best = std::min_element(thread_bytes.begin(), thread_bytes.end()) - thread_bytes.begin();
+    thread_bytes[best] += nbytes;
+    it = key_thread.emplace(key, best).first;
+  }
+  return engines[it->second].get();
+}
+
 void SummationServer::Impl::EngineLoop(EngineThread* e) {
   for (;;) {
     Task t;
@@ -412,6 +436,20 @@ void SummationServer::Impl::EngineLoop(EngineThread* e) {
       e->queue.pop_front();
     }
     Process(t, e);
+  }
+}
+
+void SummationServer::Impl::Fold(RoundState& st, DType dtype, Payload data) {
+  const size_t count = data->size() / DTypeSize(dtype);
+  if (st.folded++ == 0) {
+    if (AccumulatorIsWire(dtype)) {
+      st.acc = std::move(data);  // the first push becomes the sum: no copy
+    } else {
+      st.acc = std::make_shared<AlignedBuffer>(count * AccumulatorSize(dtype));
+      AccumulatorInit(dtype, st.acc->data(), data->data(), count);
+    }
+  } else {
+    AccumulatorAdd(dtype, st.acc->data(), data->data(), count);
   }
 }
 
@@ -442,22 +480,24 @@ void SummationServer::Impl::Process(Task& t, EngineThread* e) {
                ", worker " + std::to_string(t.rank) + " pushed " + std::to_string(nbytes / DTypeSize(t.dtype)) +
                " elements of " + DTypeName(t.dtype) + " (round " + std::to_string(t.round) + ")";
     st.acc.reset();
+    st.held.clear();
     for (auto& w : st.waiters) SendError(w, t.key, t.round, st.error);
   } else if (!st.error.empty()) {
     SendError(t.conn, t.key, t.round, st.error);
-  } else if (st.pushes == 1) {
-    if (AccumulatorIsWire(t.dtype)) {
-      st.acc = std::move(t.data);  // the first push becomes the sum: no copy
-    } else {
-      size_t count = nbytes / DTypeSize(t.dtype);
-      st.acc = std::make_shared<AlignedBuffer>(count * AccumulatorSize(t.dtype));
-      AccumulatorInit(t.dtype, st.acc->data(), t.data->data(), count);
-    }
+  } else if (!opt.deterministic) {
+    Fold(st, t.dtype, std::move(t.data));  // in arrival order
   } else {
-    AccumulatorAdd(t.dtype, st.acc->data(), t.data->data(), nbytes / DTypeSize(t.dtype));
+    // In rank order: hold a push until every lower rank's push is added.
+    if (st.held.empty()) st.held.resize(opt.num_workers);
+    st.held[t.rank] = std::move(t.data);
+    while (st.folded < opt.num_workers && st.held[st.folded]) {
+      Payload next = std::move(st.held[st.folded]);
+      Fold(st, t.dtype, std::move(next));
+    }
   }
 
   if (st.pushes < opt.num_workers) return;
+  // Every worker pushed, so in deterministic mode every push is folded too.
   if (st.error.empty()) {
     Payload result = st.acc;
     if (!AccumulatorIsWire(st.dtype)) {

@@ -2,13 +2,16 @@
 // per (key, round), and sends each worker the sum once all have pushed.
 //
 // Threads: one acceptor; a reader and a writer per worker connection; a fixed
-// set of engine threads that own the per-key state (a key always maps to the
-// same engine thread, so sums need no locks).
+// set of engine threads that own the per-key state (a key is bound to one
+// engine thread when first seen, to the thread with the fewest bytes so far,
+// so threads share the load by bytes and sums need no locks).
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
+
+#include "protocol.h"
 
 namespace jbps {
 
@@ -19,6 +22,11 @@ struct ServerOptions {
   int engine_threads = 0;  // 0: sized to the machine
   double timeout_s = 60;   // bound on a stalled frame or send
   bool keep_alive = false; // keep serving after every worker said goodbye
+  // Declared to workers in the hello reply; decides this server's byte share.
+  ServerRole role = ServerRole::kColocated;
+  // Add pushes in worker-rank order whatever their arrival order, so sums are
+  // bitwise identical run to run (JBPS_DETERMINISTIC).
+  bool deterministic = false;
 };
 
 struct ServerStats {

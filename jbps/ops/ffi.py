@@ -7,18 +7,23 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from ..partition import LeafPlan
+from ..partition import CallPlan
 from ..runtime import FFI_TARGET
 
 
-def push_pull(shard_index: jax.Array, shards: Sequence[jax.Array], plans: Sequence[LeafPlan],
-              name: str) -> list[jax.Array]:
-    """Sums each shard across workers through the summation servers.
+def push_pull(shard_index: jax.Array, shards: Sequence[jax.Array], plan: CallPlan,
+              leaves: Sequence[int]) -> list[jax.Array]:
+    """Sums each shard of plan.leaves[i] for i in `leaves` across workers.
 
     `shard_index` (int32 scalar) says which local-device shard these are; the
     engine keys chunks by it, so device d of every worker meets device d of
-    every other worker on the same keys.
+    every other worker on the same keys, and picks its slice of the plan's
+    chunk routing by it.
     """
+    if any(plan.leaves[i].num_chunks == 0 for i in leaves):
+        raise ValueError("push_pull: empty leaves have nothing to send")
+    chosen = set(leaves)
+    routes = [server for (_, leaf, _, _), server in zip(plan.chunks(), plan.chunk_servers) if leaf in chosen]
     call = jax.ffi.ffi_call(
         FFI_TARGET,
         [jax.ShapeDtypeStruct(s.shape, s.dtype) for s in shards],
@@ -28,7 +33,9 @@ def push_pull(shard_index: jax.Array, shards: Sequence[jax.Array], plans: Sequen
     return call(
         shard_index,
         *shards,
-        leaf_keys=np.array([p.key for p in plans], dtype=np.int64),
-        priorities=np.array([p.priority for p in plans], dtype=np.int64),
-        names="\n".join(f"{name}{p.path}" for p in plans),
+        leaf_keys=np.array([plan.leaves[i].key for i in leaves], dtype=np.int64),
+        priorities=np.array([plan.leaves[i].priority for i in leaves], dtype=np.int64),
+        names="\n".join(f"{plan.name}{plan.leaves[i].path}" for i in leaves),
+        partition_bytes=np.int64(plan.partition_bytes),
+        chunk_servers=np.array(routes, dtype=np.int32),
     )

@@ -18,7 +18,8 @@ import numpy as np
 from jax import lax
 
 from .. import runtime
-from ..partition import check_dtypes, make_plan
+from ..partition import check_dtypes, make_plan, resolve_priorities
+from ..partition.priority import Priority
 from .ffi import push_pull
 
 AxisName = Hashable
@@ -31,9 +32,13 @@ class _Spec:
     axes: tuple[AxisName, ...]
     average: bool
     paths: tuple[str, ...]
+    priorities: tuple[int, ...] | None  # one per leaf; None: pytree order
 
-    def gradient(self) -> "_Spec":
-        return dataclasses.replace(self, name=self.name + "/grad")
+    def gradient(self, keep: list[int]) -> "_Spec":
+        """The spec of the transposed psum over leaves `keep`."""
+        return dataclasses.replace(self, name=self.name + "/grad", paths=tuple(self.paths[i] for i in keep),
+                                   priorities=None if self.priorities is None else
+                                   tuple(self.priorities[i] for i in keep))
 
 
 def _normalize_axes(axis_name: Any) -> tuple[AxisName, ...]:
@@ -56,7 +61,10 @@ def _axis_size(axes: tuple[AxisName, ...]) -> int:
 
 def _reduce_impl(leaves: tuple[jax.Array, ...], spec: _Spec) -> tuple[jax.Array, ...]:
     num_shards = _axis_size(spec.axes)
-    plans = make_plan(spec.name, spec.paths, [x.shape for x in leaves], [x.dtype for x in leaves], num_shards)
+    plan = make_plan(spec.name, spec.paths, [x.shape for x in leaves], [x.dtype for x in leaves], num_shards,
+                     partition_bytes=runtime.config().partition_bytes, server_fractions=runtime.server_fractions(),
+                     priorities=spec.priorities)
+    plans = plan.leaves
     out = list(leaves)
     todo = [i for i, p in enumerate(plans) if p.size > 0]  # empty arrays sum to themselves
     if todo:
@@ -72,7 +80,7 @@ def _reduce_impl(leaves: tuple[jax.Array, ...], spec: _Spec) -> tuple[jax.Array,
             if num_shards > 1:
                 flat = lax.psum_scatter(flat, spec.axes, scatter_dimension=0, tiled=True)
             shards.append(flat)
-        summed = push_pull(shard_index, shards, [plans[i] for i in todo], spec.name)
+        summed = push_pull(shard_index, shards, plan, todo)
         for i, s in zip(todo, summed):
             if num_shards > 1:
                 s = lax.all_gather(s, spec.axes, axis=0, tiled=True)
@@ -96,8 +104,7 @@ def _reduce_bwd(spec, _, cotangents):
     # A psum's transpose is a psum (as for lax.psum). Integer leaves have
     # float0 cotangents, which carry nothing and pass through.
     keep = [i for i, ct in enumerate(cotangents) if ct.dtype != jax.dtypes.float0]
-    grad_spec = dataclasses.replace(spec.gradient(), paths=tuple(spec.paths[i] for i in keep))
-    summed = _reduce_impl(tuple(cotangents[i] for i in keep), grad_spec)
+    summed = _reduce_impl(tuple(cotangents[i] for i in keep), spec.gradient(keep))
     out = list(cotangents)
     for i, s in zip(keep, summed):
         out[i] = s
@@ -107,7 +114,8 @@ def _reduce_bwd(spec, _, cotangents):
 _reduce.defvjp(_reduce_fwd, _reduce_bwd)
 
 
-def psum(tree: Any, axis_name: Any = None, *, average: bool = False, name: str | None = None) -> Any:
+def psum(tree: Any, axis_name: Any = None, *, average: bool = False, name: str | None = None,
+         priority: Priority = None) -> Any:
     """Sums every leaf of `tree` over all devices of all workers.
 
     axis_name: the pmap/shard_map axis (or tuple of axes) over this worker's
@@ -116,6 +124,10 @@ def psum(tree: Any, axis_name: Any = None, *, average: bool = False, name: str |
     become floating point, as with lax.pmean.
     name: identifies this call's tensors across workers; by default the n-th
     psum traced in the process (workers run the same program).
+    priority: larger is sent sooner. Default: pytree order, first leaf first
+    (-index). A mapping {leaf path (jax.tree_util.keystr): int} overrides the
+    leaves it names; a callable (path, leaf) -> int sets every leaf.
+    `jbps.forward_order(params)` gives flax params their forward order.
     """
     runtime.config()  # raises a clear error before init()
     path_leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
@@ -124,11 +136,13 @@ def psum(tree: Any, axis_name: Any = None, *, average: bool = False, name: str |
     paths = tuple(jax.tree_util.keystr(p) for p, _ in path_leaves)
     leaves = tuple(jnp.asarray(x) for _, x in path_leaves)
     check_dtypes(paths, [x.dtype for x in leaves], "jbps.psum")
+    priorities = resolve_priorities(paths, leaves, priority)
     spec = _Spec(name=name if name is not None else runtime.next_auto_name("psum"),
-                 axes=_normalize_axes(axis_name), average=average, paths=paths)
+                 axes=_normalize_axes(axis_name), average=average, paths=paths,
+                 priorities=None if priorities is None else tuple(priorities))
     return jax.tree_util.tree_unflatten(treedef, _reduce(leaves, spec))
 
 
-def pmean(tree: Any, axis_name: Any = None, *, name: str | None = None) -> Any:
+def pmean(tree: Any, axis_name: Any = None, *, name: str | None = None, priority: Priority = None) -> Any:
     """psum(..., average=True): the mean over all devices of all workers."""
-    return psum(tree, axis_name, average=True, name=name)
+    return psum(tree, axis_name, average=True, name=name, priority=priority)

@@ -1,16 +1,12 @@
 """The trace-time plan of one psum call.
 
 Each leaf is flattened and padded so it splits evenly over the L devices of
-the mapped axis; device d reduces shard d of every leaf across workers. The
-C++ engine cuts each shard into chunks of at most the partition size and keys
-chunk c of shard s as ChunkKey(leaf_key, s, c). The leaf key is a hash of the
-psum's name and the leaf's path, so every worker computes the same key without
-talking to the others.
-
-Priority: larger is sent sooner. Leaves keep their pytree order (for flax
-params: the module definition order, i.e. the forward order of the model), and
-the first leaf gets the highest priority because the next forward pass needs
-it first.
+the mapped axis; device d reduces shard d of every leaf across workers. Each
+shard is cut into chunks of at most the partition size; chunk c of shard s
+is keyed ChunkKey(leaf_key, s, c) by the engine. The leaf key is a hash of
+the psum's name and the leaf's path, so every worker computes the same key
+without talking to the others. The plan also fixes each chunk's server
+(assign.py) and each leaf's priority (priority.py).
 """
 
 from __future__ import annotations
@@ -21,6 +17,8 @@ from typing import Sequence
 
 import jax.numpy as jnp
 import numpy as np
+
+from .assign import assign_chunks
 
 SUPPORTED_DTYPES = tuple(np.dtype(d) for d in (jnp.float32, jnp.float64, jnp.float16, jnp.bfloat16, jnp.int32))
 
@@ -33,7 +31,34 @@ class LeafPlan:
     size: int  # elements
     padded: int  # elements after padding to a multiple of the shard count
     key: int  # signed 64-bit, as the FFI attribute carries it
-    priority: int
+    priority: int  # larger is sent sooner
+    shard_bytes: int  # bytes of one device's shard
+    chunk_bytes: int  # bytes of every chunk but the last of a shard
+    num_chunks: int  # chunks per shard
+
+
+@dataclasses.dataclass(frozen=True)
+class CallPlan:
+    name: str
+    leaves: tuple[LeafPlan, ...]
+    num_shards: int
+    partition_bytes: int
+    # Server of every chunk, ordered shard by shard, then leaf by leaf, then chunk.
+    chunk_servers: tuple[int, ...]
+
+    def server_bytes(self, num_servers: int) -> list[int]:
+        """Bytes each server receives from this worker per call."""
+        out = [0] * num_servers
+        for (_, _, _, nbytes), server in zip(self.chunks(), self.chunk_servers):
+            out[server] += nbytes
+        return out
+
+    def chunks(self):
+        """(shard, leaf index, chunk, bytes) in chunk_servers order."""
+        for shard in range(self.num_shards):
+            for index, leaf in enumerate(self.leaves):
+                for c in range(leaf.num_chunks):
+                    yield shard, index, c, min(leaf.chunk_bytes, leaf.shard_bytes - c * leaf.chunk_bytes)
 
 
 def leaf_key(name: str, path: str) -> int:
@@ -51,12 +76,30 @@ def check_dtypes(paths: Sequence[str], dtypes: Sequence[np.dtype], what: str) ->
                             f"which jbps cannot sum (supported: {names})")
 
 
-def make_plan(name: str, paths: Sequence[str], shapes: Sequence[tuple[int, ...]],
-              dtypes: Sequence[np.dtype], num_shards: int) -> list[LeafPlan]:
-    plans = []
+def chunk_size(partition_bytes: int, itemsize: int) -> int:
+    """Largest whole number of elements that fits the partition (at least one)."""
+    return max(itemsize, partition_bytes - partition_bytes % itemsize)
+
+
+def make_plan(name: str, paths: Sequence[str], shapes: Sequence[tuple[int, ...]], dtypes: Sequence[np.dtype],
+              num_shards: int, *, partition_bytes: int, server_fractions: Sequence[float],
+              priorities: Sequence[int] | None = None) -> CallPlan:
+    """The plan of one call. priorities: one per leaf, larger sooner; by
+    default the pytree order, first leaf first."""
+    leaves = []
     for index, (path, shape, dtype) in enumerate(zip(paths, shapes, dtypes)):
+        dtype = np.dtype(dtype)
         size = int(np.prod(shape, dtype=np.int64))
         padded = -(-size // num_shards) * num_shards
-        plans.append(LeafPlan(path=path, shape=tuple(shape), dtype=np.dtype(dtype), size=size, padded=padded,
-                              key=leaf_key(name, path), priority=-index))
-    return plans
+        shard_bytes = padded // num_shards * dtype.itemsize
+        part = chunk_size(partition_bytes, dtype.itemsize)
+        leaves.append(LeafPlan(path=path, shape=tuple(shape), dtype=dtype, size=size, padded=padded,
+                               key=leaf_key(name, path),
+                               priority=-index if priorities is None else int(priorities[index]),
+                               shard_bytes=shard_bytes, chunk_bytes=part, num_chunks=-(-shard_bytes // part)))
+    draft = CallPlan(name, tuple(leaves), num_shards, partition_bytes, ())
+    chunks = list(draft.chunks())
+    order = [(leaves[i].key, shard, c) for shard, i, c, _ in chunks]
+    servers = assign_chunks([nbytes for *_, nbytes in chunks], order, server_fractions,
+                            rotation=leaf_key(name, "") % max(1, len(server_fractions)))
+    return dataclasses.replace(draft, chunk_servers=tuple(servers))

@@ -1,6 +1,6 @@
 """Entry point of a summation server process.
 
-    python -m jbps.server --bind 127.0.0.1:9001 --num-workers 2
+    python -m jbps.server --bind 127.0.0.1:9001 --num-workers 2 [--role dedicated] [--deterministic]
 
 Prints "jbps.server listening on HOST:PORT" once ready (port 0 picks a free
 port, and this line says which). Exits when every worker has said goodbye
@@ -18,6 +18,7 @@ import threading
 
 from ..config import env_value, parse_option
 from ..errors import JbpsError
+from ..partition.assign import COLOCATED, ROLES
 
 log = logging.getLogger("jbps.server")
 
@@ -57,9 +58,18 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="job token workers must present (env JBPS_JOB_TOKEN)")
     p.add_argument("--timeout", type=_option_type("timeout_s"), default=timeout_s,
                    help="seconds a half-received message or a blocked send may stall (env JBPS_TIMEOUT_S)")
+    p.add_argument("--role", choices=ROLES, default=_env("JBPS_SERVER_ROLE", default=COLOCATED),
+                   help="colocated: on a worker's machine (the default); dedicated: on a CPU-only machine. "
+                        "Workers give each role its share of the bytes by the optimal split (env JBPS_SERVER_ROLE)")
+    p.add_argument("--deterministic", action="store_true",
+                   default=_env("JBPS_DETERMINISTIC", default="0").strip() not in ("", "0"),
+                   help="add pushes in worker-rank order, so sums are bitwise identical run to run "
+                        "(env JBPS_DETERMINISTIC=1)")
     p.add_argument("--keep-alive", action="store_true",
                    help="keep serving after every worker said goodbye (for a following job)")
     args = p.parse_args(argv)
+    if args.role not in ROLES:
+        p.error(f"JBPS_SERVER_ROLE={args.role!r}: expected one of {', '.join(ROLES)}")
     if args.num_workers is None:
         p.error("--num-workers is required (or set JBPS_NUM_WORKERS)")
     return args
@@ -72,12 +82,13 @@ def main(argv=None) -> int:
 
     try:
         server = _core.Server(args.bind, args.num_workers, args.token, args.engine_threads, args.timeout,
-                              args.keep_alive)
+                              args.keep_alive, args.role, args.deterministic)
     except RuntimeError as exc:
         log.error("%s", exc)
         return 1
     host = args.bind.rpartition(":")[0]
-    print(f"jbps.server listening on {host}:{server.port} for {args.num_workers} workers", flush=True)
+    print(f"jbps.server listening on {host}:{server.port} for {args.num_workers} workers "
+          f"({args.role}{', deterministic' if args.deterministic else ''})", flush=True)
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
