@@ -2,6 +2,7 @@
 
     jbps server --bind 0.0.0.0:9000 --num-workers 4    # a summation server
     jbps bench --sizes 4M,64M                           # jbps psum vs MPI and gloo
+    jbps plan resnet50 --workers 4 --cpu-servers 0-4    # traffic split and predicted time
 
 Each subcommand's own options follow it (`jbps bench --help`).
 """
@@ -20,6 +21,12 @@ def _bench(argv: list[str]) -> int:
     return main(argv, prog="jbps bench")
 
 
+def _plan(argv: list[str]) -> int:
+    from .partition.__main__ import main
+
+    return main(argv, prog="jbps plan")
+
+
 def _server(argv: list[str]) -> int:
     from .server.__main__ import main
 
@@ -28,6 +35,7 @@ def _server(argv: list[str]) -> int:
 
 _COMMANDS = {
     "bench": (_bench, "benchmark jbps psum against MPI Allreduce and JAX gloo psum"),
+    "plan": (_plan, "predict a model's traffic per server and communication time vs CPU machines"),
     "server": (_server, "run a summation server"),
 }
 
