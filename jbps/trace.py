@@ -7,8 +7,9 @@ https://ui.perfetto.dev or chrome://tracing. Every chunk is one async track
 with four consecutive slices:
 
     queue        submitted by the FFI call, waiting for its priority and a credit
-    push         on the wire to its server
-    server wait  pushed, waiting for the other workers' pushes and the sum
+    push         taken by its connection's sender until the server acknowledges
+                 having all of it
+    server wait  waiting for the other workers' pushes and the sum
     pull         the sum arriving into the output buffer
 
 each carrying the tensor name, key, round, device shard, server, priority
@@ -37,12 +38,12 @@ class ChunkTrace:
     nbytes: int
     queued: float
     sent_start: float
-    sent: float
+    acked: float
     sum_arrived: float
     pulled: float
 
     def phases(self) -> list[tuple[str, float, float]]:
-        marks = (self.queued, self.sent_start, self.sent, self.sum_arrived, self.pulled)
+        marks = (self.queued, self.sent_start, self.acked, self.sum_arrived, self.pulled)
         return [(name, marks[i], marks[i + 1]) for i, name in enumerate(PHASES)]
 
 
@@ -91,6 +92,6 @@ def read_trace(path: str) -> list[ChunkTrace]:
         chunks.append(ChunkTrace(tensor=args["tensor"], key=int(args["key"], 16), round=args["round"],
                                  shard=args["shard"], server=args["server"], priority=args["priority"],
                                  nbytes=args["bytes"], queued=phase["queue"]["ts"], sent_start=phase["push"]["ts"],
-                                 sent=phase["server wait"]["ts"], sum_arrived=phase["pull"]["ts"],
+                                 acked=phase["server wait"]["ts"], sum_arrived=phase["pull"]["ts"],
                                  pulled=ends[seq]["pull"]))
     return chunks

@@ -46,3 +46,14 @@ def last_json(text):
     report = last_json_line(text)
     assert report is not None, f"no JSON line in output:\n{text[-2000:]}"
     return report
+
+
+def check_results(results, rounds):
+    """Every worker of a random_trees.py job passed its numpy checks, ran every
+    round, and got bitwise the same sums as the others."""
+    for r in results:
+        assert r.returncode == 0, f"worker {r.rank} failed:\n{r.stderr[-4000:]}"
+    reports = [last_json(r.stdout) for r in results]
+    assert [rep["rounds"] for rep in reports] == [rounds] * len(results)
+    digests = {rep["digest"] for rep in reports}
+    assert len(digests) == 1, f"workers got different sums: {reports}"

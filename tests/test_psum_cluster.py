@@ -2,7 +2,7 @@
 
 import pytest
 
-from conftest import last_json, run_job, worker_script
+from conftest import check_results, run_job, worker_script
 
 # The full cross product of 1-3 workers x 1/2/4 local devices x 1-3 servers,
 # cycling through the transforms (plain jit only where there is one device).
@@ -10,15 +10,6 @@ MATRIX = [
     (w, d, s, ("jit", "pmap", "shard_map")[(w + s) % 3] if d == 1 else ("pmap", "shard_map")[(w + s) % 2])
     for w in (1, 2, 3) for d in (1, 2, 4) for s in (1, 2, 3)
 ]
-
-
-def check_results(results, rounds):
-    for r in results:
-        assert r.returncode == 0, f"worker {r.rank} failed:\n{r.stderr[-4000:]}"
-    reports = [last_json(r.stdout) for r in results]
-    assert [rep["rounds"] for rep in reports] == [rounds] * len(results)
-    digests = {rep["digest"] for rep in reports}
-    assert len(digests) == 1, f"workers got different sums: {reports}"
 
 
 @pytest.mark.parametrize("workers,devices,servers,mode", MATRIX)

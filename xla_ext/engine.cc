@@ -91,7 +91,7 @@ struct Chunk {
   uint64_t seq = 0;
   bool skipped = false;  // never sent (its call failed first)
   // Trace timestamps (NowMicros), set only when tracing.
-  double queued = 0, sent_start = 0, sent = 0, sum_arrived = 0;
+  double queued = 0, sent_start = 0, acked = 0, sum_arrived = 0;
 };
 using ChunkPtr = std::shared_ptr<Chunk>;
 
@@ -495,6 +495,7 @@ void Engine::Impl::SendLoop(ServerConn* sc) {
       if (!sc->sendq.empty()) {
         ch = sc->sendq.front();
         sc->sendq.pop_front();
+        if (opt.trace) ch->sent_start = NowMicros();
       }
     }
     if (!ch) {  // asked to stop and nothing left to send
@@ -524,9 +525,7 @@ void Engine::Impl::SendLoop(ServerConn* sc) {
     // Header and payload in one sendmsg, the payload read straight from XLA's buffer.
     struct iovec iov[2] = {{&h, sizeof(h)},
                            {const_cast<char*>(static_cast<const char*>(op.in)) + ch->offset, ch->nbytes}};
-    if (opt.trace) ch->sent_start = NowMicros();
     IoStatus st = SendAll(sc->fd, iov, 2, stall_ms);
-    if (opt.trace) ch->sent = NowMicros();
     ReleaseIo(call);
     if (st != IoStatus::kOk) {
       ConnFailed(sc, std::string("send failed: ") + IoStatusName(st));
@@ -566,6 +565,7 @@ void Engine::Impl::RecvLoop(ServerConn* sc) {
     if (type == MsgType::kPushAck) {
       std::lock_guard<std::mutex> lock(mu);
       if (!sc->unacked.empty()) {
+        if (opt.trace) sc->unacked.front()->acked = NowMicros();
         --inflight_chunks;
         sc->unacked.pop_front();
         PopAcked(sc);
@@ -751,7 +751,7 @@ void Engine::Impl::Record(const Chunk& ch, double pulled) {
   r.tensor = ch.call->TensorName(ch.op);
   r.queued = ch.queued;
   r.sent_start = ch.sent_start;
-  r.sent = ch.sent;
+  r.acked = ch.acked;
   r.sum_arrived = ch.sum_arrived;
   r.pulled = pulled;
   std::lock_guard<std::mutex> lock(trace_mu);

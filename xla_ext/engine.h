@@ -69,7 +69,9 @@ struct TraceRecord {
   int64_t priority = 0;
   uint64_t nbytes = 0;
   std::string tensor;
-  double queued = 0, sent_start = 0, sent = 0, sum_arrived = 0, pulled = 0;
+  // Submitted; taken by its connection's sender; acknowledged by the server
+  // (all bytes there); the sum's header arrived; the sum is in the output.
+  double queued = 0, sent_start = 0, acked = 0, sum_arrived = 0, pulled = 0;
 };
 
 // Called exactly once, with an empty string on success or the error.

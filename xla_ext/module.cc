@@ -55,6 +55,7 @@ class PyServer {
     d["bytes_received"] = s.bytes_received;
     d["sums_sent"] = s.sums_sent;
     d["rejected"] = s.rejected;
+    d["thread_bytes"] = s.thread_bytes;
     return d;
   }
 
@@ -107,7 +108,7 @@ NB_MODULE(_core, m) {
     return out;
   });
   // Chunks traced since the last call: (tensor, key, round, shard, server,
-  // priority, bytes, queued, sent_start, sent, sum_arrived, pulled) with times
+  // priority, bytes, queued, sent_start, acked, sum_arrived, pulled) with times
   // in microseconds since the Unix epoch.
   m.def("engine_take_trace", [] {
     std::vector<jbps::TraceRecord> records;
@@ -118,7 +119,7 @@ NB_MODULE(_core, m) {
     nb::list out;
     for (auto& r : records)
       out.append(nb::make_tuple(r.tensor, r.key, r.round, r.shard, r.server, r.priority, r.nbytes, r.queued,
-                                r.sent_start, r.sent, r.sum_arrived, r.pulled));
+                                r.sent_start, r.acked, r.sum_arrived, r.pulled));
     return out;
   });
   m.def("engine_running", [] { return jbps::Engine::Get().running(); });

@@ -209,6 +209,8 @@ ServerStats SummationServer::stats() const {
   st.bytes_received = impl_->bytes_received.load();
   st.sums_sent = impl_->sums_sent.load();
   st.rejected = impl_->rejected.load();
+  std::lock_guard<std::mutex> lock(impl_->bind_mu);
+  st.thread_bytes = impl_->thread_bytes;
   return st;
 }
 

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "protocol.h"
 
@@ -34,6 +35,7 @@ struct ServerStats {
   uint64_t bytes_received = 0;
   uint64_t sums_sent = 0;
   uint64_t rejected = 0;
+  std::vector<uint64_t> thread_bytes;  // bytes of the keys bound to each engine thread (one round each)
 };
 
 class SummationServer {

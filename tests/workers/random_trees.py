@@ -56,6 +56,8 @@ def main():
     p.add_argument("--mode", choices=["pmap", "shard_map", "jit"], default="pmap")
     p.add_argument("--big-elems", type=int, default=50_000)
     p.add_argument("--sleep-rank", type=int, default=-1, help="this rank sleeps before every other round")
+    p.add_argument("--jitter-ms", type=float, default=0,
+                   help="sleep a random 0..this many ms before every round (unseeded: arrival order varies)")
     args = p.parse_args()
 
     jax.config.update("jax_enable_x64", True)
@@ -75,10 +77,13 @@ def main():
         step = jax.jit(lambda t: jax.tree_util.tree_map(lambda x: x[None], jbps.psum(
             jax.tree_util.tree_map(lambda x: x[0], t))))
 
+    jitter = np.random.default_rng()  # fresh entropy per process and run
     digest = hashlib.sha256()
     for rnd in range(args.rounds):
         if rank == args.sleep_rank and rnd % 2 == 0:
             time.sleep(0.3)  # the others run ahead into the next round
+        if args.jitter_ms:
+            time.sleep(jitter.uniform(0, args.jitter_ms) / 1000)
         mine = stack([make_tree(args.seed, rank, rnd, d, L, args.big_elems) for d in range(L)])
         out = jax.device_get(step(mine))
         every = [make_tree(args.seed, w, rnd, d, L, args.big_elems) for w in range(workers) for d in range(L)]
