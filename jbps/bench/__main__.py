@@ -2,11 +2,15 @@
 
     python -m jbps.bench [--sizes 4M,64M,256M] [--iters N] [--warmup N]
                          [--workers 2] [--servers 2] [--json] [--skip-peers] [--plot out.png]
+                         [--priority-model resnet50] [--credits 1,2,4,8,16] [--skip-priority]
 
 One invocation runs: jbps psum (a LocalCluster of CPU summation servers and
 worker processes), mpi4py Allreduce and JAX gloo psum (2 processes each), and
 the servers' float32 summation kernel against numpy. Every collective time
-is the median over the timed calls of the slowest process. Progress goes to stderr;
+is the median over the timed calls of the slowest process. Then the priority
+case: a model's gradients in one psum, under each credit window, first leaf
+first (jbps's default) and last leaf first (FIFO in backprop order, i.e. no
+priority): how soon the first layer's sum is back, from the engine's trace. Progress goes to stderr;
 the table (or, with --json, one JSON document) goes to stdout.
 """
 
@@ -26,6 +30,7 @@ import time
 
 import numpy as np
 
+from ..local_cluster import last_json_line
 from .report import parse_report
 
 log = logging.getLogger("jbps.bench")
@@ -87,7 +92,18 @@ def parse_args(argv=None, prog=None) -> argparse.Namespace:
     p.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
     p.add_argument("--skip-peers", action="store_true", help="do not run MPI and gloo")
     p.add_argument("--plot", metavar="PNG", help="also draw bandwidth vs size into this file (needs matplotlib)")
+    p.add_argument("--priority-model", default="resnet50",
+                   help="built-in model whose gradients the priority case sums (default resnet50)")
+    p.add_argument("--credits", default="1,2,4,8,16",
+                   help="credit windows (chunks in flight) the priority case tries (default 1,2,4,8,16)")
+    p.add_argument("--skip-priority", action="store_true", help="do not run the priority case")
     args = p.parse_args(argv)
+    try:
+        args.credits = [int(c) for c in args.credits.split(",") if c.strip()]
+    except ValueError:
+        p.error(f"--credits {args.credits!r}: expected a comma-separated list of integers")
+    if not args.credits or min(args.credits) < 1:
+        p.error("--credits needs positive integers")
     if args.iters is not None and args.iters < 1:
         p.error("--iters must be at least 1")
     if args.warmup < 0:
@@ -111,6 +127,40 @@ def run_jbps(sizes, iters, warmup, workers, servers, timeout_s) -> dict:
         raise RuntimeError("jbps workers failed:\n" + "\n".join(
             f"--- worker {r.rank} (exit {r.returncode}):\n{r.stderr[-3000:]}" for r in failed))
     return parse_report(results[0].stdout + "\n" + results[0].stderr[-3000:], "jbps worker 0")
+
+
+def run_priority(model, credits, iters, warmup, workers, servers, timeout_s) -> dict:
+    from ..local_cluster import LocalCluster
+
+    argv = ["-m", "jbps.bench.priority_worker", "--model", model, "--credits", ",".join(map(str, credits)),
+            "--iters", str(iters), "--warmup", str(warmup)]
+    # --keep-alive: each credit window is a new init() against the same servers.
+    with LocalCluster(workers, servers, local_devices=1, timeout_s=timeout_s,
+                      server_args=["--keep-alive"]) as cluster:
+        results = cluster.run_workers(argv)
+    failed = [r for r in results if r.returncode != 0]
+    if failed:
+        raise RuntimeError("priority workers failed:\n" + "\n".join(
+            f"--- worker {r.rank} (exit {r.returncode}):\n{r.stderr[-3000:]}" for r in failed))
+    out = last_json_line(results[0].stdout)
+    if out is None:
+        raise RuntimeError(f"priority worker 0: no JSON result in output:\n{results[0].stdout[-3000:]}")
+    return out
+
+
+def format_priority(prio: dict, cfg: dict) -> list[str]:
+    lines = [f"priority: {prio['model']} gradients ({prio['bytes'] / 2**20:.1f} MiB, {prio['leaves']} tensors) in one "
+             f"psum, {_count(cfg['workers'], 'worker')}, {_count(cfg['servers'], 'server')}; ms from the first chunk "
+             "queued until the first leaf's sum / the whole sum is back (median, rank 0's engine trace). "
+             "forward = jbps default; backprop = last leaf first, as FIFO without priority.",
+             "{:>7} {:>15} {:>16} {:>17} {:>13} {:>14}".format(
+                 "credit", "first fwd ms", "first bprop ms", "bprop/fwd first", "whole fwd ms", "whole bprop ms")]
+    for credit, r in prio["results"].items():
+        fwd, back = r["forward"], r["backprop"]
+        lines.append("{:>7} {:>15.2f} {:>16.2f} {:>16.0f}x {:>13.2f} {:>14.2f}".format(
+            credit, fwd["first_leaf_s"] * 1e3, back["first_leaf_s"] * 1e3,
+            back["first_leaf_s"] / fwd["first_leaf_s"], fwd["total_s"] * 1e3, back["total_s"] * 1e3))
+    return lines
 
 
 def run_peer(runner, sizes, iters, warmup, timeout_s) -> dict | None:
@@ -234,6 +284,8 @@ def format_table(doc: dict) -> str:
                            ("numpy_copyto", "numpy copyto(dst, src)")):
             k = kernel[key]
             lines.append(f"  {label:<34} {k['median_s'] * 1e3:9.3f} ms {k['gbps']:7.2f} GB/s")
+    if doc.get("priority"):
+        lines += format_priority(doc["priority"], cfg)
     for what, err in doc["errors"].items():
         last = next((line.strip() for line in reversed(err.splitlines()) if line.strip()), "")
         lines.append(f"{what} FAILED: {last} (details on stderr)")
@@ -313,6 +365,15 @@ def main(argv=None, prog=None) -> int:
             except (RuntimeError, TimeoutError) as exc:
                 log.error("%s failed: %s", key, exc)
                 errors[key] = str(exc)
+    priority = None
+    if not args.skip_priority:
+        log.info("priority case: %s, credits %s ...", args.priority_model, args.credits)
+        try:
+            priority = run_priority(args.priority_model, args.credits, args.iters or 5, args.warmup,
+                                    args.workers, args.servers, timeout)
+        except (RuntimeError, TimeoutError) as exc:
+            log.error("priority case failed: %s", exc)
+            errors["priority"] = str(exc)
     log.info("summation kernel on %s ...", format_size(sizes[-1]))
     kernel = bench_kernel(sizes[-1])
     log.info("done in %.0f s", time.monotonic() - t0)
@@ -326,6 +387,7 @@ def main(argv=None, prog=None) -> int:
         "tools": tools,
         "rows": make_rows(sizes, tools),
         "kernel": kernel,
+        "priority": priority,
         "errors": errors,
     }
     if args.json:
