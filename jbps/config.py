@@ -13,7 +13,11 @@ from typing import Any, Callable, Mapping
 from .errors import JbpsError
 
 DEFAULT_PARTITION_BYTES = 4 << 20
-DEFAULT_SCHEDULING_CREDIT = 4
+# Chunks in flight per worker: at least this many, and at least two per server
+# so no server's link idles while the next chunk is on its way (see README,
+# "Scheduling", for the measurement behind it).
+MIN_DEFAULT_SCHEDULING_CREDIT = 4
+CREDIT_PER_SERVER = 2
 DEFAULT_TIMEOUT_S = 60.0
 
 
@@ -89,7 +93,8 @@ OPTIONS = (
     Option("partition_bytes", ("JBPS_PARTITION_BYTES", "BYTEPS_PARTITION_BYTES"), _positive_int,
            DEFAULT_PARTITION_BYTES, "largest chunk of a tensor sent as one message"),
     Option("scheduling_credit", ("JBPS_SCHEDULING_CREDIT", "BYTEPS_SCHEDULING_CREDIT"), _positive_int,
-           DEFAULT_SCHEDULING_CREDIT, "chunks pushed and not yet acknowledged, per worker (the credit window)"),
+           None, "chunks pushed and not yet acknowledged, per worker (the credit window); "
+                 "default max(4, 2 x servers)"),
     Option("timeout_s", ("JBPS_TIMEOUT_S",), _positive_float, DEFAULT_TIMEOUT_S,
            "seconds before connecting or a psum gives up with an error"),
     Option("job_token", ("JBPS_JOB_TOKEN",), _token, 0,
@@ -161,6 +166,8 @@ class Config:
                 values[opt.name] = _parse(opt, raw, source)
             else:
                 values[opt.name] = env_value(opt.name, environ)
+        if values["scheduling_credit"] is None and values["servers"]:
+            values["scheduling_credit"] = max(MIN_DEFAULT_SCHEDULING_CREDIT, CREDIT_PER_SERVER * len(values["servers"]))
         config = cls(**values)
         if not config.servers:
             raise JbpsError("no summation servers: set JBPS_SERVERS=host:port[,host:port...] "

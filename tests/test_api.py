@@ -9,6 +9,7 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
 import jbps
+from jbps import _core
 
 L = 4
 
@@ -188,3 +189,35 @@ def test_env_aliases(server, monkeypatch):
         assert jbps.config().partition_bytes == 8192  # already running: unchanged
     with jbps.init() as s:
         assert s.config.partition_bytes == 16384
+
+
+def test_credit_default_scales_with_servers():
+    one = jbps.Config.resolve({}, {"JBPS_SERVERS": "h:1"})
+    five = jbps.Config.resolve({}, {"JBPS_SERVERS": ",".join(f"h:{p}" for p in range(1, 6))})
+    given = jbps.Config.resolve({"scheduling_credit": 1}, {"JBPS_SERVERS": "h:1,h:2,h:3"})
+    assert (one.scheduling_credit, five.scheduling_credit, given.scheduling_credit) == (4, 10, 1)
+
+
+def test_trace_dir_and_its_byteps_alias(tmp_path):
+    env = {"JBPS_SERVERS": "h:1"}
+    assert jbps.Config.resolve({}, env).trace_dir is None
+    assert jbps.Config.resolve({}, {**env, "BYTEPS_TRACE_DIR": "/x"}).trace_dir is None  # needs TRACE_ON
+    assert jbps.Config.resolve({}, {**env, "BYTEPS_TRACE_ON": "1", "BYTEPS_TRACE_DIR": "/x"}).trace_dir == "/x"
+    assert jbps.Config.resolve({}, {**env, "BYTEPS_TRACE_ON": "1", "BYTEPS_TRACE_DIR": "/x",
+                                    "JBPS_TRACE_DIR": "/y"}).trace_dir == "/y"
+
+
+def test_server_fractions_follow_declared_roles(server):
+    dedicated = _core.Server("127.0.0.1:0", 1, role="dedicated", keep_alive=True)
+    try:
+        with jbps.init(servers=[server, f"127.0.0.1:{dedicated.port}"], num_workers=1, worker_rank=0):
+            assert _core.engine_server_roles() == ["colocated", "dedicated"]
+            # One worker machine: its colocated server takes everything (nothing need leave it).
+            assert jbps.runtime.server_fractions() == (1.0, 0.0)
+            x = jnp.arange(10_000, dtype=jnp.float32)
+            np.testing.assert_array_equal(jax.jit(lambda v: jbps.psum(v))(x), x)
+        assert dedicated.stats()["bytes_received"] == 0
+    finally:
+        dedicated.stop()
+    with pytest.raises(ValueError, match="role"):
+        _core.Server("127.0.0.1:0", 1, role="cpu")

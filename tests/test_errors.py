@@ -138,3 +138,11 @@ def test_server_command_line_names_the_bad_setting(argv, env, needle):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2, out.stderr
     assert needle in out.stderr
+
+
+def test_bad_priority_is_an_error_at_trace_time_naming_the_leaf(session):
+    tree = {"a": jnp.ones(3), "b": jnp.ones(2)}
+    with pytest.raises(ValueError, match=r"\['c'\]"):
+        jax.jit(lambda t: jbps.psum(t, priority={"['c']": 1}))(tree)
+    with pytest.raises(TypeError, match=r"\['b'\]"):
+        jax.jit(lambda t: jbps.psum(t, priority=lambda path, leaf: "high" if "b" in path else 0))(tree)

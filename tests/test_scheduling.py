@@ -116,3 +116,25 @@ def test_deterministic_sums_are_bitwise_stable():
     # in varying order; with JBPS_DETERMINISTIC the sums are the same bits.
     digests = {run_digests(True) for _ in range(3)}
     assert len(digests) == 1
+
+
+def test_high_priority_call_overtakes_queued_chunks(tmp_path):
+    # A 256-chunk low-priority call on one device; once it is pushing, a
+    # 1-chunk high-priority call on another device. Of the big call's chunks
+    # still queued when the small one arrived, at most the credit window may
+    # leave before it.
+    credit = 2
+    results = run_job([worker_script("overtake.py")], workers=2, servers=2, devices=2,
+                      env={"JBPS_TRACE_DIR": str(tmp_path), "JBPS_PARTITION_BYTES": "65536",
+                           "JBPS_SCHEDULING_CREDIT": str(credit)})
+    for r in results:
+        assert r.returncode == 0, r.stderr[-3000:]
+    for rank in (0, 1):
+        chunks = read_trace(trace_path(str(tmp_path), rank))
+        big = [c for c in chunks if c.tensor == "big" and c.round == 1]
+        (small,) = [c for c in chunks if c.tensor == "small" and c.round == 1]
+        assert len(big) == 256
+        waiting = [c for c in big if c.queued < small.queued < c.sent_start]
+        assert len(waiting) >= 64, f"the small call came too late to test overtaking ({len(waiting)} chunks waiting)"
+        went_first = [c for c in waiting if c.sent_start < small.sent_start]
+        assert len(went_first) <= credit, f"{len(went_first)} queued low-priority chunks went before the small call"
