@@ -114,13 +114,15 @@ print(json.dumps([[l.key for l in plan.leaves], list(plan.chunk_servers)]))
 """
 
 
-def test_routing_identical_across_processes():
+def test_routing_identical_across_processes(tmp_path):
     outputs = set()
     for seed in ("1", "2", "random"):
         env = dict(os.environ, PYTHONHASHSEED=seed)
+        # cwd: not the checkout, whose unbuilt sources `-c` would import first.
         out = subprocess.run([sys.executable, "-c", ROUTING_SCRIPT], env=env, capture_output=True, text=True,
-                             timeout=120, check=True).stdout
-        outputs.add(out.strip().splitlines()[-1])
+                             timeout=120, cwd=tmp_path)
+        assert out.returncode == 0, out.stderr[-3000:]
+        outputs.add(out.stdout.strip().splitlines()[-1])
     assert len(outputs) == 1
 
 
