@@ -8,13 +8,13 @@ import importlib.util
 import logging
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
 
+from ..procs import terminate
 from .report import parse_report
 
 logger = logging.getLogger(__name__)
@@ -44,72 +44,6 @@ def _child_env(extra=None):
 def _peer_args(sizes, iters, warmup):
     return ["--sizes", ",".join(str(int(s)) for s in sizes),
             "--iters", str(int(iters)), "--warmup", str(int(warmup))]
-
-
-def _proc_start(pid):
-    """(ppid, start time) of `pid` from /proc, or None if it is gone (Linux only)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return int(fields[1]), fields[19]
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def _descendants(root_pids):
-    """Snapshot {pid: start time} of every live descendant of `root_pids`."""
-    try:
-        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
-    except OSError:
-        return {}
-    info = {pid: st for pid in pids if (st := _proc_start(pid)) is not None}
-    found, todo = {}, list(root_pids)
-    while todo:
-        parent = todo.pop()
-        for pid, (ppid, start) in info.items():
-            if ppid == parent and pid not in found:
-                found[pid] = start
-                todo.append(pid)
-    return found
-
-
-def _terminate(procs, what, grace_s):
-    """End every process we started and everything they spawned, by pid.
-
-    Each child leads its own process group (start_new_session=True), but
-    mpiexec's proxy and ranks call setsid, so a group kill misses them.
-    SIGTERM first (if grace_s > 0) lets mpiexec tear its ranks down; then
-    SIGKILL the groups and any descendant from the snapshot that is still alive
-    (same pid *and* start time, so a recycled pid is never hit).
-    """
-    live = [p for p in procs if p.poll() is None]
-    if not live:
-        return
-    family = _descendants(p.pid for p in live)
-    if grace_s > 0:
-        for p in live:
-            _signal_group(p, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(p.poll() is None for p in live):
-        time.sleep(0.05)
-    for p in live:
-        if p.poll() is None:
-            _signal_group(p, signal.SIGKILL)
-    for pid, start in family.items():
-        st = _proc_start(pid)
-        if st is not None and st[1] == start:
-            logger.debug("%s: killing leftover pid %d", what, pid)
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-
-def _signal_group(proc, sig):
-    try:
-        os.killpg(proc.pid, sig)  # the group we created with start_new_session
-    except ProcessLookupError:
-        pass
 
 
 def _run_group(cmds, env, timeout_s, what, grace_s=0.0):
@@ -142,12 +76,7 @@ def _run_group(cmds, env, timeout_s, what, grace_s=0.0):
                                    f"process 0:\n{_read(logs[0][1])}")
             time.sleep(0.05)
     finally:
-        _terminate(procs, what, grace_s)
-        for p in procs:
-            try:
-                p.wait(timeout=10)  # reap
-            except subprocess.TimeoutExpired:
-                logger.warning("%s: pid %d did not exit after SIGKILL", what, p.pid)
+        terminate(procs, grace_s, what)  # by PID, with everything they spawned; reaps
         for out, err in logs:
             out.close()
             err.close()

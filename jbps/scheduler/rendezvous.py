@@ -1,0 +1,213 @@
+"""The rendezvous of an environment-variable bootstrap (no MPI).
+
+BytePS's names: DMLC_ROLE=scheduler|server|worker, DMLC_NUM_WORKER,
+DMLC_NUM_SERVER, DMLC_PS_ROOT_URI, DMLC_PS_ROOT_PORT, DMLC_WORKER_ID (JBPS_*
+equivalents in config.py). One scheduler listens at ROOT_URI:ROOT_PORT; every
+server and worker connects (retrying, so any start order works), says who it
+is, and waits. Once everyone has registered, the scheduler:
+
+ 1. numbers the workers (DMLC_WORKER_ID where given, the rest in arrival order),
+ 2. tells each server the job token, the worker count and its role (dedicated
+    when no worker shares its host, colocated otherwise),
+ 3. collects each server's listening address,
+ 4. tells each worker the server list, the token, its rank and its local rank.
+
+If someone is missing after the timeout, every member that did register gets
+an error naming who is missing, and the scheduler exits with an error. The
+wire format is one JSON object per line over TCP.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import secrets
+import socket
+import time
+from typing import Any
+
+from ..errors import JbpsError
+
+log = logging.getLogger("jbps.scheduler")
+
+ROLES = ("worker", "server")
+
+
+@dataclasses.dataclass
+class Member:
+    role: str
+    host: str  # the address the member reached the scheduler from
+    worker_id: int | None
+    conn: socket.socket
+    reader: Any  # a text file over conn
+    rank: int = -1
+
+
+def _send(conn: socket.socket, message: dict) -> None:
+    conn.sendall((json.dumps(message) + "\n").encode())
+
+
+def _recv(reader, what: str) -> dict:
+    line = reader.readline()
+    if not line:
+        raise ConnectionError(f"{what} closed the connection")
+    message = json.loads(line)
+    if not isinstance(message, dict):
+        raise ValueError(f"{what} sent {line!r}, not a JSON object")
+    return message
+
+
+class Scheduler:
+    """Listens at once (so the port is known); run() does the rendezvous."""
+
+    def __init__(self, num_workers: int, num_servers: int, *, bind: str = "127.0.0.1:0",
+                 timeout_s: float = 60.0, token: int | None = None):
+        if num_workers < 1 or num_servers < 1:
+            raise JbpsError(f"a job needs at least one worker and one server, got {num_workers} and {num_servers}")
+        self.num_workers, self.num_servers, self.timeout_s = num_workers, num_servers, timeout_s
+        self.token = token if token else secrets.randbits(63) or 1
+        host, _, port = bind.rpartition(":")
+        self.sock = socket.create_server((host, int(port)), reuse_port=False)
+        self.address = f"{host}:{self.sock.getsockname()[1]}"
+        self.members: list[Member] = []
+
+    def close(self) -> None:
+        for m in self.members:
+            m.conn.close()
+        self.sock.close()
+
+    def _missing(self) -> str:
+        workers = [m for m in self.members if m.role == "worker"]
+        servers = [m for m in self.members if m.role == "server"]
+        ids = {m.worker_id for m in workers if m.worker_id is not None}
+        missing_ids = [i for i in range(self.num_workers) if i not in ids]
+        detail = ""
+        if len(ids) == len(workers) and missing_ids:  # every worker gave its id: name the absent ones
+            detail = f" (worker ids {missing_ids} never registered)"
+        return (f"{len(workers)} of {self.num_workers} workers and {len(servers)} of {self.num_servers} servers "
+                f"registered{detail}")
+
+    def _fail(self, message: str) -> None:
+        log.error("%s", message)
+        for m in self.members:
+            try:
+                _send(m.conn, {"error": message})
+            except OSError:
+                pass
+        raise JbpsError(message)
+
+    def _register(self, deadline: float) -> None:
+        while sum(m.role == "worker" for m in self.members) < self.num_workers or \
+                sum(m.role == "server" for m in self.members) < self.num_servers:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self._fail(f"jbps scheduler {self.address}: timed out after {self.timeout_s:g} s (JBPS_TIMEOUT_S) "
+                           f"waiting for the job: {self._missing()}")
+            self.sock.settimeout(min(left, 1.0))
+            try:
+                conn, peer = self.sock.accept()
+            except socket.timeout:
+                continue
+            conn.settimeout(max(1.0, deadline - time.monotonic()))
+            reader = conn.makefile("r")
+            try:
+                hello = _recv(reader, f"{peer[0]}:{peer[1]}")
+                role, worker_id = hello.get("role"), hello.get("worker_id")
+                if role not in ROLES:
+                    raise ValueError(f"role {role!r} is not one of {ROLES}")
+                if worker_id is not None and not (isinstance(worker_id, int) and 0 <= worker_id < self.num_workers):
+                    raise ValueError(f"worker id {worker_id!r} is out of range for {self.num_workers} workers")
+                if role == "worker" and worker_id is not None and any(
+                        m.worker_id == worker_id for m in self.members if m.role == "worker"):
+                    raise ValueError(f"worker id {worker_id} registered twice")
+                count = sum(m.role == role for m in self.members)
+                if count == (self.num_workers if role == "worker" else self.num_servers):
+                    raise ValueError(f"one {role} too many: the job has {count}")
+            except (OSError, ValueError, ConnectionError) as exc:
+                log.warning("refused %s:%d: %s", peer[0], peer[1], exc)
+                try:
+                    _send(conn, {"error": f"jbps scheduler refused this member: {exc}"})
+                except OSError:
+                    pass
+                conn.close()
+                continue
+            self.members.append(Member(role, conn.getpeername()[0], worker_id, conn, reader))
+            log.info("%s registered from %s (%s)", role, peer[0], self._missing())
+
+    def run(self) -> None:
+        """Registers everyone, hands out roles and addresses; raises JbpsError
+        (after telling every member) if the job does not assemble in time."""
+        deadline = time.monotonic() + self.timeout_s
+        self._register(deadline)
+        workers = [m for m in self.members if m.role == "worker"]
+        servers = [m for m in self.members if m.role == "server"]
+        free = iter(sorted(set(range(self.num_workers)) - {m.worker_id for m in workers}))
+        for m in workers:
+            m.rank = m.worker_id if m.worker_id is not None else next(free)
+        workers.sort(key=lambda m: m.rank)
+        worker_hosts = [m.host for m in workers]
+        for i, m in enumerate(servers):
+            role = "colocated" if m.host in worker_hosts else "dedicated"
+            _send(m.conn, {"token": self.token, "num_workers": self.num_workers, "role": role, "index": i})
+        addresses = []
+        for m in servers:
+            try:
+                reply = _recv(m.reader, f"server at {m.host}")
+            except (OSError, ValueError, ConnectionError) as exc:
+                self._fail(f"jbps scheduler: server at {m.host} failed to start: {exc}")
+            if "error" in reply:
+                self._fail(f"jbps scheduler: server at {m.host} failed to start: {reply['error']}")
+            addresses.append(reply["address"])
+        for m in workers:
+            same_host = [w for w in workers if w.host == m.host]
+            _send(m.conn, {"servers": addresses, "token": self.token, "num_workers": self.num_workers,
+                           "rank": m.rank, "local_rank": same_host.index(m), "local_size": len(same_host)})
+        log.info("job assembled: %d workers, servers %s", self.num_workers, ",".join(addresses))
+
+
+def _connect(address: str, deadline: float) -> socket.socket:
+    host, _, port = address.rpartition(":")
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            return socket.create_connection((host, int(port)), timeout=max(0.1, deadline - time.monotonic()))
+        except OSError as exc:
+            last = exc
+            time.sleep(0.1)
+    raise JbpsError(f"could not reach the jbps scheduler at {address} (DMLC_PS_ROOT_URI/PORT): {last}")
+
+
+class Registration:
+    """A member's side: connect (retrying until the deadline), say who we are."""
+
+    def __init__(self, address: str, role: str, timeout_s: float, worker_id: int | None = None):
+        self.address, self.timeout_s = address, timeout_s
+        self.deadline = time.monotonic() + timeout_s
+        self.conn = _connect(address, self.deadline)
+        self.reader = self.conn.makefile("r")
+        # The address we reach the scheduler from is the one others can reach us at.
+        self.local_host = self.conn.getsockname()[0]
+        _send(self.conn, {"role": role, "worker_id": worker_id})
+
+    def receive(self) -> dict:
+        # The scheduler answers when the whole job has registered, or fails it
+        # after its own timeout: allow a little beyond ours for its message.
+        self.conn.settimeout(max(0.1, self.deadline - time.monotonic()) + 5.0)
+        try:
+            message = _recv(self.reader, f"the jbps scheduler at {self.address}")
+        except socket.timeout:
+            raise JbpsError(f"the jbps scheduler at {self.address} did not assemble the job within "
+                            f"{self.timeout_s:g} s (JBPS_TIMEOUT_S)") from None
+        except (OSError, ValueError, ConnectionError) as exc:
+            raise JbpsError(f"lost the jbps scheduler at {self.address}: {exc}") from None
+        if "error" in message:
+            raise JbpsError(message["error"])
+        return message
+
+    def send(self, message: dict) -> None:
+        _send(self.conn, message)
+
+    def close(self) -> None:
+        self.reader.close()
+        self.conn.close()
