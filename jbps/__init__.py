@@ -10,7 +10,8 @@ from .errors import JbpsError
 from . import partition
 from .ops import pmean, psum
 from .partition import forward_order, optimal_split
-from .runtime import Session, config, engine_stats, init, is_initialized, local_size, rank, shutdown, size
+from .runtime import (Session, config, engine_stats, init, is_initialized, local_rank, local_size, rank, shutdown,
+                      size)
 
 __version__ = "0.1.0"
 
@@ -23,6 +24,7 @@ __all__ = [
     "forward_order",
     "init",
     "is_initialized",
+    "local_rank",
     "local_size",
     "optimal_split",
     "partition",

@@ -12,6 +12,8 @@ from typing import Any, Callable, Mapping
 
 from .errors import JbpsError
 
+ROLES = ("worker", "server", "scheduler")
+
 DEFAULT_PARTITION_BYTES = 4 << 20
 # Chunks in flight per worker: at least this many, and at least two per server
 # so no server's link idles while the next chunk is on its way (see README,
@@ -76,6 +78,19 @@ def _text(text: str) -> str:
     return text
 
 
+def _role(text: str) -> str:
+    if text not in ROLES:
+        raise ValueError(f"must be one of {', '.join(ROLES)}")
+    return text
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 < value < 65536:
+        raise ValueError("must be a port number, 1 to 65535")
+    return value
+
+
 def _byteps_trace_dir(environ: Mapping[str, str]) -> tuple[str, str] | None:
     """BYTEPS_TRACE_DIR counts only with BYTEPS_TRACE_ON=1, as in BytePS."""
     if environ.get("BYTEPS_TRACE_ON", "").strip() == "1" and environ.get("BYTEPS_TRACE_DIR", "").strip():
@@ -86,10 +101,24 @@ def _byteps_trace_dir(environ: Mapping[str, str]) -> tuple[str, str] | None:
 OPTIONS = (
     Option("servers", ("JBPS_SERVERS",), _servers, None,
            "comma-separated host:port of every summation server"),
-    Option("num_workers", ("JBPS_NUM_WORKERS", "DMLC_NUM_WORKER"), _positive_int, 1,
-           "number of worker processes in the job"),
-    Option("worker_rank", ("JBPS_WORKER_RANK", "DMLC_WORKER_ID"), _non_negative_int, 0,
-           "this worker's rank, 0 .. num_workers-1"),
+    Option("num_workers", ("JBPS_NUM_WORKERS", "DMLC_NUM_WORKER"), _positive_int, None,
+           "number of worker processes in the job (default 1 with JBPS_SERVERS; a bootstrap finds it)"),
+    Option("worker_rank", ("JBPS_WORKER_RANK", "DMLC_WORKER_ID"), _non_negative_int, None,
+           "this worker's rank, 0 .. num_workers-1 (default 0 with JBPS_SERVERS; a bootstrap assigns it)"),
+    Option("local_rank", ("JBPS_LOCAL_RANK",), _non_negative_int, None,
+           "this worker's rank among the workers on its host (default 0; a bootstrap assigns it)"),
+    Option("local_size", ("JBPS_LOCAL_SIZE",), _positive_int, None,
+           "worker processes on this host (default 1; a bootstrap finds it)"),
+    Option("role", ("JBPS_ROLE", "DMLC_ROLE"), _role, None,
+           "worker, server or scheduler: which part of an environment bootstrap this process is"),
+    Option("num_servers", ("JBPS_NUM_SERVERS", "DMLC_NUM_SERVER"), _positive_int, None,
+           "summation server processes the scheduler waits for"),
+    Option("scheduler_host", ("JBPS_SCHEDULER_HOST", "DMLC_PS_ROOT_URI"), _text, None,
+           "host of the scheduler (environment bootstrap)"),
+    Option("scheduler_port", ("JBPS_SCHEDULER_PORT", "DMLC_PS_ROOT_PORT"), _port, None,
+           "port of the scheduler (environment bootstrap)"),
+    Option("colocated_servers", ("JBPS_COLOCATED_SERVERS",), _non_negative_int, 1,
+           "under mpirun: summation servers jbps starts inside the first worker of each host"),
     Option("partition_bytes", ("JBPS_PARTITION_BYTES", "BYTEPS_PARTITION_BYTES"), _positive_int,
            DEFAULT_PARTITION_BYTES, "largest chunk of a tensor sent as one message"),
     Option("scheduling_credit", ("JBPS_SCHEDULING_CREDIT", "BYTEPS_SCHEDULING_CREDIT"), _positive_int,
@@ -132,6 +161,12 @@ def env_value(name: str, environ: Mapping[str, str] | None = None, default: Any 
     return _parse(opt, environ[source], source)
 
 
+def deterministic_sums(environ: Mapping[str, str] | None = None) -> bool:
+    """JBPS_DETERMINISTIC=1: servers add pushes in worker-rank order."""
+    environ = os.environ if environ is None else environ
+    return environ.get("JBPS_DETERMINISTIC", "0").strip() not in ("", "0")
+
+
 def parse_option(name: str, text: str) -> Any:
     """Parses a command-line value of option `name` (argparse `type=`)."""
     return _BY_NAME[name].parse(text)
@@ -139,14 +174,28 @@ def parse_option(name: str, text: str) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    servers: tuple[str, ...]
-    num_workers: int
-    worker_rank: int
+    servers: tuple[str, ...] | None
+    num_workers: int | None
+    worker_rank: int | None
+    local_rank: int | None
+    local_size: int | None
+    role: str | None
+    num_servers: int | None
+    scheduler_host: str | None
+    scheduler_port: int | None
+    colocated_servers: int
     partition_bytes: int
-    scheduling_credit: int
+    scheduling_credit: int | None
     timeout_s: float
     job_token: int
     trace_dir: str | None
+
+    @property
+    def scheduler(self) -> str | None:
+        """host:port of the scheduler when both are set."""
+        if self.scheduler_host and self.scheduler_port:
+            return f"{self.scheduler_host}:{self.scheduler_port}"
+        return None
 
     @classmethod
     def resolve(cls, overrides: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> "Config":
@@ -166,13 +215,27 @@ class Config:
                 values[opt.name] = _parse(opt, raw, source)
             else:
                 values[opt.name] = env_value(opt.name, environ)
-        if values["scheduling_credit"] is None and values["servers"]:
-            values["scheduling_credit"] = max(MIN_DEFAULT_SCHEDULING_CREDIT, CREDIT_PER_SERVER * len(values["servers"]))
-        config = cls(**values)
-        if not config.servers:
-            raise JbpsError("no summation servers: set JBPS_SERVERS=host:port[,host:port...] "
-                            "or pass jbps.init(servers=[...])")
-        if config.worker_rank >= config.num_workers:
-            raise JbpsError(f"worker rank {config.worker_rank} (JBPS_WORKER_RANK) is out of range for "
-                            f"{config.num_workers} workers (JBPS_NUM_WORKERS)")
-        return config
+        return cls(**values)
+
+    def complete(self) -> "Config":
+        """The settings a worker's engine starts with: servers known (given,
+        or filled in by a bootstrap), defaults filled, ranges checked."""
+        if not self.servers:
+            raise JbpsError("no summation servers: set JBPS_SERVERS=host:port[,host:port...] or pass "
+                            "jbps.init(servers=[...]); or start the job with `jbps run`, under mpirun, or with a "
+                            "scheduler (DMLC_PS_ROOT_URI and DMLC_PS_ROOT_PORT)")
+        done = dataclasses.replace(
+            self,
+            num_workers=self.num_workers or 1,
+            worker_rank=self.worker_rank or 0,
+            local_rank=self.local_rank or 0,
+            local_size=self.local_size or 1,
+            scheduling_credit=self.scheduling_credit or max(MIN_DEFAULT_SCHEDULING_CREDIT,
+                                                            CREDIT_PER_SERVER * len(self.servers)))
+        if done.worker_rank >= done.num_workers:
+            raise JbpsError(f"worker rank {done.worker_rank} (JBPS_WORKER_RANK) is out of range for "
+                            f"{done.num_workers} workers (JBPS_NUM_WORKERS)")
+        if done.local_rank >= done.local_size:
+            raise JbpsError(f"local rank {done.local_rank} (JBPS_LOCAL_RANK) is out of range for "
+                            f"{done.local_size} local workers (JBPS_LOCAL_SIZE)")
+        return done

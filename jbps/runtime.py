@@ -15,7 +15,7 @@ except ImportError as exc:  # a source checkout without the built extension
         "jbps's C++ extension (jbps._core) is missing: install the package with `pip install .` and run "
         "from outside the source tree (`pytest tests` works from the checkout; `python -m pytest` would put "
         f"the unbuilt sources first on sys.path): {exc}") from None
-from . import trace
+from . import bootstrap, trace
 from .config import Config
 from .errors import JbpsError
 from .partition import server_fractions as _fractions_for_roles
@@ -24,6 +24,8 @@ FFI_TARGET = "jbps_psum"
 
 _lock = threading.Lock()
 _config: Config | None = None
+_requested: Config | None = None  # what init() was asked, before a bootstrap filled it in
+_hosted: list = []  # summation servers this process runs (mpirun's colocated servers)
 _fractions: tuple[float, ...] = ()
 _ffi_registered = False
 _atexit_registered = False
@@ -61,21 +63,24 @@ def init(**overrides) -> Session:
     initialized is a no-op; different settings raise JbpsError (call
     shutdown() first).
     """
-    global _config, _fractions, _atexit_registered
+    global _config, _requested, _hosted, _fractions, _atexit_registered
     with _lock:
-        config = Config.resolve(overrides)
+        requested = Config.resolve(overrides)
         if _config is not None:
-            if config != _config:
+            if requested != _requested:
                 raise JbpsError("jbps is already initialized with different settings; call jbps.shutdown() first")
             return Session(_config)
         _register_ffi()
+        config, hosted = bootstrap.complete(requested)
         try:
             _core.engine_start(list(config.servers), config.worker_rank, config.num_workers, config.job_token,
                                config.scheduling_credit, config.timeout_s, trace=config.trace_dir is not None)
         except RuntimeError as exc:
+            for server in hosted:
+                server.stop()
             raise JbpsError(f"jbps.init() failed: {exc}") from None
         _fractions = tuple(_fractions_for_roles(_core.engine_server_roles(), config.num_workers))
-        _config = config
+        _config, _requested, _hosted = config, requested, hosted
         if not _atexit_registered:
             atexit.register(shutdown)
             _atexit_registered = True
@@ -85,14 +90,19 @@ def init(**overrides) -> Session:
 def shutdown() -> None:
     """Stops the engine; pending psums fail with an error. Writes the trace
     when tracing (JBPS_TRACE_DIR). Safe to call twice."""
-    global _config
+    global _config, _requested, _hosted
     with _lock:
         if _config is None:
             return
         _core.engine_stop()
         if _config.trace_dir is not None:
             trace.write_trace(_core.engine_take_trace(), _config.trace_dir, _config.worker_rank)
-        _config = None
+        # Servers this process hosts serve the other workers until they are
+        # done too (each says goodbye), or the timeout passes.
+        for server in _hosted:
+            server.wait(_config.timeout_s)
+            server.stop()
+        _config, _requested, _hosted = None, None, []
 
 
 def is_initialized() -> bool:
@@ -116,10 +126,15 @@ def size() -> int:
     return config().num_workers
 
 
+def local_rank() -> int:
+    """This worker's rank among the worker processes on its host."""
+    return config().local_rank
+
+
 def local_size() -> int:
-    """Number of local devices this worker reduces over before the network."""
-    config()
-    return jax.local_device_count()
+    """Number of worker processes on this host (as in Horovod; the local
+    devices a worker reduces over are jax.local_device_count())."""
+    return config().local_size
 
 
 def engine_stats() -> dict:

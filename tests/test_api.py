@@ -30,7 +30,7 @@ def test_local_device_count():
 
 
 def test_rank_size_local_size(session):
-    assert (jbps.rank(), jbps.size(), jbps.local_size()) == (0, 1, L)
+    assert (jbps.rank(), jbps.size(), jbps.local_rank(), jbps.local_size()) == (0, 1, 0, 1)
 
 
 @pytest.mark.parametrize("shape", [(), (1,), (3,), (5, 3), (2, 3, 7), (4097,)])
@@ -192,9 +192,9 @@ def test_env_aliases(server, monkeypatch):
 
 
 def test_credit_default_scales_with_servers():
-    one = jbps.Config.resolve({}, {"JBPS_SERVERS": "h:1"})
-    five = jbps.Config.resolve({}, {"JBPS_SERVERS": ",".join(f"h:{p}" for p in range(1, 6))})
-    given = jbps.Config.resolve({"scheduling_credit": 1}, {"JBPS_SERVERS": "h:1,h:2,h:3"})
+    one = jbps.Config.resolve({}, {"JBPS_SERVERS": "h:1"}).complete()
+    five = jbps.Config.resolve({}, {"JBPS_SERVERS": ",".join(f"h:{p}" for p in range(1, 6))}).complete()
+    given = jbps.Config.resolve({"scheduling_credit": 1}, {"JBPS_SERVERS": "h:1,h:2,h:3"}).complete()
     assert (one.scheduling_credit, five.scheduling_credit, given.scheduling_credit) == (4, 10, 1)
 
 

@@ -1,6 +1,14 @@
 """Entry point of a summation server process.
 
     python -m jbps.server --bind 127.0.0.1:9001 --num-workers 2 [--role dedicated] [--deterministic]
+    DMLC_ROLE=server DMLC_PS_ROOT_URI=... DMLC_PS_ROOT_PORT=... python -m jbps.server
+    mpirun -np 4 python train.py : -np 2 python -m jbps.server
+
+With --num-workers on the command line the server is given everything. Else
+it joins the job the way its workers do: through the scheduler when one is
+set (JBPS_SCHEDULER_HOST/PORT, DMLC_PS_ROOT_URI/PORT), through MPI under
+mpirun; then the bootstrap decides its role, port and token. Else
+JBPS_NUM_WORKERS / DMLC_NUM_WORKER stand in for the flag.
 
 Prints "jbps.server listening on HOST:PORT" once ready (port 0 picks a free
 port, and this line says which). Exits when every worker has said goodbye
@@ -16,7 +24,8 @@ import signal
 import sys
 import threading
 
-from ..config import env_value, parse_option
+from ..bootstrap.mpi import under_mpirun
+from ..config import Config, deterministic_sums, env_value, parse_option
 from ..errors import JbpsError
 from ..partition.assign import COLOCATED, ROLES
 
@@ -41,15 +50,15 @@ def _option_type(name: str):
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m jbps.server", description="jbps summation server")
     try:
-        num_workers = env_value("num_workers", default=None)
         token = env_value("job_token")
         timeout_s = env_value("timeout_s")
     except JbpsError as exc:
         p.error(str(exc))
     p.add_argument("--bind", default=_env("JBPS_SERVER_BIND", default="127.0.0.1:0"),
                    help="host:port to listen on (default 127.0.0.1:0, a free loopback port; env JBPS_SERVER_BIND)")
-    p.add_argument("--num-workers", type=_option_type("num_workers"), default=num_workers,
-                   help="worker processes in the job (env JBPS_NUM_WORKERS / DMLC_NUM_WORKER)")
+    p.add_argument("--num-workers", type=_option_type("num_workers"), default=None,
+                   help="worker processes in the job (else the scheduler or mpirun tells; else env "
+                        "JBPS_NUM_WORKERS / DMLC_NUM_WORKER)")
     p.add_argument("--engine-threads", type=int,
                    default=int(_env("JBPS_SERVER_ENGINE_THREADS", "BYTEPS_SERVER_ENGINE_THREAD", default=0)),
                    help="summation threads (default: min(4, cores); env JBPS_SERVER_ENGINE_THREADS / "
@@ -62,7 +71,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="colocated: on a worker's machine (the default); dedicated: on a CPU-only machine. "
                         "Workers give each role its share of the bytes by the optimal split (env JBPS_SERVER_ROLE)")
     p.add_argument("--deterministic", action="store_true",
-                   default=_env("JBPS_DETERMINISTIC", default="0").strip() not in ("", "0"),
+                   default=deterministic_sums(),
                    help="add pushes in worker-rank order, so sums are bitwise identical run to run "
                         "(env JBPS_DETERMINISTIC=1)")
     p.add_argument("--keep-alive", action="store_true",
@@ -70,25 +79,49 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.role not in ROLES:
         p.error(f"JBPS_SERVER_ROLE={args.role!r}: expected one of {', '.join(ROLES)}")
-    if args.num_workers is None:
-        p.error("--num-workers is required (or set JBPS_NUM_WORKERS)")
+    try:
+        args.scheduler = Config.resolve({}).scheduler
+        args.env_num_workers = env_value("num_workers", default=None)
+    except JbpsError as exc:
+        p.error(str(exc))
+    if args.num_workers is None and not args.scheduler and not under_mpirun() and args.env_num_workers is None:
+        p.error("--num-workers is required (or set JBPS_NUM_WORKERS, or start under a scheduler or mpirun)")
     return args
+
+
+def start(args):
+    """Starts the server the way the command line and environment say;
+    returns (server, host it listens on, worker count, role)."""
+    from .. import _core
+
+    def make(bind, num_workers, token, role):
+        return _core.Server(bind, num_workers, token, args.engine_threads, args.timeout, args.keep_alive, role,
+                            args.deterministic)
+
+    if args.num_workers is None and args.scheduler:
+        from ..bootstrap.scheduler import join_as_server
+
+        server, job = join_as_server(args.scheduler, args.timeout, make)
+        return server, job["host"], job["num_workers"], job["role"]
+    if args.num_workers is None and under_mpirun():
+        from ..bootstrap.mpi import exchange
+
+        job = exchange("server", args.token, 0, make)
+        return job["hosted"][0], job["host"], job["num_workers"], job["role"]
+    num_workers = args.num_workers or args.env_num_workers
+    return make(args.bind, num_workers, args.token, args.role), args.bind.rpartition(":")[0], num_workers, args.role
 
 
 def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     args = parse_args(argv)
-    from .. import _core
-
     try:
-        server = _core.Server(args.bind, args.num_workers, args.token, args.engine_threads, args.timeout,
-                              args.keep_alive, args.role, args.deterministic)
-    except RuntimeError as exc:
+        server, host, num_workers, role = start(args)
+    except (RuntimeError, ValueError, JbpsError) as exc:
         log.error("%s", exc)
         return 1
-    host = args.bind.rpartition(":")[0]
-    print(f"jbps.server listening on {host}:{server.port} for {args.num_workers} workers "
-          f"({args.role}{', deterministic' if args.deterministic else ''})", flush=True)
+    print(f"jbps.server listening on {host}:{server.port} for {num_workers} workers "
+          f"({role}{', deterministic' if args.deterministic else ''})", flush=True)
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

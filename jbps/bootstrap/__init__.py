@@ -1,0 +1,52 @@
+"""How a process finds the rest of its job.
+
+Three ways, tried in this order by jbps.init() (and `python -m jbps.server`):
+
+1. Given: JBPS_SERVERS (+ JBPS_NUM_WORKERS, JBPS_WORKER_RANK) name everything.
+2. Scheduler: JBPS_SCHEDULER_HOST/PORT or BytePS's DMLC_PS_ROOT_URI/PORT point
+   at `python -m jbps.scheduler`, which assembles the job (scheduler.py).
+3. mpirun: every rank is a worker unless it runs `python -m jbps.server`; the
+   ranks exchange roles, addresses and the job token through MPI (mpi.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+
+from ..config import Config
+from ..errors import JbpsError
+from .mpi import under_mpirun
+
+__all__ = ["complete", "under_mpirun"]
+
+
+def complete(requested: Config) -> tuple[Config, list]:
+    """The worker's full config, and any summation servers this process now
+    hosts (mpirun's colocated servers), which live until jbps.shutdown()."""
+    if requested.servers:
+        return requested.complete(), []
+    if requested.role not in (None, "worker"):
+        raise JbpsError(f"jbps.init() runs in workers, but this process has role {requested.role!r} "
+                        "(JBPS_ROLE/DMLC_ROLE): servers run `python -m jbps.server`, the scheduler "
+                        "`python -m jbps.scheduler`")
+    if requested.scheduler:
+        from .scheduler import join_as_worker
+
+        return join_as_worker(requested), []
+    if under_mpirun():
+        from .mpi import join_as_worker as mpi_join
+
+        return mpi_join(requested)
+    return requested.complete(), []  # raises: no servers, and the ways to give them
+
+
+def hostname() -> str:
+    return os.environ.get("JBPS_HOSTNAME") or socket.gethostname()
+
+
+def with_membership(requested: Config, **found) -> Config:
+    """requested, with what the bootstrap found about the job (servers, ranks,
+    sizes, token: the bootstrap's word is final)."""
+    return dataclasses.replace(requested, **found).complete()

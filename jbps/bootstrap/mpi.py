@@ -1,0 +1,131 @@
+"""The mpirun bootstrap.
+
+    mpirun -np 4 python train.py                                  # SPMD: 4 workers
+    mpirun -np 4 python train.py : -np 2 python -m jbps.server    # MPMD: + 2 servers
+
+Every rank takes part in one exchange over MPI_COMM_WORLD (at jbps.init() in
+workers, at start-up in servers): its role and its host (MPI's shared-memory
+split, so "host" means what MPI means by node); the job token, drawn by rank
+0 (or JBPS_JOB_TOKEN); then the address of every summation server.
+
+Servers: on each host with workers, the first worker (local rank 0) runs
+JBPS_COLOCATED_SERVERS (default 1) servers *inside its process*, on C++
+threads: nothing extra to start, place or clean up, they end with the job,
+and summing holds no Python lock. MPMD server ranks run one server each,
+declared dedicated when no worker shares their host and colocated otherwise,
+so the optimal split gives each its share.
+
+Workers are numbered in world-rank order; local_rank/local_size count the
+workers in the same shared-memory domain. With every rank on one host the
+servers listen on loopback; across hosts, on the address the host name
+resolves to (JBPS_SERVER_HOST overrides it).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+from typing import Callable
+
+from ..config import Config
+from ..errors import JbpsError
+
+# What mpiexec/mpirun put into each rank's environment: MPICH/Hydra and
+# Intel MPI (PMI_*), Open MPI (OMPI_*), PMIx launchers, MVAPICH.
+_MPI_ENV = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK")
+
+
+def under_mpirun(environ=None) -> bool:
+    environ = os.environ if environ is None else environ
+    return any(name in environ for name in _MPI_ENV)
+
+
+def import_mpi():
+    try:
+        from mpi4py import MPI
+    except ImportError as exc:
+        raise JbpsError("this process runs under mpirun, and jbps's mpirun bootstrap needs mpi4py: "
+                        f"pip install 'jbps[mpi]' (mpi4py and the MPICH wheel) ({exc}). Or give the servers "
+                        "yourself (JBPS_SERVERS) or use a scheduler (DMLC_PS_ROOT_URI)") from None
+    return MPI
+
+
+def _bind_host(single_host: bool) -> str:
+    if os.environ.get("JBPS_SERVER_HOST"):
+        return os.environ["JBPS_SERVER_HOST"]
+    if single_host:
+        return "127.0.0.1"
+    return socket.gethostbyname(socket.gethostname())
+
+
+def exchange(role: str, token: int, colocated_per_host: int, start_server: Callable) -> dict:
+    """The collective every rank runs. start_server(bind, num_workers, token,
+    role) starts one summation server and returns it. Returns the job:
+    {"servers", "token", "num_workers", "rank", "local_rank", "local_size",
+    "hosted": [servers this process started], "host": where they listen,
+    "role": a server rank's role}."""
+    MPI = import_mpi()
+    world = MPI.COMM_WORLD
+    node = world.Split_type(MPI.COMM_TYPE_SHARED)
+    node_id = node.bcast(world.rank, root=0)  # the lowest world rank of the node names it
+    node.Free()
+    members = world.allgather((role, node_id))
+    workers = [r for r, (ro, _) in enumerate(members) if ro == "worker"]
+    if not workers:
+        raise JbpsError("mpirun started no workers: every rank runs `python -m jbps.server`")
+    token = world.bcast(token or secrets.randbits(63) or 1, root=0)
+    nodes = {n for _, n in members}
+    worker_nodes = {members[r][1] for r in workers}
+    bind = f"{_bind_host(len(nodes) == 1)}:0"
+    mine = [r for r in workers if members[r][1] == node_id]
+
+    hosted, addresses, error = [], [], None
+    server_role = "colocated" if node_id in worker_nodes else "dedicated"
+    try:
+        if role == "worker" and mine[0] == world.rank:
+            for _ in range(colocated_per_host):
+                hosted.append(start_server(bind, len(workers), token, "colocated"))
+        elif role == "server":
+            hosted.append(start_server(bind, len(workers), token, server_role))
+        addresses = [f"{bind.rpartition(':')[0]}:{s.port}" for s in hosted]
+    except Exception as exc:  # tell the others instead of leaving them waiting
+        error = f"rank {world.rank}: {exc}"
+    everyone = world.allgather((addresses, error))
+    errors = [e for _, e in everyone if e]
+    if errors:
+        for s in hosted:
+            s.stop()
+        raise JbpsError("jbps mpirun bootstrap: a summation server failed to start: " + "; ".join(errors))
+    servers = [a for addrs, _ in everyone for a in addrs]
+    if not servers:
+        raise JbpsError("jbps mpirun bootstrap: no summation servers: JBPS_COLOCATED_SERVERS=0 and no "
+                        "`python -m jbps.server` ranks")
+    job = {"servers": servers, "token": token, "num_workers": len(workers), "hosted": hosted,
+           "host": bind.rpartition(":")[0], "role": server_role}
+    if role == "worker":
+        job.update(rank=workers.index(world.rank), local_rank=mine.index(world.rank), local_size=len(mine))
+    return job
+
+
+def start_colocated(bind: str, num_workers: int, token: int, role: str, timeout_s: float):
+    from .. import _core
+    from ..config import deterministic_sums
+
+    return _core.Server(bind, num_workers, token, 0, timeout_s, False, role, deterministic_sums())
+
+
+def join_as_worker(requested: Config) -> tuple[Config, list]:
+    from . import with_membership
+
+    job = exchange("worker", requested.job_token, requested.colocated_servers,
+                   lambda bind, n, token, role: start_colocated(bind, n, token, role, requested.timeout_s))
+    try:
+        config = with_membership(requested, servers=tuple(job["servers"]), num_workers=job["num_workers"],
+                                 worker_rank=job["rank"], local_rank=job["local_rank"],
+                                 local_size=job["local_size"], job_token=job["token"])
+    except JbpsError:
+        for s in job["hosted"]:
+            s.stop()
+        raise
+    return config, job["hosted"]

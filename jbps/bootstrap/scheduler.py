@@ -1,0 +1,37 @@
+"""The scheduler bootstrap, member side (the scheduler is jbps/scheduler/)."""
+
+from __future__ import annotations
+
+from ..config import Config
+from ..scheduler.rendezvous import Registration
+
+
+def join_as_worker(requested: Config) -> Config:
+    from . import with_membership
+
+    reg = Registration(requested.scheduler, "worker", requested.timeout_s, worker_id=requested.worker_rank)
+    try:
+        job = reg.receive()
+    finally:
+        reg.close()
+    return with_membership(requested, servers=tuple(job["servers"]), num_workers=job["num_workers"],
+                           worker_rank=job["rank"], local_rank=job["local_rank"], local_size=job["local_size"],
+                           job_token=job["token"])
+
+
+def join_as_server(scheduler: str, timeout_s: float, start_server):
+    """Registers, learns the job, starts the server with
+    start_server(bind, num_workers, token, role) and reports its address.
+    Returns (server, job)."""
+    reg = Registration(scheduler, "server", timeout_s)
+    try:
+        job = reg.receive()
+        try:
+            server = start_server(f"{reg.local_host}:0", job["num_workers"], job["token"], job["role"])
+        except Exception as exc:
+            reg.send({"error": str(exc)})
+            raise
+        reg.send({"address": f"{reg.local_host}:{server.port}"})
+    finally:
+        reg.close()
+    return server, {**job, "host": reg.local_host}

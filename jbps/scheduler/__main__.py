@@ -1,0 +1,74 @@
+"""`python -m jbps.scheduler` (or `jbps scheduler`): the rendezvous of a job
+started from environment variables, BytePS-style:
+
+    DMLC_ROLE=scheduler DMLC_NUM_WORKER=2 DMLC_NUM_SERVER=2 \\
+    DMLC_PS_ROOT_URI=10.0.0.1 DMLC_PS_ROOT_PORT=9000 python -m jbps.scheduler
+
+Every server (`python -m jbps.server`) and worker (`jbps.init()`) started with
+the same DMLC_* (or JBPS_*) variables registers here, in any order. Once all
+have, each learns the job (servers, token, ranks) and the scheduler exits 0.
+If anyone is missing after JBPS_TIMEOUT_S, everyone who registered gets an
+error naming what is missing and the scheduler exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from ..config import Config, parse_option
+from ..errors import JbpsError
+from .rendezvous import Scheduler
+
+log = logging.getLogger("jbps.scheduler")
+
+
+def _typed(name: str):
+    def parse(text: str):
+        try:
+            return parse_option(name, text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+    return parse
+
+
+def main(argv=None, prog: str | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    p = argparse.ArgumentParser(prog=prog or "python -m jbps.scheduler", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    try:
+        env = Config.resolve({})
+    except JbpsError as exc:
+        p.error(str(exc))
+    default_bind = f"{env.scheduler_host or '127.0.0.1'}:{env.scheduler_port or 0}"
+    p.add_argument("--bind", default=default_bind,
+                   help="host:port to listen on (default DMLC_PS_ROOT_URI:DMLC_PS_ROOT_PORT, or JBPS_SCHEDULER_*)")
+    p.add_argument("--num-workers", type=_typed("num_workers"), default=env.num_workers,
+                   help="workers to wait for (env JBPS_NUM_WORKERS / DMLC_NUM_WORKER)")
+    p.add_argument("--num-servers", type=_typed("num_servers"), default=env.num_servers,
+                   help="servers to wait for (env JBPS_NUM_SERVERS / DMLC_NUM_SERVER)")
+    p.add_argument("--timeout", type=_typed("timeout_s"), default=env.timeout_s,
+                   help="seconds to wait for everyone (env JBPS_TIMEOUT_S)")
+    args = p.parse_args(argv)
+    if args.num_workers is None or args.num_servers is None:
+        p.error("--num-workers and --num-servers are required (or DMLC_NUM_WORKER and DMLC_NUM_SERVER)")
+    try:
+        scheduler = Scheduler(args.num_workers, args.num_servers, bind=args.bind, timeout_s=args.timeout,
+                              token=env.job_token)
+    except (OSError, ValueError, JbpsError) as exc:
+        log.error("cannot listen on %s: %s", args.bind, exc)
+        return 1
+    print(f"jbps.scheduler listening on {scheduler.address} for {args.num_workers} workers and "
+          f"{args.num_servers} servers", flush=True)
+    try:
+        scheduler.run()
+    except JbpsError:
+        return 1  # already logged, and every member was told
+    finally:
+        scheduler.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
