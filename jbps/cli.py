@@ -1,5 +1,7 @@
 """The `jbps` command: one entry point for the tools that ship with the package.
 
+    jbps run -n 2 python train.py                       # a whole job on this machine
+    jbps scheduler                                      # the DMLC_* rendezvous
     jbps server --bind 0.0.0.0:9000 --num-workers 4    # a summation server
     jbps bench --sizes 4M,64M                           # jbps psum vs MPI and gloo
     jbps plan resnet50 --workers 4 --cpu-servers 0-4    # traffic split and predicted time
@@ -27,6 +29,18 @@ def _plan(argv: list[str]) -> int:
     return main(argv, prog="jbps plan")
 
 
+def _run(argv: list[str]) -> int:
+    from .launch import main
+
+    return main(argv, prog="jbps run")
+
+
+def _scheduler(argv: list[str]) -> int:
+    from .scheduler.__main__ import main
+
+    return main(argv, prog="jbps scheduler")
+
+
 def _server(argv: list[str]) -> int:
     from .server.__main__ import main
 
@@ -36,6 +50,8 @@ def _server(argv: list[str]) -> int:
 _COMMANDS = {
     "bench": (_bench, "benchmark jbps psum against MPI Allreduce and JAX gloo psum"),
     "plan": (_plan, "predict a model's traffic per server and communication time vs CPU machines"),
+    "run": (_run, "run a whole job on this machine: scheduler, servers and workers"),
+    "scheduler": (_scheduler, "run the rendezvous of an environment-variable (DMLC_*) bootstrap"),
     "server": (_server, "run a summation server"),
 }
 

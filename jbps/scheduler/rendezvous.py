@@ -84,7 +84,7 @@ class Scheduler:
         missing_ids = [i for i in range(self.num_workers) if i not in ids]
         detail = ""
         if len(ids) == len(workers) and missing_ids:  # every worker gave its id: name the absent ones
-            detail = f" (worker ids {missing_ids} never registered)"
+            detail = f"; missing worker ids {missing_ids}"
         return (f"{len(workers)} of {self.num_workers} workers and {len(servers)} of {self.num_servers} servers "
                 f"registered{detail}")
 

@@ -1,0 +1,259 @@
+"""Starting jobs: mpirun (SPMD and MPMD), the DMLC_* scheduler bootstrap in
+any start order, and `jbps run` (output, crashes, signals, two jobs at once).
+Every job's sums are checked against numpy by its workers; every process is
+ended by PID and checked gone."""
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from conftest import check_results, last_json, worker_script
+from jbps.local_cluster import _REPO_ROOT
+from jbps.procs import terminate
+
+PYTHON = sys.executable
+MPIEXEC = os.path.join(os.path.dirname(PYTHON), "mpiexec")
+
+
+def base_env(**extra):
+    env = dict(os.environ)
+    for name in list(env):
+        if name.startswith(("JBPS_", "DMLC_", "PMI_", "OMPI_", "PMIX_")):
+            del env[name]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, os.environ.get("PYTHONPATH")) if p)
+    env["JAX_PLATFORMS"] = "cpu"
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"  # not the test process's 4
+    # Lets the test find every process of this job, and nothing else, in /proc.
+    env["JBPS_TEST_MARKER"] = uuid.uuid4().hex
+    env.update(extra)
+    return env
+
+
+def processes_with(marker):
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if f"JBPS_TEST_MARKER={marker}".encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+def assert_nothing_left(env):
+    deadline = time.monotonic() + 10
+    while processes_with(env["JBPS_TEST_MARKER"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert processes_with(env["JBPS_TEST_MARKER"]) == []
+
+
+class Result:
+    def __init__(self, rank, proc, out, err):
+        self.rank, self.returncode, self.stdout, self.stderr = rank, proc.returncode, out, err
+
+
+def run(argv, env, timeout=180):
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, cwd="/")
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        terminate([proc], grace_s=3)
+        out, err = proc.communicate()
+        pytest.fail(f"{argv[:4]} timed out:\n{err[-3000:]}")
+    finally:
+        terminate([proc], grace_s=3)
+    return proc, out, err
+
+
+def per_rank_reports(stdout):
+    """random_trees.py's JSON lines out of a merged output (mpiexec or jbps run)."""
+    reports = []
+    for line in stdout.splitlines():
+        line = line.split("] ", 1)[1] if line.startswith("[") else line
+        if line.startswith("{"):
+            reports.append(json.loads(line))
+    return sorted(reports, key=lambda r: r["rank"])
+
+
+def check_reports(reports, workers, rounds):
+    assert [r["rank"] for r in reports] == list(range(workers))
+    assert {r["rounds"] for r in reports} == {rounds}
+    assert len({r["digest"] for r in reports}) == 1, reports
+
+
+needs_mpi = pytest.mark.skipif(shutil.which(MPIEXEC) is None or not os.access(MPIEXEC, os.X_OK),
+                               reason="no mpiexec next to this Python: pip install 'jbps[mpi]'")
+
+
+@needs_mpi
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_mpirun_every_rank_a_worker(ranks):
+    env = base_env(XLA_FLAGS="--xla_force_host_platform_device_count=2", JBPS_TIMEOUT_S="60")
+    proc, out, err = run([MPIEXEC, "-n", str(ranks), PYTHON, worker_script("random_trees.py"), "--rounds", "3",
+                          "--seed", str(ranks)], env)
+    assert proc.returncode == 0, err[-3000:]
+    check_reports(per_rank_reports(out), ranks, 3)
+    assert_nothing_left(env)
+
+
+@needs_mpi
+def test_mpirun_mpmd_with_dedicated_server_ranks():
+    env = base_env(JBPS_TIMEOUT_S="60")
+    proc, out, err = run([MPIEXEC, "-n", "3", PYTHON, worker_script("random_trees.py"), "--rounds", "3", "--mode",
+                          "jit", ":", "-n", "2", PYTHON, "-m", "jbps.server"], env)
+    assert proc.returncode == 0, err[-3000:]
+    check_reports(per_rank_reports(out), 3, 3)
+    assert out.count("jbps.server listening on") == 2
+    assert_nothing_left(env)
+
+
+@needs_mpi
+def test_mpirun_local_ranks_come_from_the_shared_memory_split():
+    env = base_env(JBPS_TIMEOUT_S="60")
+    proc, out, err = run([MPIEXEC, "-n", "3", PYTHON, worker_script("launch_probe.py")], env)
+    assert proc.returncode == 0, err[-3000:]
+    reports = sorted((json.loads(line) for line in out.splitlines() if line.startswith("{")), key=lambda r: r["rank"])
+    assert [(r["rank"], r["size"], r["local_rank"], r["local_size"]) for r in reports] == \
+        [(0, 3, 0, 3), (1, 3, 1, 3), (2, 3, 2, 3)]
+
+
+def test_mpirun_without_mpi4py_says_what_is_missing():
+    code = "import sys; sys.modules['mpi4py'] = None\nimport jbps\njbps.init()"
+    env = base_env(PMI_RANK="0", PMI_SIZE="1")
+    proc, out, err = run([PYTHON, "-c", code], env, timeout=60)
+    assert proc.returncode != 0
+    assert "mpirun" in err and "pip install 'jbps[mpi]'" in err, err[-2000:]
+
+
+def start_member(role, env, argv, worker_id=None):
+    extra = {"DMLC_ROLE": role}
+    if worker_id is not None:
+        extra["DMLC_WORKER_ID"] = str(worker_id)
+    return subprocess.Popen(argv, env={**env, **extra}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, cwd="/")
+
+
+def scheduler_env(timeout_s):
+    port = 20000 + random.Random().randrange(20000)
+    return base_env(DMLC_NUM_WORKER="2", DMLC_NUM_SERVER="2", DMLC_PS_ROOT_URI="127.0.0.1",
+                    DMLC_PS_ROOT_PORT=str(port), JBPS_TIMEOUT_S=str(timeout_s))
+
+
+def finish(procs, timeout):
+    deadline = time.monotonic() + timeout
+    outputs = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+            outputs.append((p.returncode, out, err))
+    finally:
+        terminate(procs, grace_s=2)
+    return outputs
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_environment_bootstrap_in_any_start_order(seed):
+    env = scheduler_env(60)
+    members = [("scheduler", [PYTHON, "-m", "jbps.scheduler"], None),
+               ("server", [PYTHON, "-m", "jbps.server"], None),
+               ("server", [PYTHON, "-m", "jbps.server"], None),
+               ("worker", [PYTHON, worker_script("random_trees.py"), "--rounds", "3", "--mode", "jit"], 0),
+               ("worker", [PYTHON, worker_script("random_trees.py"), "--rounds", "3", "--mode", "jit"], None)]
+    rng = random.Random(seed)
+    rng.shuffle(members)
+    procs = []
+    for role, argv, worker_id in members:
+        procs.append(start_member(role, env, argv, worker_id))
+        time.sleep(rng.uniform(0, 0.5))
+    outputs = finish(procs, 180)
+    for (role, argv, _), (code, out, err) in zip(members, outputs):
+        assert code == 0, f"{role} failed:\n{err[-3000:]}"
+    reports = [last_json(out) for (role, _, _), (_, out, _) in zip(members, outputs) if role == "worker"]
+    check_reports(sorted(reports, key=lambda r: r["rank"]), 2, 3)
+    assert_nothing_left(env)
+
+
+def test_a_missing_worker_fails_everyone_naming_it():
+    env = scheduler_env(3)
+    t0 = time.monotonic()
+    procs = [start_member("scheduler", env, [PYTHON, "-m", "jbps.scheduler"]),
+             start_member("server", env, [PYTHON, "-m", "jbps.server"]),
+             start_member("server", env, [PYTHON, "-m", "jbps.server"]),
+             start_member("worker", env, [PYTHON, worker_script("launch_probe.py")], worker_id=0)]
+    outputs = finish(procs, 60)
+    assert time.monotonic() - t0 < 30
+    for code, out, err in outputs:
+        assert code != 0
+        assert "1 of 2 workers and 2 of 2 servers registered; missing worker ids [1]" in err, err[-2000:]
+    assert_nothing_left(env)
+
+
+def jbps_run(args, env, timeout=180):
+    return run([PYTHON, "-m", "jbps.cli", "run", *args], env, timeout=timeout)
+
+
+def test_jbps_run_job_with_prefixed_output():
+    env = base_env()
+    proc, out, err = jbps_run(["-n", "2", "--servers", "1", "--local-devices", "2", PYTHON,
+                               worker_script("random_trees.py"), "--rounds", "3"], env)
+    assert proc.returncode == 0, err[-3000:]
+    check_reports(per_rank_reports(out), 2, 3)
+    assert "[worker 0] {" in out and "[worker 1] {" in out and "[server 0] jbps.server listening" in out
+    assert_nothing_left(env)
+
+
+def test_jbps_run_propagates_a_crash_and_leaves_nothing():
+    env = base_env()
+    proc, out, err = jbps_run(["-n", "3", "--servers", "2", "--timeout", "30", PYTHON,
+                               worker_script("launch_probe.py"), "--crash-rank", "1", "--sleep", "5"], env)
+    assert proc.returncode == 3, err[-3000:]
+    assert "worker 1 exited with 3" in err
+    assert_nothing_left(env)
+
+
+def test_jbps_run_ctrl_c_ends_everything():
+    env = base_env()
+    proc = subprocess.Popen([PYTHON, "-m", "jbps.cli", "run", "-n", "2", PYTHON, worker_script("launch_probe.py"),
+                             "--sleep", "120"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, cwd="/")
+    try:
+        ready = 0
+        deadline = time.monotonic() + 120
+        while ready < 2 and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            ready += line.startswith("[worker") and " ready " in line
+        assert ready == 2, "workers never got ready"
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+        assert proc.returncode == 128 + signal.SIGINT
+    finally:
+        terminate([proc], grace_s=3)
+    assert_nothing_left(env)
+
+
+def test_two_jobs_at_once_on_one_host():
+    envs = [base_env(), base_env()]
+    procs = [subprocess.Popen([PYTHON, "-m", "jbps.cli", "run", "-n", "2", PYTHON, worker_script("random_trees.py"),
+                               "--rounds", "4", "--seed", str(i), "--mode", "jit"], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, start_new_session=True, cwd="/")
+             for i, env in enumerate(envs)]
+    outputs = finish(procs, 240)
+    digests = []
+    for code, out, err in outputs:
+        assert code == 0, err[-3000:]
+        reports = per_rank_reports(out)
+        check_reports(reports, 2, 4)
+        digests.append(reports[0]["digest"])
+    assert digests[0] != digests[1]  # different seeds: the jobs did not mix
+    for env in envs:
+        assert_nothing_left(env)
