@@ -257,3 +257,14 @@ def test_two_jobs_at_once_on_one_host():
     assert digests[0] != digests[1]  # different seeds: the jobs did not mix
     for env in envs:
         assert_nothing_left(env)
+
+
+@needs_mpi
+def test_mpirun_rank_that_never_joins_aborts_the_job_within_the_timeout():
+    env = base_env(JBPS_TIMEOUT_S="3")
+    t0 = time.monotonic()
+    proc, out, err = run([MPIEXEC, "-n", "2", PYTHON, worker_script("mpi_absent_rank.py")], env, timeout=60)
+    assert proc.returncode != 0
+    assert time.monotonic() - t0 < 30
+    assert "waited 3 s (JBPS_TIMEOUT_S) for the other ranks to join" in out + err
+    assert_nothing_left(env)

@@ -23,13 +23,17 @@ resolves to (JBPS_SERVER_HOST overrides it).
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import socket
+import threading
 from typing import Callable
 
 from ..config import Config
 from ..errors import JbpsError
+
+log = logging.getLogger("jbps.bootstrap")
 
 # What mpiexec/mpirun put into each rank's environment: MPICH/Hydra and
 # Intel MPI (PMI_*), Open MPI (OMPI_*), PMIx launchers, MVAPICH.
@@ -59,19 +63,48 @@ def _bind_host(single_host: bool) -> str:
     return socket.gethostbyname(socket.gethostname())
 
 
-def exchange(role: str, token: int, colocated_per_host: int, start_server: Callable) -> dict:
-    """The collective every rank runs. start_server(bind, num_workers, token,
-    role) starts one summation server and returns it. Returns the job:
+_had_server_ranks = False  # MPMD server ranks end with their first job
+
+
+def exchange(role: str, token: int, colocated_per_host: int, start_server: Callable, timeout_s: float) -> dict:
+    """The collective every rank runs, bounded: a rank that never joins
+    (never calls jbps.init()) makes the others abort the MPI job after
+    timeout_s with a message saying so, instead of waiting forever.
+    start_server(bind, num_workers, token, role) starts one summation server
+    and returns it. Returns the job:
     {"servers", "token", "num_workers", "rank", "local_rank", "local_size",
     "hosted": [servers this process started], "host": where they listen,
     "role": a server rank's role}."""
+    global _had_server_ranks
+    if _had_server_ranks:
+        raise JbpsError("under mpirun with `python -m jbps.server` ranks, jbps.init() works once per job: the "
+                        "server ranks ended with the first shutdown()")
     MPI = import_mpi()
     world = MPI.COMM_WORLD
+
+    def abort():
+        log.error("jbps mpirun bootstrap: rank %d waited %g s (JBPS_TIMEOUT_S) for the other ranks to join; does "
+                  "every rank call jbps.init() (or run python -m jbps.server)? Aborting the MPI job.",
+                  world.rank, timeout_s)
+        world.Abort(1)
+
+    watchdog = threading.Timer(timeout_s, abort)
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        return _exchange(world, MPI, role, token, colocated_per_host, start_server)
+    finally:
+        watchdog.cancel()
+
+
+def _exchange(world, MPI, role, token, colocated_per_host, start_server) -> dict:
+    global _had_server_ranks
     node = world.Split_type(MPI.COMM_TYPE_SHARED)
     node_id = node.bcast(world.rank, root=0)  # the lowest world rank of the node names it
     node.Free()
     members = world.allgather((role, node_id))
     workers = [r for r, (ro, _) in enumerate(members) if ro == "worker"]
+    _had_server_ranks = any(ro == "server" for ro, _ in members)
     if not workers:
         raise JbpsError("mpirun started no workers: every rank runs `python -m jbps.server`")
     token = world.bcast(token or secrets.randbits(63) or 1, root=0)
@@ -119,7 +152,8 @@ def join_as_worker(requested: Config) -> tuple[Config, list]:
     from . import with_membership
 
     job = exchange("worker", requested.job_token, requested.colocated_servers,
-                   lambda bind, n, token, role: start_colocated(bind, n, token, role, requested.timeout_s))
+                   lambda bind, n, token, role: start_colocated(bind, n, token, role, requested.timeout_s),
+                   requested.timeout_s)
     try:
         config = with_membership(requested, servers=tuple(job["servers"]), num_workers=job["num_workers"],
                                  worker_rank=job["rank"], local_rank=job["local_rank"],

@@ -106,7 +106,7 @@ def start(args):
     if args.num_workers is None and under_mpirun():
         from ..bootstrap.mpi import exchange
 
-        job = exchange("server", args.token, 0, make)
+        job = exchange("server", args.token, 0, make, args.timeout)
         return job["hosted"][0], job["host"], job["num_workers"], job["role"]
     num_workers = args.num_workers or args.env_num_workers
     return make(args.bind, num_workers, args.token, args.role), args.bind.rpartition(":")[0], num_workers, args.role
