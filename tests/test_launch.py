@@ -76,12 +76,13 @@ def run(argv, env, timeout=180):
 
 
 def per_rank_reports(stdout):
-    """random_trees.py's JSON lines out of a merged output (mpiexec or jbps run)."""
-    reports = []
-    for line in stdout.splitlines():
-        line = line.split("] ", 1)[1] if line.startswith("[") else line
-        if line.startswith("{"):
-            reports.append(json.loads(line))
+    """The workers' JSON reports out of a merged output. mpiexec forwards each
+    rank's output in whatever pieces it reads, so reports may share a line."""
+    decoder, reports, start = json.JSONDecoder(), [], 0
+    while (start := stdout.find('{"rank"', start)) >= 0:
+        report, end = decoder.raw_decode(stdout, start)
+        reports.append(report)
+        start = end
     return sorted(reports, key=lambda r: r["rank"])
 
 
@@ -122,7 +123,7 @@ def test_mpirun_local_ranks_come_from_the_shared_memory_split():
     env = base_env(JBPS_TIMEOUT_S="60")
     proc, out, err = run([MPIEXEC, "-n", "3", PYTHON, worker_script("launch_probe.py")], env)
     assert proc.returncode == 0, err[-3000:]
-    reports = sorted((json.loads(line) for line in out.splitlines() if line.startswith("{")), key=lambda r: r["rank"])
+    reports = per_rank_reports(out)
     assert [(r["rank"], r["size"], r["local_rank"], r["local_size"]) for r in reports] == \
         [(0, 3, 0, 3), (1, 3, 1, 3), (2, 3, 2, 3)]
 

@@ -11,6 +11,7 @@ import argparse
 import hashlib
 import json
 import os
+import sys
 import time
 
 import jax
@@ -100,7 +101,9 @@ def main():
                     f"devices differ bitwise: round {rnd} leaf {name}"
             digest.update(np.ascontiguousarray(got[0]).tobytes())
     jbps.shutdown()
-    print(json.dumps({"rank": rank, "digest": digest.hexdigest(), "rounds": args.rounds}), flush=True)
+    # One write per line: mpiexec interleaves ranks' output at write boundaries.
+    sys.stdout.write(json.dumps({"rank": rank, "digest": digest.hexdigest(), "rounds": args.rounds}) + "\n")
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":
