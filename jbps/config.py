@@ -168,8 +168,20 @@ def deterministic_sums(environ: Mapping[str, str] | None = None) -> bool:
 
 
 def parse_option(name: str, text: str) -> Any:
-    """Parses a command-line value of option `name` (argparse `type=`)."""
+    """Parses a command-line value of option `name`."""
     return _BY_NAME[name].parse(text)
+
+
+def argparse_type(name: str) -> Callable[[str], Any]:
+    """argparse `type=` that checks a flag exactly as jbps.init() checks option `name`."""
+    import argparse
+
+    def parse(text: str) -> Any:
+        try:
+            return parse_option(name, text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+    return parse
 
 
 @dataclasses.dataclass(frozen=True)

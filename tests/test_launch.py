@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from conftest import check_results, last_json, worker_script
+from conftest import last_json, worker_script
 from jbps.local_cluster import _REPO_ROOT
 from jbps.procs import terminate
 

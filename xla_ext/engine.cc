@@ -90,8 +90,7 @@ struct Chunk {
   int64_t priority = 0;
   uint64_t seq = 0;
   bool skipped = false;  // never sent (its call failed first)
-  // Trace timestamps (NowMicros), set only when tracing.
-  double queued = 0, sent_start = 0, acked = 0, sum_arrived = 0;
+  ChunkTimes times;  // set only when tracing
 };
 using ChunkPtr = std::shared_ptr<Chunk>;
 
@@ -398,7 +397,7 @@ void Engine::Submit(CallSpec spec, DoneFn done) {
       ch->key = ChunkKey(op.base_key, call->spec.shard, c);
       ch->priority = op.priority;
       ch->server = next_server < call->spec.servers.size() ? call->spec.servers[next_server] : -1;
-      ch->queued = now;
+      ch->times.queued = now;
       ++next_server;
       chunks.push_back(std::move(ch));
     }
@@ -495,7 +494,7 @@ void Engine::Impl::SendLoop(ServerConn* sc) {
       if (!sc->sendq.empty()) {
         ch = sc->sendq.front();
         sc->sendq.pop_front();
-        if (opt.trace) ch->sent_start = NowMicros();
+        if (opt.trace) ch->times.sent_start = NowMicros();
       }
     }
     if (!ch) {  // asked to stop and nothing left to send
@@ -565,7 +564,7 @@ void Engine::Impl::RecvLoop(ServerConn* sc) {
     if (type == MsgType::kPushAck) {
       std::lock_guard<std::mutex> lock(mu);
       if (!sc->unacked.empty()) {
-        if (opt.trace) sc->unacked.front()->acked = NowMicros();
+        if (opt.trace) sc->unacked.front()->times.acked = NowMicros();
         --inflight_chunks;
         sc->unacked.pop_front();
         PopAcked(sc);
@@ -621,7 +620,7 @@ void Engine::Impl::RecvLoop(ServerConn* sc) {
       continue;
     }
     char* out = static_cast<char*>(ch->call->spec.operands[ch->op].out) + ch->offset;
-    if (opt.trace) ch->sum_arrived = NowMicros();
+    if (opt.trace) ch->times.sum_arrived = NowMicros();
     st = RecvAll(sc->fd, out, ch->nbytes, stall_ms, stall_ms);
     if (st == IoStatus::kOk) {
       bytes_pulled += ch->nbytes;
@@ -749,11 +748,8 @@ void Engine::Impl::Record(const Chunk& ch, double pulled) {
   r.priority = ch.priority;
   r.nbytes = ch.nbytes;
   r.tensor = ch.call->TensorName(ch.op);
-  r.queued = ch.queued;
-  r.sent_start = ch.sent_start;
-  r.acked = ch.acked;
-  r.sum_arrived = ch.sum_arrived;
-  r.pulled = pulled;
+  r.times = ch.times;
+  r.times.pulled = pulled;
   std::lock_guard<std::mutex> lock(trace_mu);
   // A bound on memory for long traced runs; the Python side says when it was hit.
   if (trace.size() < kMaxTraceRecords) trace.push_back(std::move(r));

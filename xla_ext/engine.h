@@ -60,7 +60,14 @@ struct CallSpec {
 };
 
 // The life of one chunk, in microseconds since the Unix epoch (so traces of
-// several workers on one machine line up).
+// several workers on one machine line up): submitted; taken by its
+// connection's sender; acknowledged by the server (all bytes there); the
+// sum's header arrived; the sum is in the output.
+struct ChunkTimes {
+  double queued = 0, sent_start = 0, acked = 0, sum_arrived = 0, pulled = 0;
+};
+
+// A traced chunk: what it was, and its ChunkTimes.
 struct TraceRecord {
   uint64_t key = 0;
   uint32_t round = 0;
@@ -69,9 +76,7 @@ struct TraceRecord {
   int64_t priority = 0;
   uint64_t nbytes = 0;
   std::string tensor;
-  // Submitted; taken by its connection's sender; acknowledged by the server
-  // (all bytes there); the sum's header arrived; the sum is in the output.
-  double queued = 0, sent_start = 0, acked = 0, sum_arrived = 0, pulled = 0;
+  ChunkTimes times;
 };
 
 // Called exactly once, with an empty string on success or the error.

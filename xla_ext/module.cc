@@ -118,8 +118,9 @@ NB_MODULE(_core, m) {
     }
     nb::list out;
     for (auto& r : records)
-      out.append(nb::make_tuple(r.tensor, r.key, r.round, r.shard, r.server, r.priority, r.nbytes, r.queued,
-                                r.sent_start, r.acked, r.sum_arrived, r.pulled));
+      out.append(nb::make_tuple(r.tensor, r.key, r.round, r.shard, r.server, r.priority, r.nbytes,
+                                r.times.queued, r.times.sent_start, r.times.acked, r.times.sum_arrived,
+                                r.times.pulled));
     return out;
   });
   m.def("engine_running", [] { return jbps::Engine::Get().running(); });

@@ -15,7 +15,6 @@ import time
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from jbps.bench.report import summarize  # noqa: E402

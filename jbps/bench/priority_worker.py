@@ -24,7 +24,6 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
 
 import jbps  # noqa: E402
 from jbps import _core  # noqa: E402

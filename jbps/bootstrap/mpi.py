@@ -75,7 +75,6 @@ def exchange(role: str, token: int, colocated_per_host: int, start_server: Calla
     {"servers", "token", "num_workers", "rank", "local_rank", "local_size",
     "hosted": [servers this process started], "host": where they listen,
     "role": a server rank's role}."""
-    global _had_server_ranks
     if _had_server_ranks:
         raise JbpsError("under mpirun with `python -m jbps.server` ranks, jbps.init() works once per job: the "
                         "server ranks ended with the first shutdown()")

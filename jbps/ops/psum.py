@@ -14,7 +14,6 @@ from typing import Any, Hashable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 from .. import runtime

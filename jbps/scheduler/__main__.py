@@ -17,20 +17,11 @@ import argparse
 import logging
 import sys
 
-from ..config import Config, parse_option
+from ..config import Config, argparse_type
 from ..errors import JbpsError
 from .rendezvous import Scheduler
 
 log = logging.getLogger("jbps.scheduler")
-
-
-def _typed(name: str):
-    def parse(text: str):
-        try:
-            return parse_option(name, text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
-    return parse
 
 
 def main(argv=None, prog: str | None = None) -> int:
@@ -44,11 +35,11 @@ def main(argv=None, prog: str | None = None) -> int:
     default_bind = f"{env.scheduler_host or '127.0.0.1'}:{env.scheduler_port or 0}"
     p.add_argument("--bind", default=default_bind,
                    help="host:port to listen on (default DMLC_PS_ROOT_URI:DMLC_PS_ROOT_PORT, or JBPS_SCHEDULER_*)")
-    p.add_argument("--num-workers", type=_typed("num_workers"), default=env.num_workers,
+    p.add_argument("--num-workers", type=argparse_type("num_workers"), default=env.num_workers,
                    help="workers to wait for (env JBPS_NUM_WORKERS / DMLC_NUM_WORKER)")
-    p.add_argument("--num-servers", type=_typed("num_servers"), default=env.num_servers,
+    p.add_argument("--num-servers", type=argparse_type("num_servers"), default=env.num_servers,
                    help="servers to wait for (env JBPS_NUM_SERVERS / DMLC_NUM_SERVER)")
-    p.add_argument("--timeout", type=_typed("timeout_s"), default=env.timeout_s,
+    p.add_argument("--timeout", type=argparse_type("timeout_s"), default=env.timeout_s,
                    help="seconds to wait for everyone (env JBPS_TIMEOUT_S)")
     args = p.parse_args(argv)
     if args.num_workers is None or args.num_servers is None:

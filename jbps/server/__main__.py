@@ -25,7 +25,7 @@ import sys
 import threading
 
 from ..bootstrap.mpi import under_mpirun
-from ..config import Config, deterministic_sums, env_value, parse_option
+from ..config import Config, argparse_type, deterministic_sums, env_value
 from ..errors import JbpsError
 from ..partition.assign import COLOCATED, ROLES
 
@@ -37,16 +37,6 @@ def _env(*names: str, default=None):
     return next((os.environ[n] for n in names if os.environ.get(n, "").strip()), default)
 
 
-def _option_type(name: str):
-    """argparse `type=` that checks a flag exactly as jbps.init() checks the option."""
-    def parse(text: str):
-        try:
-            return parse_option(name, text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
-    return parse
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m jbps.server", description="jbps summation server")
     try:
@@ -56,16 +46,16 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(str(exc))
     p.add_argument("--bind", default=_env("JBPS_SERVER_BIND", default="127.0.0.1:0"),
                    help="host:port to listen on (default 127.0.0.1:0, a free loopback port; env JBPS_SERVER_BIND)")
-    p.add_argument("--num-workers", type=_option_type("num_workers"), default=None,
+    p.add_argument("--num-workers", type=argparse_type("num_workers"), default=None,
                    help="worker processes in the job (else the scheduler or mpirun tells; else env "
                         "JBPS_NUM_WORKERS / DMLC_NUM_WORKER)")
     p.add_argument("--engine-threads", type=int,
                    default=int(_env("JBPS_SERVER_ENGINE_THREADS", "BYTEPS_SERVER_ENGINE_THREAD", default=0)),
                    help="summation threads (default: min(4, cores); env JBPS_SERVER_ENGINE_THREADS / "
                         "BYTEPS_SERVER_ENGINE_THREAD)")
-    p.add_argument("--token", type=_option_type("job_token"), default=token,
+    p.add_argument("--token", type=argparse_type("job_token"), default=token,
                    help="job token workers must present (env JBPS_JOB_TOKEN)")
-    p.add_argument("--timeout", type=_option_type("timeout_s"), default=timeout_s,
+    p.add_argument("--timeout", type=argparse_type("timeout_s"), default=timeout_s,
                    help="seconds a half-received message or a blocked send may stall (env JBPS_TIMEOUT_S)")
     p.add_argument("--role", choices=ROLES, default=_env("JBPS_SERVER_ROLE", default=COLOCATED),
                    help="colocated: on a worker's machine (the default); dedicated: on a CPU-only machine. "

@@ -10,7 +10,6 @@ test check that every worker got bitwise the same sums.
 import argparse
 import hashlib
 import json
-import os
 import sys
 import time
 
