@@ -245,9 +245,13 @@ std::vector<TraceRecord> Engine::TakeTrace() {
   return out;
 }
 
-size_t Engine::NumChunks(size_t nbytes, DType dtype, size_t partition_bytes) {
+size_t Engine::ChunkBytes(DType dtype, size_t partition_bytes) {
   size_t elem = DTypeSize(dtype);
-  size_t part = std::max(elem, partition_bytes - partition_bytes % elem);
+  return std::max(elem, partition_bytes - partition_bytes % elem);
+}
+
+size_t Engine::NumChunks(size_t nbytes, DType dtype, size_t partition_bytes) {
+  size_t part = ChunkBytes(dtype, partition_bytes);
   return (nbytes + part - 1) / part;
 }
 
@@ -385,9 +389,8 @@ void Engine::Submit(CallSpec spec, DoneFn done) {
   for (size_t i = 0; i < call->spec.operands.size(); ++i) {
     const Operand& op = call->spec.operands[i];
     if (op.nbytes == 0) continue;
-    size_t elem = DTypeSize(op.dtype);
-    size_t part = std::max(elem, partition - partition % elem);
-    uint32_t n = static_cast<uint32_t>(NumChunks(op.nbytes, op.dtype, partition));
+    size_t part = ChunkBytes(op.dtype, partition);
+    uint32_t n = static_cast<uint32_t>((op.nbytes + part - 1) / part);
     for (uint32_t c = 0; c < n; ++c) {
       auto ch = std::make_shared<Chunk>();
       ch->call = call;

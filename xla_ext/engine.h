@@ -94,6 +94,10 @@ class Engine {
   std::vector<ServerRole> server_roles() const;
   // Chunks completed since the last call (empty unless options.trace).
   std::vector<TraceRecord> TakeTrace();
+  // Bytes of every chunk but an operand's last: the partition size rounded
+  // down to whole elements (at least one). jbps/partition/plan.py's
+  // chunk_size is the same rule; the FFI handler checks the two agree.
+  static size_t ChunkBytes(DType dtype, size_t partition_bytes);
   // Chunk count of an operand of `nbytes` under the call's partition size.
   static size_t NumChunks(size_t nbytes, DType dtype, size_t partition_bytes);
 

@@ -12,8 +12,6 @@ Three ways, tried in this order by jbps.init() (and `python -m jbps.server`):
 from __future__ import annotations
 
 import dataclasses
-import os
-import socket
 
 from ..config import Config
 from ..errors import JbpsError
@@ -40,10 +38,6 @@ def complete(requested: Config) -> tuple[Config, list]:
 
         return mpi_join(requested)
     return requested.complete(), []  # raises: no servers, and the ways to give them
-
-
-def hostname() -> str:
-    return os.environ.get("JBPS_HOSTNAME") or socket.gethostname()
 
 
 def with_membership(requested: Config, **found) -> Config:

@@ -24,13 +24,13 @@ ROLES = (COLOCATED, DEDICATED)
 
 def server_fractions(roles: Sequence[str], num_workers: int) -> list[float]:
     """Share of the bytes each server owns, in server order."""
+    if not roles:
+        raise ValueError("no servers")
     for i, role in enumerate(roles):
         if role not in ROLES:
             raise ValueError(f"server {i} has role {role!r}; expected one of {ROLES}")
     colocated = sum(r == COLOCATED for r in roles)
     dedicated = len(roles) - colocated
-    if not roles:
-        raise ValueError("no servers")
     if dedicated == 0:
         return [1.0 / colocated] * colocated
     if colocated == 0:
