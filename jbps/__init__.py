@@ -3,12 +3,16 @@
     import jbps
     jbps.init()                                     # JBPS_SERVERS, JBPS_NUM_WORKERS, JBPS_WORKER_RANK
     f = jax.pmap(lambda g: jbps.psum(g, "i"), axis_name="i")
+    tx = jbps.optax.distributed(optax.adam(1e-3), axis_name="i")   # or in a flax TrainState
+    params = jbps.broadcast_parameters(params)      # every worker starts from rank 0's
 """
+
+import importlib
 
 from .config import Config
 from .errors import JbpsError
 from . import partition
-from .ops import pmean, psum
+from .ops import broadcast, broadcast_parameters, pmean, psum
 from .partition import forward_order, optimal_split
 from .runtime import (Session, config, engine_stats, init, is_initialized, local_rank, local_size, rank, shutdown,
                       size)
@@ -17,8 +21,11 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Config",
+    "DistributedOptimizer",
     "JbpsError",
     "Session",
+    "broadcast",
+    "broadcast_parameters",
     "config",
     "engine_stats",
     "forward_order",
@@ -26,6 +33,7 @@ __all__ = [
     "is_initialized",
     "local_rank",
     "local_size",
+    "optax",
     "optimal_split",
     "partition",
     "pmean",
@@ -34,3 +42,12 @@ __all__ = [
     "shutdown",
     "size",
 ]
+
+
+def __getattr__(name: str):
+    # jbps.optax imports optax; load it when first used, not with `import jbps`.
+    if name == "optax":
+        return importlib.import_module(".optax", __name__)
+    if name == "DistributedOptimizer":
+        return importlib.import_module(".optax", __name__).distributed
+    raise AttributeError(f"module 'jbps' has no attribute {name!r}")

@@ -181,6 +181,12 @@ struct Engine::Impl {
   std::unordered_map<RoundKey, ChunkPtr, RoundKeyHash> pending;  // sent or sending, sum not yet received
   std::unordered_map<uint64_t, uint32_t> next_round;
   std::map<uint64_t, CallPtr> active;  // by id: ids grow with deadlines
+  // Wall time with at least one call in flight (the union, not the sum, of
+  // overlapping calls): the communication share of a step, for users.
+  Clock::time_point busy_since;
+  std::atomic<uint64_t> busy_ns{0};
+  void AddActive(const CallPtr& c);   // with mu held
+  void EraseActive(uint64_t id);      // with mu held
   std::vector<std::unique_ptr<ServerConn>> conns;
   uint64_t next_call_id = 1;
   uint64_t next_seq = 0;
@@ -230,6 +236,7 @@ EngineStats Engine::stats() const {
   s.chunks_pushed = impl_->chunks_pushed.load();
   s.bytes_pushed = impl_->bytes_pushed.load();
   s.bytes_pulled = impl_->bytes_pulled.load();
+  s.busy_seconds = impl_->busy_ns.load() * 1e-9;
   return s;
 }
 
@@ -436,7 +443,7 @@ void Engine::Submit(CallSpec spec, DoneFn done) {
         ch->seq = s.next_seq++;
         s.queue.push(ch);
       }
-      s.active[call->id] = call;
+      s.AddActive(call);
       ++s.calls;
     }
   }
@@ -680,12 +687,22 @@ void Engine::Impl::WatchdogLoop() {
       watchdog_cv.wait_until(lock, first->deadline);
       continue;
     }
-    active.erase(active.begin());
+    EraseActive(first->id);
     std::string msg = TimeoutMessage(first);
     lock.unlock();
     FailCall(first, msg);
     lock.lock();
   }
+}
+
+void Engine::Impl::AddActive(const CallPtr& c) {
+  if (active.empty()) busy_since = Clock::now();
+  active[c->id] = c;
+}
+
+void Engine::Impl::EraseActive(uint64_t id) {
+  if (active.erase(id) == 0 || !active.empty()) return;
+  busy_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - busy_since).count();
 }
 
 void Engine::Impl::ReleaseIo(Call* c) {
@@ -732,7 +749,7 @@ void Engine::Impl::FailCall(const CallPtr& c, const std::string& msg) {
 void Engine::Impl::Complete(Call* c) {
   {
     std::lock_guard<std::mutex> lock(mu);
-    active.erase(c->id);
+    EraseActive(c->id);
   }
   if (c->failed) ++calls_failed;
   std::function<void()> fn = [done = std::move(c->done), error = c->error] { done(error); };

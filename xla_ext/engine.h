@@ -37,6 +37,7 @@ struct EngineStats {
   uint64_t chunks_pushed = 0;
   uint64_t bytes_pushed = 0;
   uint64_t bytes_pulled = 0;
+  double busy_seconds = 0;  // wall time with at least one call in flight
 };
 
 // One tensor shard of a call: `nbytes` read from `in`, the sum written to `out`.

@@ -132,6 +132,7 @@ NB_MODULE(_core, m) {
     d["chunks_pushed"] = s.chunks_pushed;
     d["bytes_pushed"] = s.bytes_pushed;
     d["bytes_pulled"] = s.bytes_pulled;
+    d["busy_seconds"] = s.busy_seconds;
     return d;
   });
   // The server's f32 add kernel on numpy arrays, for the benchmark (acc += src).

@@ -7,6 +7,8 @@ Three ways, tried in this order by jbps.init() (and `python -m jbps.server`):
    at `python -m jbps.scheduler`, which assembles the job (scheduler.py).
 3. mpirun: every rank is a worker unless it runs `python -m jbps.server`; the
    ranks exchange roles, addresses and the job token through MPI (mpi.py).
+4. Alone: none of these and no job size: a 1-worker job with an in-process
+   server (alone.py), so `python train.py` runs as under a launcher.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import dataclasses
 
 from ..config import Config
 from ..errors import JbpsError
+from .alone import join_alone, nothing_given
 from .mpi import under_mpirun
 
 __all__ = ["complete", "under_mpirun"]
@@ -37,6 +40,8 @@ def complete(requested: Config) -> tuple[Config, list]:
         from .mpi import join_as_worker as mpi_join
 
         return mpi_join(requested)
+    if nothing_given(requested):
+        return join_alone(requested)
     return requested.complete(), []  # raises: no servers, and the ways to give them
 
 

@@ -1,0 +1,111 @@
+"""jbps.optax.distributed: an optax optimizer whose update first sums (or
+averages) the gradients over every device of every worker with jbps.psum,
+then runs the wrapped optimizer's update, all inside the user's jitted or
+pmapped step. The servers only add; the optimizer stays on the device.
+
+    tx = jbps.optax.distributed(optax.adam(1e-3), axis_name="batch")
+
+It is an ordinary GradientTransformation, so it composes: inside
+optax.masked only the masked leaves travel, optax.chain and
+optax.inject_hyperparams(lambda lr: distributed(optax.sgd(lr)))(lr=0.1)
+work. Its state is the wrapped optimizer's state, unchanged, so checkpoints
+of a single-process run load into a distributed one and back.
+
+Gradient accumulation: jbps.optax.MultiSteps(tx, k) communicates once per
+real step. optax.MultiSteps(distributed(tx), k) gives the same parameters,
+but optax runs the inner update on every mini-step and keeps the result only
+on the last, so it would communicate k times per real step.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax import lax
+
+from .ops import psum
+from .partition.priority import Priority
+
+__all__ = ["DistributedOptimizer", "MultiSteps", "MultiStepsState", "distributed", "psum_gradients"]
+
+
+def psum_gradients(axis_name: Any = None, *, average: bool = True, name: str | None = None,
+                   priority: Priority = None) -> optax.GradientTransformation:
+    """A stateless transformation that reduces the updates with jbps.psum, to
+    put first in an optax.chain."""
+
+    def update_fn(updates, state, params=None):
+        del params
+        return psum(updates, axis_name, average=average, name=name, priority=priority), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
+
+
+def distributed(tx: optax.GradientTransformation, *, axis_name: Any = None, average: bool = True,
+                name: str | None = None, priority: Priority = None) -> optax.GradientTransformationExtraArgs:
+    """`tx`, with its update applied to the gradients reduced over the job.
+
+    axis_name: the pmap/shard_map axis over this worker's local devices (as
+    for lax.pmean); None under plain jit on one device.
+    average: True (the default, as Horovod's DistributedOptimizer) averages
+    over all devices of all workers, so a mean loss per device gives the
+    gradient of the mean loss over the global batch; False sums.
+    name, priority: as for jbps.psum. Flax params flatten in alphabetical
+    module order; priority=jbps.forward_order(params) sends the first layers
+    first, which the next forward pass needs first.
+    """
+    inner = optax.with_extra_args_support(tx)
+
+    def update_fn(updates, state, params=None, **extra_args):
+        reduced = psum(updates, axis_name, average=average, name=name, priority=priority)
+        return inner.update(reduced, state, params, **extra_args)
+
+    return optax.GradientTransformationExtraArgs(inner.init, update_fn)
+
+
+DistributedOptimizer = distributed
+
+
+class MultiStepsState(NamedTuple):
+    mini_step: jax.Array  # gradients accumulated so far in this real step
+    acc_grads: Any  # their running mean, this worker's own
+    inner_opt_state: Any
+
+
+def MultiSteps(tx: optax.GradientTransformation, every_k_schedule: int, *, axis_name: Any = None,  # noqa: N802
+               average: bool = True, name: str | None = None,
+               priority: Priority = None) -> optax.GradientTransformationExtraArgs:
+    """Gradient accumulation over `every_k_schedule` mini-steps with one
+    communication per real step: each worker averages its own mini-step
+    gradients, and only on the k-th does the mean travel (a lax.cond, so
+    the other mini-steps send nothing) and `tx` update; between, the updates
+    are zeros. Same results as optax.MultiSteps(tx, k) on the job's averaged
+    gradients; other arguments as for distributed()."""
+    if isinstance(every_k_schedule, bool) or not isinstance(every_k_schedule, int) or every_k_schedule < 1:
+        raise TypeError(f"jbps.optax.MultiSteps: every_k_schedule must be a positive int, got {every_k_schedule!r}")
+    inner = optax.with_extra_args_support(tx)
+
+    def init_fn(params):
+        return MultiStepsState(jnp.zeros([], jnp.int32), jax.tree_util.tree_map(jnp.zeros_like, params),
+                               inner.init(params))
+
+    def update_fn(updates, state, params=None, **extra_args):
+        acc = jax.tree_util.tree_map(lambda g, a: a + (g - a) / (state.mini_step + 1).astype(a.dtype),
+                                     updates, state.acc_grads)
+
+        def communicate(acc, inner_state):
+            reduced = psum(acc, axis_name, average=average, name=name, priority=priority)
+            return inner.update(reduced, inner_state, params, **extra_args)
+
+        def accumulate(acc, inner_state):
+            return jax.tree_util.tree_map(jnp.zeros_like, acc), inner_state
+
+        emit = state.mini_step == every_k_schedule - 1
+        new_updates, inner_state = lax.cond(emit, communicate, accumulate, acc, state.inner_opt_state)
+        acc = jax.tree_util.tree_map(lambda a: jnp.where(emit, jnp.zeros_like(a), a), acc)
+        return new_updates, MultiStepsState((state.mini_step + 1) % every_k_schedule, acc, inner_state)
+
+    return optax.GradientTransformationExtraArgs(init_fn, update_fn)

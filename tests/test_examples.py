@@ -1,0 +1,52 @@
+"""The flax examples users run, each started a different way: mnist under
+`jbps run -n 2` (it must reach 95% test accuracy), the transformer alone (a
+plain `python`, no launcher), the ResNet under mpirun. Small settings keep
+them quick; every process is checked gone afterwards."""
+
+import os
+import re
+
+from test_launch import MPIEXEC, PYTHON, assert_nothing_left, base_env, needs_mpi, run
+
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+
+
+def example(name):
+    return os.path.join(EXAMPLES, name)
+
+
+def test_mnist_reaches_95_percent_with_two_workers():
+    env = base_env()
+    proc, out, err = run([PYTHON, "-m", "jbps.cli", "run", "-n", "2", PYTHON, example("mnist_flax.py")], env,
+                         timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    assert "[worker 0] workers 2, 12 epochs" in out, out[-3000:]
+    accuracy = float(re.search(r"\[worker 0\] test accuracy ([0-9.]+)", out).group(1))
+    assert accuracy >= 0.95, out[-3000:]
+    assert "[worker 1] test accuracy" not in out  # rank 0 reports
+    assert_nothing_left(env)
+
+
+def test_transformer_runs_alone_and_its_loss_goes_down():
+    env = base_env()
+    proc, out, err = run([PYTHON, example("transformer_lm.py"), "--steps", "40", "--dim", "64", "--layers", "1",
+                          "--seq-len", "32", "--corpus-bytes", "200000", "--log-every", "20"], env, timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    assert "1 worker(s)" in out and "tokens/s over the job" in out, out
+    first, last = map(float, re.search(r"loss ([0-9.]+) -> ([0-9.]+)", out).groups())
+    assert last < first - 1.0, out  # from ln(256) = 5.5 towards the bytes' entropy
+    assert_nothing_left(env)
+
+
+@needs_mpi
+def test_resnet_under_mpirun_reports_throughput():
+    env = base_env(XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    proc, out, err = run([MPIEXEC, "-n", "2", PYTHON, example("resnet_synthetic.py"), "--steps", "2",
+                          "--batch-size", "4", "--image-size", "16", "--widths", "8,16", "--blocks", "1"], env,
+                         timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    for rank in (0, 1):
+        assert re.search(rf"worker {rank}: [0-9.]+ images/s on 2 device\(s\); communication \d+% of step time",
+                         out), out
+    assert re.search(r"total: [0-9.]+ images/s over 2 worker\(s\)", out), out
+    assert_nothing_left(env)
