@@ -79,8 +79,9 @@ def main():
 
     model = CNN()
     params = model.init(jax.random.PRNGKey(args.seed), x_train[:1])["params"]
+    order = jbps.forward_order(params)  # from init's insertion order: first layers are sent first
     params = jbps.broadcast_parameters(params)  # every worker starts from rank 0's parameters
-    tx = jbps.optax.distributed(optax.adam(args.lr), priority=jbps.forward_order(params))
+    tx = jbps.optax.distributed(optax.adam(args.lr), priority=order)
     state = train_state.TrainState.create(apply_fn=model.apply, params=params, tx=tx)
 
     steps_per_epoch = len(x_train) // args.batch_size

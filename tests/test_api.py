@@ -221,3 +221,32 @@ def test_server_fractions_follow_declared_roles(server):
         dedicated.stop()
     with pytest.raises(ValueError, match="role"):
         _core.Server("127.0.0.1:0", 1, role="cpu")
+
+
+def _no_job(monkeypatch):
+    import os
+
+    for name in list(os.environ):
+        if name.startswith(("JBPS_", "DMLC_", "BYTEPS_", "PMI_", "OMPI_", "PMIX_")):
+            monkeypatch.delenv(name)
+
+
+def test_init_with_no_job_runs_alone_on_an_in_process_server(monkeypatch):
+    import socket
+
+    _no_job(monkeypatch)
+    with jbps.init(timeout_s=10) as s:
+        assert (jbps.rank(), jbps.size(), len(s.config.servers)) == (0, 1, 1)
+        host, port = s.config.servers[0].rsplit(":", 1)
+        assert host == "127.0.0.1"
+        x = np.arange(6, dtype=np.float32)
+        np.testing.assert_array_equal(jax.jit(jbps.psum)(x), x)
+    with pytest.raises(OSError):  # the hosted server ended with the session
+        socket.create_connection((host, int(port)), timeout=2).close()
+
+
+def test_a_job_size_without_servers_is_still_an_error(monkeypatch):
+    _no_job(monkeypatch)
+    monkeypatch.setenv("JBPS_NUM_WORKERS", "2")
+    with pytest.raises(jbps.JbpsError, match="no summation servers: set JBPS_SERVERS"):
+        jbps.init()
