@@ -25,22 +25,29 @@ def _load(path):
         return {k: f[k] for k in f.files}
 
 
-@pytest.mark.parametrize("opt,mode", [("sgd", "jit"), ("adam", "jit"), ("sgd", "pmap"), ("adam", "pmap")])
-def test_two_workers_end_where_one_process_on_the_full_batch_ends(tmp_path, opt, mode):
-    script = worker_script("optax_equivalence.py")
-    ref_out = str(tmp_path / "reference.npz")
-    subprocess.run([sys.executable, script, "--opt", opt, "--reference", "--out", ref_out], check=True,
-                   timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})
-    out = str(tmp_path / "rank{rank}.npz")
-    results = run_job([script, "--opt", opt, "--mode", mode, "--out", out], workers=2, servers=2,
-                      devices=2 if mode == "pmap" else 1, timeout_s=150)
+@pytest.fixture(scope="module")
+def reference_params(tmp_path_factory):
+    """SGD and Adam, one process, the whole batch, no jbps."""
+    out = str(tmp_path_factory.mktemp("reference") / "{opt}.npz")
+    subprocess.run([sys.executable, worker_script("optax_equivalence.py"), "--reference", "--out", out],
+                   check=True, timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    return {opt: _load(out.format(opt=opt, rank=0)) for opt in ("sgd", "adam")}
+
+
+@pytest.mark.parametrize("mode", ["jit", "pmap"])
+def test_two_workers_end_where_one_process_on_the_full_batch_ends(tmp_path, reference_params, mode):
+    # jit: one device per worker; pmap: two, each a quarter of the global batch.
+    out = str(tmp_path / "{opt}-rank{rank}.npz")
+    results = run_job([worker_script("optax_equivalence.py"), "--mode", mode, "--out", out], workers=2,
+                      servers=2, devices=2 if mode == "pmap" else 1, timeout_s=150)
     for r in results:
         assert r.returncode == 0, f"worker {r.rank} failed:\n{r.stderr[-4000:]}"
-    reference, ranks = _load(ref_out), [_load(out.format(rank=r)) for r in range(2)]
-    assert set(reference) == set(ranks[0]) == set(ranks[1])
-    for name in reference:
-        np.testing.assert_array_equal(ranks[0][name], ranks[1][name], err_msg=f"workers differ at {name}")
-        np.testing.assert_allclose(ranks[0][name], reference[name], rtol=2e-5, atol=2e-6, err_msg=name)
+    for opt, reference in reference_params.items():
+        ranks = [_load(out.format(opt=opt, rank=r)) for r in range(2)]
+        assert set(reference) == set(ranks[0]) == set(ranks[1])
+        for name in reference:
+            np.testing.assert_array_equal(ranks[0][name], ranks[1][name], err_msg=f"{opt}: workers differ at {name}")
+            np.testing.assert_allclose(ranks[0][name], reference[name], rtol=2e-5, atol=2e-6, err_msg=f"{opt} {name}")
 
 
 # --- composition with optax, in one process over 4 local devices ---
@@ -169,15 +176,17 @@ def test_distributed_optimizer_alias():
 # --- broadcast ---
 
 
-@pytest.mark.parametrize("mode,devices,x64", [("eager", 1, False), ("jit", 1, True), ("pmap", 2, False)])
-def test_broadcast_gives_every_worker_the_roots_bits(mode, devices, x64):
+@pytest.mark.parametrize("modes,devices,x64", [("eager,jit", 1, True), ("pmap", 2, False)])
+def test_broadcast_gives_every_worker_the_roots_bits(modes, devices, x64):
+    # Each worker checks its bits against the root's tree rebuilt by numpy.
     env = {"JAX_ENABLE_X64": "1"} if x64 else None
-    results = run_job([worker_script("broadcast_check.py"), "--root", "1", "--mode", mode], workers=3, servers=2,
-                      devices=devices, env=env, timeout_s=120)
+    results = run_job([worker_script("broadcast_check.py"), "--root", "1", "--modes", modes], workers=3,
+                      servers=2, devices=devices, env=env, timeout_s=120)
     for r in results:
         assert r.returncode == 0, f"worker {r.rank} failed:\n{r.stderr[-4000:]}"
     reports = [last_json(r.stdout) for r in results]
-    assert len({rep["digest"] for rep in reports}) == 1
+    for mode in modes.split(","):
+        assert len({rep["digests"][mode] for rep in reports}) == 1
     assert reports[0]["leaves"] == (13 if x64 else 10)
 
 

@@ -50,34 +50,36 @@ def bits(tree):
             for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]]
 
 
+def broadcast(mine, root, mode, rank, devices):
+    if mode == "eager":
+        return jbps.broadcast(mine, root=root)
+    if mode == "jit":
+        return jax.jit(lambda t: jbps.broadcast(t, root=root))(mine)
+    # pmap: each local device starts from a different tree; the root's first device wins.
+    per_device = [make_tree(1000 + rank * 100 + d) if d else mine for d in range(devices)]
+    stacked = jax.tree_util.tree_map(lambda *xs: np.stack(xs), *per_device)
+    out = jax.device_get(jax.pmap(lambda t: jbps.broadcast(t, root=root, axis_name="i"), axis_name="i")(stacked))
+    for d in range(devices):
+        assert bits(jax.tree_util.tree_map(lambda x: x[d], out)) == bits(make_tree(root)), f"device {d}"
+    return jax.tree_util.tree_map(lambda x: x[0], out)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--root", type=int, default=0)
-    p.add_argument("--mode", choices=("eager", "jit", "pmap"), default="eager")
+    p.add_argument("--modes", default="eager", help="comma-separated: eager, jit, pmap")
     args = p.parse_args()
     jbps.init()
     rank, devices = jbps.rank(), jax.local_device_count()
-    mine = make_tree(rank)
-    if args.mode == "eager":
-        got = jbps.broadcast(mine, root=args.root)
-    elif args.mode == "jit":
-        got = jax.jit(lambda t: jbps.broadcast(t, root=args.root))(mine)
-    else:
-        # Each local device starts from a different tree; the root's first device wins.
-        per_device = [make_tree(1000 + rank * 100 + d) if d else mine for d in range(devices)]
-        stacked = jax.tree_util.tree_map(lambda *xs: np.stack(xs), *per_device)
-        out = jax.pmap(lambda t: jbps.broadcast(t, root=args.root, axis_name="i"), axis_name="i")(stacked)
-        out = jax.device_get(out)
-        for d in range(devices):
-            assert bits(jax.tree_util.tree_map(lambda x: x[d], out)) == bits(make_tree(args.root)), f"device {d}"
-        got = jax.tree_util.tree_map(lambda x: x[0], out)
     want = bits(make_tree(args.root))
-    have = bits(jax.device_get(got))
-    for w, h in zip(want, have):
-        assert w == h, f"leaf {w[0]}: expected {w[1]}{w[2]} {w[3].hex()}, got {h[1]}{h[2]} {h[3].hex()}"
-    assert len(want) == len(have)
-    digest = hashlib.sha256(b"".join(h[3] for h in have)).hexdigest()
-    print(json.dumps({"rank": rank, "digest": digest, "leaves": len(have)}), flush=True)
+    digests = {}
+    for mode in args.modes.split(","):
+        have = bits(jax.device_get(broadcast(make_tree(rank), args.root, mode, rank, devices)))
+        assert len(want) == len(have), (mode, len(want), len(have))
+        for w, h in zip(want, have):
+            assert w == h, f"{mode}, leaf {w[0]}: expected {w[1]}{w[2]} {w[3].hex()}, got {h[1]}{h[2]} {h[3].hex()}"
+        digests[mode] = hashlib.sha256(b"".join(h[3] for h in have)).hexdigest()
+    print(json.dumps({"rank": rank, "digests": digests, "leaves": len(want)}), flush=True)
     jbps.shutdown()
 
 

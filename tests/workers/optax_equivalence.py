@@ -61,23 +61,22 @@ def init_params(seed):
     return MLP().init(jax.random.PRNGKey(seed), jnp.zeros((1, FEATURES)))["params"]
 
 
-def reference(args):
-    state = train_state.TrainState.create(apply_fn=MLP().apply, params=init_params(0), tx=optimizer(args.opt))
+def reference(args, opt):
+    state = train_state.TrainState.create(apply_fn=MLP().apply, params=init_params(0), tx=optimizer(opt))
     step = jax.jit(grad_step)
     for x, y in batches(args.steps):
         state = step(state, x, y)
-    return state.params, 0
+    return state.params
 
 
-def worker(args):
+def train(args, opt):
     import jbps
 
-    jbps.init()
     rank, workers = jbps.rank(), jbps.size()
     params = jbps.broadcast_parameters(init_params(seed=rank))  # different until broadcast
     per_worker = GLOBAL_BATCH // workers
     if args.mode == "jit":
-        tx = jbps.optax.distributed(optimizer(args.opt))
+        tx = jbps.optax.distributed(optimizer(opt))
         state = train_state.TrainState.create(apply_fn=MLP().apply, params=params, tx=tx)
         step = jax.jit(grad_step)
         for x, y in batches(args.steps):
@@ -86,7 +85,7 @@ def worker(args):
         params = state.params
     else:
         devices = jax.local_device_count()
-        tx = jbps.optax.distributed(optimizer(args.opt), axis_name="d")
+        tx = jbps.optax.distributed(optimizer(opt), axis_name="d")
         state = train_state.TrainState.create(apply_fn=MLP().apply, params=params, tx=tx)
         state = replicate(state, devices)
         step = jax.pmap(grad_step, axis_name="d")
@@ -99,22 +98,30 @@ def worker(args):
             for d in range(1, devices):
                 np.testing.assert_array_equal(leaf[0], leaf[d])
         params = jax.tree_util.tree_map(lambda a: a[0], replicas)
-    jax.block_until_ready(params)  # shutdown() fails psums still queued in XLA
-    jbps.shutdown()
-    return params, rank
+    return jax.block_until_ready(params)  # shutdown() fails psums still queued in XLA
 
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--opt", choices=("sgd", "adam"), required=True)
+    p.add_argument("--opts", default="sgd,adam", help="optimizers to train with, one after the other")
     p.add_argument("--mode", choices=("jit", "pmap"), default="jit")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--reference", action="store_true")
-    p.add_argument("--out", required=True, help="where to write the final parameters (.npz); {rank} is replaced")
+    p.add_argument("--out", required=True,
+                   help="where to write the final parameters (.npz); {opt} and {rank} are replaced")
     args = p.parse_args()
-    params, rank = reference(args) if args.reference else worker(args)
-    flat = {jax.tree_util.keystr(k): np.asarray(v) for k, v in jax.tree_util.tree_flatten_with_path(params)[0]}
-    np.savez(args.out.format(rank=rank), **flat)
+    rank = 0
+    if not args.reference:
+        import jbps
+
+        jbps.init()
+        rank = jbps.rank()
+    for opt in args.opts.split(","):
+        params = reference(args, opt) if args.reference else train(args, opt)
+        flat = {jax.tree_util.keystr(k): np.asarray(v) for k, v in jax.tree_util.tree_flatten_with_path(params)[0]}
+        np.savez(args.out.format(opt=opt, rank=rank), **flat)
+    if not args.reference:
+        jbps.shutdown()
 
 
 if __name__ == "__main__":
