@@ -3,7 +3,8 @@ float sum would change (-0.0, NaN with a payload, infinities, subnormals),
 from --root, and checks that it got the root's tree bit for bit.
 
 Every worker can build any worker's tree from its rank, so the expected
-bits come from numpy, not from jbps. Prints one JSON line: {"rank", "digest"}.
+bits come from numpy, not from jbps. Prints one JSON line: {"rank", "digests"
+(one per mode), "leaves"}.
 """
 
 import argparse
