@@ -15,6 +15,8 @@ args=("$@")
 [ ${#args[@]} -gt 0 ] || args=(//:jbps //bazel:server)
 if unshare -n true 2>/dev/null; then
   offline=(unshare -n)
+elif unshare -rn true 2>/dev/null; then  # not root: a user namespace grants it
+  offline=(unshare -rn)
 else
   echo "jbps bazel: unshare -n is not permitted here (needs root or user namespaces); building with the network on" >&2
   offline=()
