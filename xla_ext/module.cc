@@ -9,6 +9,9 @@
 
 #include "engine.h"
 #include "ffi_cpu.h"
+#ifdef JBPS_HAVE_CUDA
+#include "ffi_cuda.h"
+#endif
 #include "server.h"
 #include "sum_kernels.h"
 
@@ -73,6 +76,32 @@ NB_MODULE(_core, m) {
     d["jbps_psum"] = FfiCapsule(reinterpret_cast<void*>(jbps::JbpsPsumCpu));
     return d;
   });
+  // The same target for platform "CUDA"; empty when built without CUDA.
+  m.def("ffi_targets_cuda", [] {
+    nb::dict d;
+#ifdef JBPS_HAVE_CUDA
+    d["jbps_psum"] = FfiCapsule(reinterpret_cast<void*>(jbps::JbpsPsumCuda));
+#endif
+    return d;
+  });
+  m.def("has_cuda", [] {
+#ifdef JBPS_HAVE_CUDA
+    return true;
+#else
+    return false;
+#endif
+  });
+  // Bounds the CUDA handler's own waits (JBPS_CUDA_SYNC, the host-wait fallback).
+  m.def(
+      "cuda_set_timeout",
+      [](double seconds) {
+#ifdef JBPS_HAVE_CUDA
+        jbps::SetCudaWaitTimeout(seconds);
+#else
+        (void)seconds;
+#endif
+      },
+      nb::arg("seconds"));
 
   m.def(
       "engine_start",
