@@ -105,6 +105,8 @@ void ReturnTensorResources(TensorState* t) {
 // The engine's done for tensor t (or the submit's own failure).
 void Finish(TensorState* t, const std::string& error) {
   CallState* c = t->call;
+  // Deferred before the word is set: once the stream has passed this tensor
+  // (e.g. block_until_ready returned), the next psum sees the error.
   if (!error.empty() && !c->sync) Defer(error);
   if (t->word.host != nullptr) __atomic_store_n(t->word.host, 1u, __ATOMIC_RELEASE);
   std::lock_guard<std::mutex> lock(c->mu);
