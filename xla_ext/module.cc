@@ -10,6 +10,7 @@
 #include "engine.h"
 #include "ffi_cpu.h"
 #ifdef JBPS_HAVE_CUDA
+#include "cuda_copy_bench.h"
 #include "ffi_cuda.h"
 #endif
 #include "server.h"
@@ -102,6 +103,23 @@ NB_MODULE(_core, m) {
 #endif
       },
       nb::arg("seconds"));
+#ifdef JBPS_HAVE_CUDA
+  // Median seconds of a plain pinned cudaMemcpy each way, for the benchmark.
+  m.def(
+      "cuda_pinned_copy_seconds",
+      [](size_t bytes, int iters) {
+        jbps::CopyTimes t;
+        std::string err;
+        bool ok;
+        {
+          nb::gil_scoped_release release;
+          ok = jbps::TimePinnedCopies(bytes, iters, &t, &err);
+        }
+        if (!ok) throw std::runtime_error(err);
+        return nb::make_tuple(t.d2h_seconds, t.h2d_seconds);
+      },
+      nb::arg("bytes"), nb::arg("iters"));
+#endif
 
   m.def(
       "engine_start",

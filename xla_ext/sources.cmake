@@ -17,4 +17,5 @@ set(JBPS_CUDA_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/ffi_cuda.cc
   ${CMAKE_CURRENT_LIST_DIR}/cuda_staging.cc
   ${CMAKE_CURRENT_LIST_DIR}/cuda_stream_wait.cc
+  ${CMAKE_CURRENT_LIST_DIR}/cuda_copy_bench.cc
 )
