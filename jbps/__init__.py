@@ -14,8 +14,8 @@ from .errors import JbpsError
 from . import partition
 from .ops import broadcast, broadcast_parameters, pmean, psum
 from .partition import forward_order, optimal_split
-from .runtime import (Session, config, engine_stats, init, is_initialized, local_rank, local_size, rank, shutdown,
-                      size)
+from .runtime import (Session, config, engine_stats, has_cuda_support, init, is_initialized, local_rank, local_size,
+                      rank, shutdown, size)
 
 __version__ = "0.1.0"
 
@@ -29,6 +29,7 @@ __all__ = [
     "config",
     "engine_stats",
     "forward_order",
+    "has_cuda_support",
     "init",
     "is_initialized",
     "local_rank",

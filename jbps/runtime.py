@@ -48,11 +48,23 @@ class Session:
         return f"jbps.Session({self.config})"
 
 
+def has_cuda_support() -> bool:
+    """Whether this build of jbps has the CUDA handler (built when the CUDA
+    toolkit was found at install time, or JBPS_CUDA=1). It says nothing about
+    whether this machine has a GPU."""
+    return bool(_core.has_cuda())
+
+
 def _register_ffi() -> None:
+    # ffi_call looks its target up per platform, so with both registered
+    # jbps.psum runs on whichever backend the computation is placed on.
+    # Registering for "CUDA" needs no GPU: jax keeps it for a CUDA backend.
     global _ffi_registered
     if not _ffi_registered:
         for name, capsule in _core.ffi_targets().items():
             jax.ffi.register_ffi_target(name, capsule, platform="cpu")
+        for name, capsule in _core.ffi_targets_cuda().items():
+            jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
         _ffi_registered = True
 
 
@@ -79,6 +91,7 @@ def init(**overrides) -> Session:
             for server in hosted:
                 server.stop()
             raise JbpsError(f"jbps.init() failed: {exc}") from None
+        _core.cuda_set_timeout(config.timeout_s)
         _fractions = tuple(_fractions_for_roles(_core.engine_server_roles(), config.num_workers))
         _config, _requested, _hosted = config, requested, hosted
         if not _atexit_registered:

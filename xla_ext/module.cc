@@ -9,6 +9,10 @@
 
 #include "engine.h"
 #include "ffi_cpu.h"
+#ifdef JBPS_HAVE_CUDA
+#include "cuda_copy_bench.h"
+#include "ffi_cuda.h"
+#endif
 #include "server.h"
 #include "sum_kernels.h"
 
@@ -73,6 +77,49 @@ NB_MODULE(_core, m) {
     d["jbps_psum"] = FfiCapsule(reinterpret_cast<void*>(jbps::JbpsPsumCpu));
     return d;
   });
+  // The same target for platform "CUDA"; empty when built without CUDA.
+  m.def("ffi_targets_cuda", [] {
+    nb::dict d;
+#ifdef JBPS_HAVE_CUDA
+    d["jbps_psum"] = FfiCapsule(reinterpret_cast<void*>(jbps::JbpsPsumCuda));
+#endif
+    return d;
+  });
+  m.def("has_cuda", [] {
+#ifdef JBPS_HAVE_CUDA
+    return true;
+#else
+    return false;
+#endif
+  });
+  // Bounds the CUDA handler's own waits (JBPS_CUDA_SYNC, the host-wait fallback).
+  m.def(
+      "cuda_set_timeout",
+      [](double seconds) {
+#ifdef JBPS_HAVE_CUDA
+        jbps::SetCudaWaitTimeout(seconds);
+#else
+        (void)seconds;
+#endif
+      },
+      nb::arg("seconds"));
+#ifdef JBPS_HAVE_CUDA
+  // Median seconds of a plain pinned cudaMemcpy each way, for the benchmark.
+  m.def(
+      "cuda_pinned_copy_seconds",
+      [](size_t bytes, int iters) {
+        jbps::CopyTimes t;
+        std::string err;
+        bool ok;
+        {
+          nb::gil_scoped_release release;
+          ok = jbps::TimePinnedCopies(bytes, iters, &t, &err);
+        }
+        if (!ok) throw std::runtime_error(err);
+        return nb::make_tuple(t.d2h_seconds, t.h2d_seconds);
+      },
+      nb::arg("bytes"), nb::arg("iters"));
+#endif
 
   m.def(
       "engine_start",

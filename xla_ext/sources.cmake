@@ -11,3 +11,11 @@ set(JBPS_CORE_SOURCES
 set(JBPS_MODULE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/module.cc
 )
+# The CUDA FFI handler, built only when the CUDA toolkit is found (JBPS_CUDA);
+# compiled with the CUDA runtime headers and linked with cudart_static.
+set(JBPS_CUDA_SOURCES
+  ${CMAKE_CURRENT_LIST_DIR}/ffi_cuda.cc
+  ${CMAKE_CURRENT_LIST_DIR}/cuda_staging.cc
+  ${CMAKE_CURRENT_LIST_DIR}/cuda_stream_wait.cc
+  ${CMAKE_CURRENT_LIST_DIR}/cuda_copy_bench.cc
+)

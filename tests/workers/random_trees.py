@@ -101,7 +101,8 @@ def main():
             digest.update(np.ascontiguousarray(got[0]).tobytes())
     jbps.shutdown()
     # One write per line: mpiexec interleaves ranks' output at write boundaries.
-    sys.stdout.write(json.dumps({"rank": rank, "digest": digest.hexdigest(), "rounds": args.rounds}) + "\n")
+    sys.stdout.write(json.dumps({"rank": rank, "digest": digest.hexdigest(), "rounds": args.rounds,
+                                 "backend": jax.default_backend()}) + "\n")
     sys.stdout.flush()
 
 

@@ -1,0 +1,57 @@
+// Checking and describing one operand of jbps_psum, shared by the FFI
+// handlers: the XLA buffer's dtype and size, and its plan attributes.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "engine.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace jbps {
+
+inline bool ToDType(xla::ffi::DataType t, DType* out) {
+  switch (t) {
+    case xla::ffi::DataType::F32: *out = DType::kF32; return true;
+    case xla::ffi::DataType::F64: *out = DType::kF64; return true;
+    case xla::ffi::DataType::F16: *out = DType::kF16; return true;
+    case xla::ffi::DataType::BF16: *out = DType::kBF16; return true;
+    case xla::ffi::DataType::S32: *out = DType::kI32; return true;
+    default: return false;
+  }
+}
+
+// Fills op's dtype, size, key and priority from operand i and its result, and
+// gives the buffers' addresses (device addresses on GPUs) in *in and *out.
+// Returns the error naming the operand, or an empty string.
+inline std::string DescribeOperand(size_t i, const xla::ffi::ErrorOr<xla::ffi::AnyBuffer>& in,
+                                   xla::ffi::ErrorOr<xla::ffi::Result<xla::ffi::AnyBuffer>> out,
+                                   int64_t leaf_key, int64_t priority, Operand* op, const void** in_data,
+                                   void** out_data) {
+  if (!in.has_value() || !out.has_value()) return "jbps_psum: operand " + std::to_string(i) + " is not a buffer";
+  if (!ToDType(in->element_type(), &op->dtype))
+    return "jbps_psum: operand " + std::to_string(i) + " has a dtype jbps cannot sum";
+  if ((*out)->size_bytes() != in->size_bytes())
+    return "jbps_psum: result " + std::to_string(i) + " differs in size from its operand";
+  *in_data = in->untyped_data();
+  *out_data = (*out)->untyped_data();
+  op->nbytes = in->size_bytes();
+  op->base_key = static_cast<uint64_t>(leaf_key);
+  op->priority = priority;
+  return "";
+}
+
+// jbps_psum's attributes, in the order every handler binds them after its
+// operands: leaf_keys, priorities, names, partition_bytes, chunk_servers.
+template <typename Binding>
+auto BindPsumAttrs(Binding binding) {
+  return std::move(binding).template Attr<xla::ffi::Span<const int64_t>>("leaf_keys")
+      .template Attr<xla::ffi::Span<const int64_t>>("priorities")
+      .template Attr<std::string_view>("names")
+      .template Attr<int64_t>("partition_bytes")
+      .template Attr<xla::ffi::Span<const int32_t>>("chunk_servers");
+}
+
+}  // namespace jbps
