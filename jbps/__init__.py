@@ -6,11 +6,11 @@
 """
 
 from .config import Config
-from .errors import JbpsError
-from . import partition
+from .errors import JbpsError, is_jbps_error
+from . import errors, partition
 from .ops import pmean, psum
 from .partition import forward_order, optimal_split
-from .runtime import (Session, config, engine_stats, init, is_initialized, local_rank, local_size, rank, shutdown,
+from .runtime import (Session, check, config, engine_stats, init, is_initialized, local_rank, local_size, rank, shutdown,
                       size)
 
 __version__ = "0.1.0"
@@ -19,11 +19,14 @@ __all__ = [
     "Config",
     "JbpsError",
     "Session",
+    "check",
     "config",
+    "errors",
     "engine_stats",
     "forward_order",
     "init",
     "is_initialized",
+    "is_jbps_error",
     "local_rank",
     "local_size",
     "optimal_split",

@@ -3,7 +3,9 @@
 // Attributes: leaf_keys (int64 per tensor, identical on every worker),
 // priorities (int64 per tensor, larger sooner), names (tensor names, one per
 // line), partition_bytes (int64, the largest chunk), chunk_servers (int32, the
-// server of every chunk: shard by shard, tensor by tensor, chunk by chunk).
+// server of every chunk: shard by shard, tensor by tensor, chunk by chunk),
+// tree (the whole call's leaves, checked across workers by a server) and
+// tree_key (int64, where that check meets).
 //
 // The handler hands everything to the engine and returns a Future at once, so
 // no XLA thread waits on the network.
@@ -41,7 +43,8 @@ ffi::Future Failed(std::string msg) {
 
 ffi::Future PsumCpu(ffi::Buffer<ffi::S32> shard_index, ffi::RemainingArgs args, ffi::RemainingRets rets,
                     ffi::Span<const int64_t> leaf_keys, ffi::Span<const int64_t> priorities,
-                    std::string_view names, int64_t partition_bytes, ffi::Span<const int32_t> chunk_servers) {
+                    std::string_view names, int64_t partition_bytes, ffi::Span<const int32_t> chunk_servers,
+                    std::string_view tree, int64_t tree_key) {
   const size_t n = args.size();
   if (rets.size() != n || leaf_keys.size() != n || priorities.size() != n)
     return Failed("jbps_psum: operand, result and attribute counts differ (" + std::to_string(n) + ", " +
@@ -50,6 +53,8 @@ ffi::Future PsumCpu(ffi::Buffer<ffi::S32> shard_index, ffi::RemainingArgs args, 
   CallSpec spec;
   spec.shard = static_cast<uint32_t>(*shard_index.typed_data());
   spec.names = std::string(names);
+  spec.tree = std::string(tree);
+  spec.tree_key = static_cast<uint64_t>(tree_key);
   spec.partition_bytes = static_cast<size_t>(partition_bytes);
   spec.operands.resize(n);
   size_t chunks_per_shard = 0;
@@ -98,6 +103,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JbpsPsumCpu, PsumCpu,
                                   .Attr<ffi::Span<const int64_t>>("priorities")
                                   .Attr<std::string_view>("names")
                                   .Attr<int64_t>("partition_bytes")
-                                  .Attr<ffi::Span<const int32_t>>("chunk_servers"));
+                                  .Attr<ffi::Span<const int32_t>>("chunk_servers")
+                                  .Attr<std::string_view>("tree")
+                                  .Attr<int64_t>("tree_key"));
 
 }  // namespace jbps
