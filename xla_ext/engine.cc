@@ -58,6 +58,10 @@ struct Call {
   bool base_released = false;
   size_t remaining = 0;
   std::string error;
+  // While the tree check is unanswered, a tensor's error waits for it: when
+  // trees differ, the check's message (both workers' shapes) is the one to give.
+  bool tree_pending = false;
+  std::string deferred;
 
   bool TryAcquire() {
     std::lock_guard<std::mutex> lock(mu);
@@ -434,6 +438,7 @@ void Engine::Submit(CallSpec spec, DoneFn done) {
     ch->priority = INT64_MAX;
     ch->times.queued = now;
     chunks.push_back(std::move(ch));
+    call->tree_pending = true;
   }
   call->total_chunks = call->remaining = chunks.size();
 
@@ -642,10 +647,21 @@ void Engine::Impl::RecvLoop(ServerConn* sc) {
         return;
       }
  if (ch && ch->tree) {
+        {
+          std::lock_guard<std::mutex> lock(ch->call->mu);
+          ch->call->tree_pending = false;
+        }
         FailCall(ch->call, "jbps: " + text + " (server " + server + ")");
       } else if (ch) {
-        FailCall(ch->call, "jbps: psum of tensor '" + ch->call->TensorName(ch->op) + "' failed on server " +
-                               server + ": " + text);
+        std::string msg = "jbps: psum of tensor '" + ch->call->TensorName(ch->op) + "' failed on server " + server +
+                          ": " + text;
+        bool defer;
+        {
+          std::lock_guard<std::mutex> lock(ch->call->mu);
+          defer = ch->call->tree_pending;
+          if (defer && ch->call->deferred.empty()) ch->call->deferred = msg;
+        }
+        if (!defer) FailCall(ch->call, msg);
       } else if (h.key == 0) {
         ConnFailed(sc, text);
         return;
@@ -657,7 +673,17 @@ void Engine::Impl::RecvLoop(ServerConn* sc) {
         ConnFailed(sc, "protocol error: a tree check answered with a payload");
         return;
       }
-      ChunkDone(ch->call.get());
+      std::string deferred;
+      {
+        std::lock_guard<std::mutex> lock(ch->call->mu);
+        ch->call->tree_pending = false;
+        deferred = ch->call->deferred;
+      }
+      if (deferred.empty()) {
+        ChunkDone(ch->call.get());
+      } else {
+        FailCall(ch->call, deferred);
+      }
       continue;
     }
     // kSum: land the payload in the output buffer, or drain it if its call is gone.
@@ -712,6 +738,7 @@ std::string Engine::Impl::TimeoutMessage(const CallPtr& c) {
   {
     std::lock_guard<std::mutex> lock(c->mu);
     remaining = c->remaining;
+    if (!c->deferred.empty()) return c->deferred;  // a known cause beats "timed out"
   }
   msg += ": " + std::to_string(remaining) + " of " + std::to_string(c->total_chunks) + " chunks not summed";
   if (first_op >= 0) {
