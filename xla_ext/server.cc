@@ -563,8 +563,10 @@ void SummationServer::Impl::ReaderLoop(ConnPtr c) {
       lost = "it sent a bad message: " + why;
       break;
     }
-    ++pushes;
-    bytes_received += h.nbytes;
+    if (!tree) {  // the counters are of data; tree checks are bookkeeping
+      ++pushes;
+      bytes_received += h.nbytes;
+    }
     FrameHeader ack = MakeHeader(MsgType::kPushAck, opt.token);
     ack.key = h.key;
     ack.round = h.round;
