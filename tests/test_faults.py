@@ -1,16 +1,19 @@
 """A lost peer fails every pending and later psum, naming the peer, well
 within JBPS_TIMEOUT_S: a worker or a server SIGKILLed mid-run, with real
-processes on loopback."""
+processes on loopback; and every connection carries the liveness bound that
+catches a host that vanishes without closing its connections."""
 
 import os
 import signal
+import socket
 import sys
 import time
 
-import pytest
-
+import jbps
 from conftest import last_json, worker_script
+from jbps import _core
 from jbps.local_cluster import LocalCluster
+from leftovers import tcp_sockets
 
 TIMEOUT_S = 5  # JBPS_TIMEOUT_S of these jobs: a detection by timeout would take this long
 WORKERS = 3
@@ -91,3 +94,36 @@ def test_a_killed_server_fails_every_workers_psums_naming_it(tmp_path):
     check_reports(results, range(WORKERS), f"lost summation server {victim['address']}", killed_at)
     assert servers[0][0] == -signal.SIGKILL
     assert servers[1][0] == 0, servers[1][1]  # the other server ends when every worker said goodbye
+
+
+def test_connections_carry_the_stated_liveness_bound():
+    # JBPS_TIMEOUT_S=8: keepalive probes every 8/4 = 2 s, 3 of them, and
+    # unacknowledged data gives up after 8 s: a vanished host is noticed within 8 s.
+    srv = _core.Server("127.0.0.1:0", 1, timeout_s=8.0)
+    try:
+        with jbps.init(servers=[f"127.0.0.1:{srv.port}"], num_workers=1, worker_rank=0, timeout_s=8.0):
+            checked = 0
+            for fd in map(int, os.listdir("/proc/self/fd")):
+                try:
+                    s = socket.socket(fileno=os.dup(fd))
+                except OSError:
+                    continue
+                with s:
+                    if s.type != socket.SOCK_STREAM or s.family != socket.AF_INET:
+                        continue
+                    try:
+                        ends = {s.getsockname()[1], s.getpeername()[1]}
+                    except OSError:
+                        continue  # the listening socket
+                    if srv.port not in ends:
+                        continue
+                    # Both ends are in this process: the worker's and the server's.
+                    assert s.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+                    assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 2
+                    assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL) == 2
+                    assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT) == 3
+                    assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 8000
+                    checked += 1
+            assert checked == 2, tcp_sockets(os.getpid())
+    finally:
+        srv.stop()

@@ -6,7 +6,6 @@ The default suite runs 300 rounds; `pytest --soak` (or JBPS_SOAK=1) runs
 import os
 import sys
 
-import pytest
 
 from conftest import last_json, worker_script
 from jbps.local_cluster import LocalCluster
