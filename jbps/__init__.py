@@ -10,12 +10,12 @@
 import importlib
 
 from .config import Config
-from .errors import JbpsError
-from . import partition
+from .errors import JbpsError, is_jbps_error
+from . import errors, partition
 from .ops import broadcast, broadcast_parameters, pmean, psum
 from .partition import forward_order, optimal_split
-from .runtime import (Session, config, engine_stats, has_cuda_support, init, is_initialized, local_rank, local_size,
-                      rank, shutdown, size)
+from .runtime import (Session, check, config, engine_stats, has_cuda_support, init, is_initialized, local_rank,
+                      local_size, rank, shutdown, size)
 
 __version__ = "0.1.0"
 
@@ -26,12 +26,15 @@ __all__ = [
     "Session",
     "broadcast",
     "broadcast_parameters",
+    "check",
     "config",
+    "errors",
     "engine_stats",
     "forward_order",
     "has_cuda_support",
     "init",
     "is_initialized",
+    "is_jbps_error",
     "local_rank",
     "local_size",
     "optax",

@@ -133,11 +133,20 @@ class LocalCluster:
 
         On timeout every worker is killed and TimeoutError carries their output.
         """
+        return self.wait_workers(self.start_workers(argv, env_per_rank), timeout_s)
+
+    def start_workers(self, argv: Sequence[str],
+                      env_per_rank: Mapping[int, Mapping[str, str]] | None = None) -> list[subprocess.Popen]:
+        """Starts `python argv...` as every worker (output in self.dir/worker<rank>.out/.err)."""
         procs = []
         for rank in range(self.num_workers):
             env = self.worker_env(rank)
             env.update((env_per_rank or {}).get(rank, {}))
             procs.append(self._spawn([self.python, *argv], env, f"worker{rank}"))
+        return procs
+
+    def wait_workers(self, procs: Sequence[subprocess.Popen], timeout_s: float | None = None) -> list[WorkerResult]:
+        """Waits for workers from start_workers; kills them all on timeout (TimeoutError)."""
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
         try:
             for proc in procs:

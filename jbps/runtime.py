@@ -81,6 +81,7 @@ def init(**overrides) -> Session:
         if _config is not None:
             if requested != _requested:
                 raise JbpsError("jbps is already initialized with different settings; call jbps.shutdown() first")
+            _raise_fault()
             return Session(_config)
         _register_ffi()
         config, hosted = bootstrap.complete(requested)
@@ -118,6 +119,21 @@ def shutdown() -> None:
         _config, _requested, _hosted = None, None, []
 
 
+def _raise_fault() -> None:
+    fault = _core.engine_fault()
+    if fault:
+        raise JbpsError(f"{fault} (the job has failed: call jbps.shutdown(), then jbps.init() for a new job)")
+
+
+def check() -> None:
+    """Raises JbpsError if the job has failed: a summation server was lost, or
+    a server reported a lost worker (the message names it). Every pending and
+    later psum fails with the same message, as XLA's runtime error; check()
+    gives it as JbpsError. Does nothing before init()."""
+    if _config is not None:
+        _raise_fault()
+
+
 def is_initialized() -> bool:
     return _config is not None
 
@@ -126,6 +142,14 @@ def config() -> Config:
     """The active configuration; raises JbpsError before init()."""
     if _config is None:
         raise JbpsError("jbps is not initialized: call jbps.init() first")
+    return _config
+
+
+def config_for_psum() -> Config:
+    """config(), and JbpsError if the job has failed: tracing a new psum then
+    names the lost peer at once."""
+    config()
+    _raise_fault()
     return _config
 
 

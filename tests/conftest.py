@@ -16,6 +16,10 @@ from jbps.local_cluster import LocalCluster, last_json_line
 WORKERS = os.path.join(os.path.dirname(__file__), "workers")
 
 
+def pytest_addoption(parser):
+    parser.addoption("--soak", action="store_true", help="run the long soak (2,000 rounds; also JBPS_SOAK=1)")
+
+
 @pytest.fixture
 def server():
     """A one-worker summation server on a free loopback port."""

@@ -13,15 +13,21 @@ from jbps import _core
 from conftest import last_json, run_job, worker_script
 
 
-@pytest.mark.parametrize("what", ["shape", "dtype"])
-def test_workers_disagreeing_on_a_tensor_all_raise_naming_it(what):
+@pytest.mark.parametrize("what,tensor,mine,theirs", [
+    ("shape", "b", "float32[2,3]", "float32[7]"),
+    ("dtype", "b", "float32[2,3]", "float16[2,3]"),
+    ("layout", "b", "float32[2,3]", "float32[3,2]"),  # the same bytes: only the tree check sees it
+    ("leaves", "c", "nothing", "float32[4]"),  # and its routing of 'a' and 'b' may differ
+])
+def test_workers_disagreeing_on_a_tensor_all_raise_naming_it(what, tensor, mine, theirs):
     results = run_job([worker_script("mismatch.py"), "--what", what], workers=2, servers=2,
                       env={"JBPS_TIMEOUT_S": "20"})
     for r in results:
         assert r.returncode == 0, r.stderr[-3000:]
         rep = last_json(r.stdout)
-        assert rep["error"] is not None, f"worker {r.rank} got no error"
-        assert "mismatched['b']" in rep["error"], rep["error"]
+        assert rep["error"] is not None, f"worker {r.rank} got no error but a sum: {rep['sum']}"
+        assert f"mismatched['{tensor}']" in rep["error"], rep["error"]
+        assert f"has {mine}" in rep["error"] and theirs in rep["error"], rep["error"]
         assert "disagree" in rep["error"]
         assert "timed out" not in rep["error"]
         assert rep["recovered"], f"worker {r.rank} could not psum after the failed call"

@@ -6,7 +6,8 @@ them quick; every process is checked gone afterwards."""
 import os
 import re
 
-from test_launch import MPIEXEC, PYTHON, assert_nothing_left, base_env, needs_mpi, run
+from leftovers import assert_nothing_left
+from test_launch import MPIEXEC, PYTHON, base_env, needs_mpi, run
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 

@@ -16,6 +16,7 @@ import uuid
 import pytest
 
 from conftest import last_json, worker_script
+from leftovers import assert_nothing_left, listening, processes_with
 from jbps.local_cluster import _REPO_ROOT
 from jbps.procs import terminate
 
@@ -35,25 +36,6 @@ def base_env(**extra):
     env["JBPS_TEST_MARKER"] = uuid.uuid4().hex
     env.update(extra)
     return env
-
-
-def processes_with(marker):
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if f"JBPS_TEST_MARKER={marker}".encode() in f.read():
-                    found.append(int(pid))
-        except OSError:
-            pass
-    return found
-
-
-def assert_nothing_left(env):
-    deadline = time.monotonic() + 10
-    while processes_with(env["JBPS_TEST_MARKER"]) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert processes_with(env["JBPS_TEST_MARKER"]) == []
 
 
 class Result:
@@ -222,7 +204,7 @@ def test_jbps_run_propagates_a_crash_and_leaves_nothing():
     assert_nothing_left(env)
 
 
-def test_jbps_run_ctrl_c_ends_everything():
+def test_jbps_run_listens_on_loopback_only_and_ctrl_c_ends_everything():
     env = base_env()
     proc = subprocess.Popen([PYTHON, "-m", "jbps.cli", "run", "-n", "2", PYTHON, worker_script("launch_probe.py"),
                              "--sleep", "120"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -234,6 +216,10 @@ def test_jbps_run_ctrl_c_ends_everything():
             line = proc.stdout.readline()
             ready += line.startswith("[worker") and " ready " in line
         assert ready == 2, "workers never got ready"
+        # A local job is reachable from this machine only: scheduler and servers on loopback.
+        sockets = {pid: listening(pid) for pid in processes_with(env["JBPS_TEST_MARKER"])}
+        assert sum(map(len, sockets.values())) >= 2, sockets  # at least the two servers
+        assert all(ip == "127.0.0.1" for found in sockets.values() for ip, _ in found), sockets
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=30)
         assert proc.returncode == 128 + signal.SIGINT

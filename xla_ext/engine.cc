@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -57,6 +58,10 @@ struct Call {
   bool base_released = false;
   size_t remaining = 0;
   std::string error;
+  // While the tree check is unanswered, a tensor's error waits for it: when
+  // trees differ, the check's message (both workers' shapes) is the one to give.
+  bool tree_pending = false;
+  std::string deferred;
 
   bool TryAcquire() {
     std::lock_guard<std::mutex> lock(mu);
@@ -90,6 +95,7 @@ struct Chunk {
   int64_t priority = 0;
   uint64_t seq = 0;
   bool skipped = false;  // never sent (its call failed first)
+  bool tree = false;     // the call's tree description (kTree), not data
   ChunkTimes times;  // set only when tracing
 };
 using ChunkPtr = std::shared_ptr<Chunk>;
@@ -176,6 +182,7 @@ struct Engine::Impl {
   std::condition_variable watchdog_cv;
   bool running = false;
   bool stopping = false;
+  std::string fault;  // first job-wide failure; see Engine::fault()
   std::priority_queue<ChunkPtr, std::vector<ChunkPtr>, ChunkOrder> queue;
   int inflight_chunks = 0;  // dispatched, not yet acknowledged: bounded by opt.credit
   std::unordered_map<RoundKey, ChunkPtr, RoundKeyHash> pending;  // sent or sending, sum not yet received
@@ -212,6 +219,7 @@ struct Engine::Impl {
   void Complete(Call* c);
   void Record(const Chunk& ch, double pulled);
   void ConnFailed(ServerConn* sc, const std::string& why);
+  void SetFault(const std::string& msg);
   void PopAcked(ServerConn* sc);
   bool Drain(int fd, uint64_t nbytes, std::vector<char>* scratch);
   std::string TimeoutMessage(const CallPtr& c);
@@ -227,6 +235,11 @@ Engine& Engine::Get() {
 bool Engine::running() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   return impl_->running;
+}
+
+std::string Engine::fault() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->fault;
 }
 
 EngineStats Engine::stats() const {
@@ -289,7 +302,14 @@ bool Engine::Start(const EngineOptions& options, std::string* err) {
   auto deadline = Clock::now() + std::chrono::duration<double>(options.timeout_s);
   std::vector<std::unique_ptr<ServerConn>> conns;
   auto fail = [&](const std::string& why) {
-    for (auto& c : conns) CloseFd(c->fd);
+    // Servers already greeted hear a goodbye, so they do not count this worker as lost.
+    FrameHeader bye = MakeHeader(MsgType::kBye, options.token);
+    bye.sender = options.rank;
+    for (auto& c : conns) {
+      struct iovec iov = {&bye, sizeof(bye)};
+      SendAll(c->fd, &iov, 1, 1000);
+      CloseFd(c->fd);
+    }
     *err = why;
     return false;
   };
@@ -300,6 +320,7 @@ bool Engine::Start(const EngineOptions& options, std::string* err) {
     double left = std::chrono::duration<double>(deadline - Clock::now()).count();
     sc->fd = ConnectWithRetry(sc->addr, std::max(left, 0.001), err);
     if (sc->fd < 0) return fail(*err);
+    SetLiveness(sc->fd, options.timeout_s);
     conns.push_back(std::move(sc));
     ServerConn& c = *conns.back();
     FrameHeader hello = MakeHeader(MsgType::kHello, options.token);
@@ -330,6 +351,7 @@ bool Engine::Start(const EngineOptions& options, std::string* err) {
   s.roles = std::move(roles);
   s.running = true;
   s.stopping = false;
+  s.fault.clear();
   for (auto& c : s.conns) {
     ServerConn* sc = c.get();
     sc->sender = std::thread([&s, sc] { s.SendLoop(sc); });
@@ -379,6 +401,7 @@ void Engine::Stop() {
   s.active.clear();
   s.roles.clear();
   s.inflight_chunks = 0;
+  s.fault.clear();
   s.running = false;
   s.stopping = false;
 }
@@ -412,6 +435,18 @@ void Engine::Submit(CallSpec spec, DoneFn done) {
       chunks.push_back(std::move(ch));
     }
   }
+  if (!chunks.empty() && !call->spec.tree.empty()) {
+    auto ch = std::make_shared<Chunk>();
+    ch->call = call;
+    ch->tree = true;
+    ch->nbytes = call->spec.tree.size();
+    ch->key = ChunkKey(call->spec.tree_key, call->spec.shard, 0);
+    // First out: a disagreement is then found before data piles up on servers.
+    ch->priority = INT64_MAX;
+    ch->times.queued = now;
+    chunks.push_back(std::move(ch));
+    call->tree_pending = true;
+  }
   call->total_chunks = call->remaining = chunks.size();
 
   std::string fail;
@@ -422,10 +457,14 @@ void Engine::Submit(CallSpec spec, DoneFn done) {
     } else if (next_server != call->spec.servers.size()) {
       fail = "jbps: the psum's plan routes " + std::to_string(call->spec.servers.size()) + " chunks, the engine cut " +
              std::to_string(next_server) + " (internal error: plan and engine disagree on chunking)";
+    } else if (!s.fault.empty()) {
+      fail = s.fault;
     } else {
-      for (auto& c : s.conns)
-        if (c->failed) fail = "jbps lost summation server " + c->addr.ToString() + " earlier in this job";
       for (auto& ch : chunks) {
+        if (ch->tree) {
+          ch->server = static_cast<int>(call->spec.tree_key % s.conns.size());  // the same on every worker
+          continue;
+        }
         if (ch->server < 0 || static_cast<size_t>(ch->server) >= s.conns.size()) {
           fail = "jbps: the psum was planned for more servers (chunk routed to server " + std::to_string(ch->server) +
                  ") than the engine has (" + std::to_string(s.conns.size()) +
@@ -524,22 +563,26 @@ void Engine::Impl::SendLoop(ServerConn* sc) {
       dispatch_cv.notify_one();
       continue;
     }
-    const Operand& op = call->spec.operands[ch->op];
-    FrameHeader h = MakeHeader(MsgType::kPush, opt.token);
+    FrameHeader h = MakeHeader(ch->tree ? MsgType::kTree : MsgType::kPush, opt.token);
     h.key = ch->key;
     h.round = ch->round;
-    h.dtype = static_cast<uint8_t>(op.dtype);
     h.sender = opt.rank;
     h.nbytes = ch->nbytes;
-    // Header and payload in one sendmsg, the payload read straight from XLA's buffer.
-    struct iovec iov[2] = {{&h, sizeof(h)},
-                           {const_cast<char*>(static_cast<const char*>(op.in)) + ch->offset, ch->nbytes}};
+    const char* payload = call->spec.tree.data();
+    if (!ch->tree) {
+      const Operand& op = call->spec.operands[ch->op];
+      h.dtype = static_cast<uint8_t>(op.dtype);
+      payload = static_cast<const char*>(op.in) + ch->offset;  // straight from XLA's buffer
+    }
+    // Header and payload in one sendmsg.
+    struct iovec iov[2] = {{&h, sizeof(h)}, {const_cast<char*>(payload), ch->nbytes}};
     IoStatus st = SendAll(sc->fd, iov, 2, stall_ms);
     ReleaseIo(call);
     if (st != IoStatus::kOk) {
       ConnFailed(sc, std::string("send failed: ") + IoStatusName(st));
       return;
     }
+    if (ch->tree) continue;
     ++chunks_pushed;
     bytes_pushed += ch->nbytes;
   }
@@ -582,6 +625,15 @@ void Engine::Impl::RecvLoop(ServerConn* sc) {
       dispatch_cv.notify_one();
       continue;
     }
+    if (type == MsgType::kAbort) {
+      std::string text(h.nbytes, '\0');
+      if (RecvAll(sc->fd, text.data(), text.size(), stall_ms, stall_ms) != IoStatus::kOk) {
+        ConnFailed(sc, "truncated abort message");
+        return;
+      }
+      SetFault(text);
+      continue;
+    }
     if (type != MsgType::kSum && type != MsgType::kError) {
       ConnFailed(sc, "protocol error: unexpected message type " + std::to_string(h.type));
       return;
@@ -601,12 +653,43 @@ void Engine::Impl::RecvLoop(ServerConn* sc) {
         ConnFailed(sc, "truncated error message");
         return;
       }
-      if (ch) {
-        FailCall(ch->call, "jbps: psum of tensor '" + ch->call->TensorName(ch->op) + "' failed on server " +
-                               server + ": " + text);
+ if (ch && ch->tree) {
+        {
+          std::lock_guard<std::mutex> lock(ch->call->mu);
+          ch->call->tree_pending = false;
+        }
+        FailCall(ch->call, "jbps: " + text + " (server " + server + ")");
+      } else if (ch) {
+        std::string msg = "jbps: psum of tensor '" + ch->call->TensorName(ch->op) + "' failed on server " + server +
+                          ": " + text;
+        bool defer;
+        {
+          std::lock_guard<std::mutex> lock(ch->call->mu);
+          defer = ch->call->tree_pending;
+          if (defer && ch->call->deferred.empty()) ch->call->deferred = msg;
+        }
+        if (!defer) FailCall(ch->call, msg);
       } else if (h.key == 0) {
         ConnFailed(sc, text);
         return;
+      }
+      continue;
+    }
+    if (ch && ch->tree) {  // every worker sent the same tree
+      if (h.nbytes != 0) {
+        ConnFailed(sc, "protocol error: a tree check answered with a payload");
+        return;
+      }
+      std::string deferred;
+      {
+        std::lock_guard<std::mutex> lock(ch->call->mu);
+        ch->call->tree_pending = false;
+        deferred = ch->call->deferred;
+      }
+      if (deferred.empty()) {
+        ChunkDone(ch->call.get());
+      } else {
+        FailCall(ch->call, deferred);
       }
       continue;
     }
@@ -651,7 +734,7 @@ std::string Engine::Impl::TimeoutMessage(const CallPtr& c) {
   int first_op = -1;
   size_t missing = 0;
   for (auto& kv : pending) {
-    if (kv.second->call != c) continue;
+    if (kv.second->call != c || kv.second->tree) continue;
     ++missing;
     if (first_op < 0) first_op = kv.second->op;
     std::string name = conns[kv.second->server]->addr.ToString();
@@ -662,6 +745,7 @@ std::string Engine::Impl::TimeoutMessage(const CallPtr& c) {
   {
     std::lock_guard<std::mutex> lock(c->mu);
     remaining = c->remaining;
+    if (!c->deferred.empty()) return c->deferred;  // a known cause beats "timed out"
   }
   msg += ": " + std::to_string(remaining) + " of " + std::to_string(c->total_chunks) + " chunks not summed";
   if (first_op >= 0) {
@@ -793,8 +877,24 @@ void Engine::Impl::ConnFailed(ServerConn* sc, const std::string& why) {
     dispatch_cv.notify_all();
   }
   ShutdownFd(sc->fd);  // wakes this connection's other thread
-  const std::string msg = "jbps: lost connection to summation server " + sc->addr.ToString() + ": " + why;
-  if (!quiet) LogWarning("%s", msg.c_str());
+  const std::string msg = "jbps: lost summation server " + sc->addr.ToString() + ": " + why;
+  if (quiet) {
+    for (auto& c : victims) FailCall(c, msg);
+    return;
+  }
+  // A job without one of its servers cannot sum: fail everything, now and later.
+  SetFault(msg);
+}
+
+void Engine::Impl::SetFault(const std::string& msg) {
+  std::vector<CallPtr> victims;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (stopping || !fault.empty()) return;
+    fault = msg;
+    for (auto& kv : active) victims.push_back(kv.second);
+  }
+  LogWarning("%s", msg.c_str());
   for (auto& c : victims) FailCall(c, msg);
 }
 

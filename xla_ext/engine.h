@@ -58,6 +58,12 @@ struct CallSpec {
   std::string names;              // tensor names, one line per operand, for errors and traces
   size_t partition_bytes = 4 << 20;  // largest chunk; rounded down to whole elements
   std::vector<int32_t> servers;   // server of each chunk, operand by operand
+  // The whole call's tree ("psum NAME" then "path dtype[shape]" per leaf).
+  // Every worker sends it to one server under tree_key, which checks that
+  // all sent the same: a tree that differs (a leaf more, another shape) fails
+  // the call on every worker instead of summing what happens to line up.
+  std::string tree;
+  uint64_t tree_key = 0;
 };
 
 // The life of one chunk, in microseconds since the Unix epoch (so traces of
@@ -91,6 +97,9 @@ class Engine {
   bool Start(const EngineOptions& options, std::string* err);
   void Stop();
   bool running() const;
+  // Why the job failed (a lost server, or a lost worker a server reported),
+  // or empty. Set once; every pending and later call fails with it until Stop().
+  std::string fault() const;
   EngineStats stats() const;
   std::vector<ServerRole> server_roles() const;
   // Chunks completed since the last call (empty unless options.trace).

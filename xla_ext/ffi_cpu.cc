@@ -3,7 +3,9 @@
 // Attributes: leaf_keys (int64 per tensor, identical on every worker),
 // priorities (int64 per tensor, larger sooner), names (tensor names, one per
 // line), partition_bytes (int64, the largest chunk), chunk_servers (int32, the
-// server of every chunk: shard by shard, tensor by tensor, chunk by chunk).
+// server of every chunk: shard by shard, tensor by tensor, chunk by chunk),
+// tree (the whole call's leaves, checked across workers by a server) and
+// tree_key (int64, where that check meets).
 //
 // The handler hands everything to the engine and returns a Future at once, so
 // no XLA thread waits on the network.
@@ -14,23 +16,13 @@
 #include <string_view>
 
 #include "engine.h"
+#include "ffi_operand.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
 namespace jbps {
 namespace {
-
-bool ToDType(ffi::DataType t, DType* out) {
-  switch (t) {
-    case ffi::DataType::F32: *out = DType::kF32; return true;
-    case ffi::DataType::F64: *out = DType::kF64; return true;
-    case ffi::DataType::F16: *out = DType::kF16; return true;
-    case ffi::DataType::BF16: *out = DType::kBF16; return true;
-    case ffi::DataType::S32: *out = DType::kI32; return true;
-    default: return false;
-  }
-}
 
 ffi::Future Failed(std::string msg) {
   ffi::Promise promise;
@@ -41,7 +33,8 @@ ffi::Future Failed(std::string msg) {
 
 ffi::Future PsumCpu(ffi::Buffer<ffi::S32> shard_index, ffi::RemainingArgs args, ffi::RemainingRets rets,
                     ffi::Span<const int64_t> leaf_keys, ffi::Span<const int64_t> priorities,
-                    std::string_view names, int64_t partition_bytes, ffi::Span<const int32_t> chunk_servers) {
+                    std::string_view names, int64_t partition_bytes, ffi::Span<const int32_t> chunk_servers,
+                    std::string_view tree, int64_t tree_key) {
   const size_t n = args.size();
   if (rets.size() != n || leaf_keys.size() != n || priorities.size() != n)
     return Failed("jbps_psum: operand, result and attribute counts differ (" + std::to_string(n) + ", " +
@@ -50,23 +43,16 @@ ffi::Future PsumCpu(ffi::Buffer<ffi::S32> shard_index, ffi::RemainingArgs args, 
   CallSpec spec;
   spec.shard = static_cast<uint32_t>(*shard_index.typed_data());
   spec.names = std::string(names);
+  spec.tree = std::string(tree);
+  spec.tree_key = static_cast<uint64_t>(tree_key);
   spec.partition_bytes = static_cast<size_t>(partition_bytes);
   spec.operands.resize(n);
   size_t chunks_per_shard = 0;
   for (size_t i = 0; i < n; ++i) {
-    auto in = args.get<ffi::AnyBuffer>(i);
-    auto out = rets.get<ffi::AnyBuffer>(i);
-    if (!in.has_value() || !out.has_value()) return Failed("jbps_psum: operand " + std::to_string(i) + " is not a buffer");
     Operand& op = spec.operands[i];
-    if (!ToDType(in->element_type(), &op.dtype))
-      return Failed("jbps_psum: operand " + std::to_string(i) + " has a dtype jbps cannot sum");
-    if ((*out)->size_bytes() != in->size_bytes())
-      return Failed("jbps_psum: result " + std::to_string(i) + " differs in size from its operand");
-    op.in = in->untyped_data();
-    op.out = (*out)->untyped_data();
-    op.nbytes = in->size_bytes();
-    op.base_key = static_cast<uint64_t>(leaf_keys[i]);
-    op.priority = priorities[i];
+    std::string err = DescribeOperand(i, args.get<ffi::AnyBuffer>(i), rets.get<ffi::AnyBuffer>(i), leaf_keys[i],
+                                      priorities[i], &op, &op.in, &op.out);
+    if (!err.empty()) return Failed(err);
     chunks_per_shard += Engine::NumChunks(op.nbytes, op.dtype, spec.partition_bytes);
   }
   const size_t first = static_cast<size_t>(spec.shard) * chunks_per_shard;
@@ -90,14 +76,9 @@ ffi::Future PsumCpu(ffi::Buffer<ffi::S32> shard_index, ffi::RemainingArgs args, 
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JbpsPsumCpu, PsumCpu,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .RemainingArgs()
-                                  .RemainingRets()
-                                  .Attr<ffi::Span<const int64_t>>("leaf_keys")
-                                  .Attr<ffi::Span<const int64_t>>("priorities")
-                                  .Attr<std::string_view>("names")
-                                  .Attr<int64_t>("partition_bytes")
-                                  .Attr<ffi::Span<const int32_t>>("chunk_servers"));
+                              BindPsumAttrs(ffi::Ffi::Bind()
+                                                .Arg<ffi::Buffer<ffi::S32>>()
+                                                .RemainingArgs()
+                                                .RemainingRets()));
 
 }  // namespace jbps

@@ -85,6 +85,11 @@ struct CallState {
   std::vector<int32_t> chunk_servers;
   size_t chunks_per_shard = 0;
   size_t partition_bytes = 0;
+  // The call's tree check travels with the first tensor that has bytes (the
+  // engine sends it beside that tensor's chunks).
+  std::string tree;
+  uint64_t tree_key = 0;
+  const TensorState* tree_carrier = nullptr;
   bool sync = false;
   std::vector<std::unique_ptr<TensorState>> tensors;  // stable addresses for host functions
   std::mutex mu;
@@ -133,6 +138,10 @@ void SubmitHostFn(void* arg) {
   spec.names = t->name;
   spec.partition_bytes = c->partition_bytes;
   spec.operands = {t->op};
+  if (t == c->tree_carrier) {
+    spec.tree = c->tree;
+    spec.tree_key = c->tree_key;
+  }
   spec.servers.assign(c->chunk_servers.begin() + first, c->chunk_servers.begin() + first + t->num_chunks);
   std::shared_ptr<CallState> keep = *c->stream_ref;  // until the engine is done
   Engine::Get().Submit(std::move(spec), [keep, t](const std::string& error) { Finish(t, error); });
@@ -187,7 +196,8 @@ std::vector<std::string> SplitLines(std::string_view s, size_t n) {
 
 ffi::Error PsumCuda(cudaStream_t stream, ffi::Buffer<ffi::S32> shard_index, ffi::RemainingArgs args,
                     ffi::RemainingRets rets, ffi::Span<const int64_t> leaf_keys, ffi::Span<const int64_t> priorities,
-                    std::string_view names, int64_t partition_bytes, ffi::Span<const int32_t> chunk_servers) {
+                    std::string_view names, int64_t partition_bytes, ffi::Span<const int32_t> chunk_servers,
+                    std::string_view tree, int64_t tree_key) {
   std::string earlier = TakeDeferred();
   if (!earlier.empty()) return ffi::Error(ffi::ErrorCode::kUnavailable, "jbps: an earlier psum failed: " + earlier);
   const size_t n = args.size();
@@ -199,6 +209,8 @@ ffi::Error PsumCuda(cudaStream_t stream, ffi::Buffer<ffi::S32> shard_index, ffi:
   auto call = std::make_shared<CallState>();
   call->partition_bytes = static_cast<size_t>(partition_bytes);
   call->chunk_servers.assign(chunk_servers.begin(), chunk_servers.end());
+  call->tree = std::string(tree);
+  call->tree_key = static_cast<uint64_t>(tree_key);
   call->sync = EnvIsOne("JBPS_CUDA_SYNC");
   std::vector<std::string> tensor_names = SplitLines(names, n);
   std::vector<const void*> device_in(n);
@@ -214,6 +226,7 @@ ffi::Error PsumCuda(cudaStream_t stream, ffi::Buffer<ffi::S32> shard_index, ffi:
     t->num_chunks = Engine::NumChunks(t->op.nbytes, t->op.dtype, call->partition_bytes);
     call->chunks_per_shard += t->num_chunks;
     if (t->op.nbytes > 0) ++call->pending;
+    if (t->op.nbytes > 0 && call->tree_carrier == nullptr) call->tree_carrier = t.get();
     call->tensors.push_back(std::move(t));
   }
 

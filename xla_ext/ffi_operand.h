@@ -44,14 +44,17 @@ inline std::string DescribeOperand(size_t i, const xla::ffi::ErrorOr<xla::ffi::A
 }
 
 // jbps_psum's attributes, in the order every handler binds them after its
-// operands: leaf_keys, priorities, names, partition_bytes, chunk_servers.
+// operands: leaf_keys, priorities, names, partition_bytes, chunk_servers,
+// tree, tree_key (XLA refuses a call whose attributes the handler does not bind).
 template <typename Binding>
 auto BindPsumAttrs(Binding binding) {
   return std::move(binding).template Attr<xla::ffi::Span<const int64_t>>("leaf_keys")
       .template Attr<xla::ffi::Span<const int64_t>>("priorities")
       .template Attr<std::string_view>("names")
       .template Attr<int64_t>("partition_bytes")
-      .template Attr<xla::ffi::Span<const int32_t>>("chunk_servers");
+      .template Attr<xla::ffi::Span<const int32_t>>("chunk_servers")
+      .template Attr<std::string_view>("tree")
+      .template Attr<int64_t>("tree_key");
 }
 
 }  // namespace jbps

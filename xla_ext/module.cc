@@ -52,6 +52,7 @@ class PyServer {
     nb::gil_scoped_release release;
     server_->Stop();
   }
+  std::string failure() const { return server_->failure(); }
   nb::dict stats() const {
     auto s = server_->stats();
     nb::dict d;
@@ -59,6 +60,7 @@ class PyServer {
     d["bytes_received"] = s.bytes_received;
     d["sums_sent"] = s.sums_sent;
     d["rejected"] = s.rejected;
+    d["workers_lost"] = s.workers_lost;
     d["thread_bytes"] = s.thread_bytes;
     return d;
   }
@@ -171,6 +173,7 @@ NB_MODULE(_core, m) {
     return out;
   });
   m.def("engine_running", [] { return jbps::Engine::Get().running(); });
+  m.def("engine_fault", [] { return jbps::Engine::Get().fault(); });
   m.def("engine_stats", [] {
     auto s = jbps::Engine::Get().stats();
     nb::dict d;
@@ -200,5 +203,6 @@ NB_MODULE(_core, m) {
       .def_prop_ro("port", &PyServer::port)
       .def("wait", &PyServer::wait, nb::arg("seconds"))
       .def("stop", &PyServer::stop)
-      .def("stats", &PyServer::stats);
+      .def("stats", &PyServer::stats)
+      .def("failure", &PyServer::failure);
 }

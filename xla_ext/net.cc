@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <algorithm>
 #include <cstring>
 #include <thread>
 
@@ -72,6 +73,10 @@ bool ParseHostPort(const std::string& text, HostPort* out, std::string* err) {
     host = text.substr(0, colon);
     port = text.substr(colon + 1);
   }
+  if (host.empty()) {
+    *err = "no host in address '" + text + "' (127.0.0.1 for this machine only, 0.0.0.0 for every interface)";
+    return false;
+  }
   char* end = nullptr;
   long p = std::strtol(port.c_str(), &end, 10);
   if (port.empty() || *end != '\0' || p < 0 || p > 65535) {
@@ -87,6 +92,23 @@ void TuneSocket(int fd) {
   int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+}
+
+int LivenessBoundSeconds(double timeout_s) {
+  const int probe_s = std::max(1, static_cast<int>(timeout_s / 4));
+  return 4 * probe_s;
+}
+
+void SetLiveness(int fd, double timeout_s) {
+  const int probe_s = std::max(1, static_cast<int>(timeout_s / 4));
+  const int count = 3;
+  const unsigned user_timeout_ms = static_cast<unsigned>(std::min(timeout_s * 1000, 2e9));
+  int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &probe_s, sizeof(probe_s));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &probe_s, sizeof(probe_s));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms, sizeof(user_timeout_ms));
 }
 
 int ConnectWithRetry(const HostPort& addr, double timeout_s, std::string* err) {

@@ -18,6 +18,7 @@ struct HostPort {
 };
 
 // Parses "host:port" ("[v6]:port" too). Returns false and sets *err on failure.
+// The host must be given: listening on every interface takes an explicit 0.0.0.0.
 bool ParseHostPort(const std::string& text, HostPort* out, std::string* err);
 
 // Connects, retrying refused connections until the deadline (the peer may
@@ -29,6 +30,16 @@ int Listen(const HostPort& addr, int* bound_port, std::string* err);
 
 // Low-latency, large-transfer options for data sockets.
 void TuneSocket(int fd);
+
+// Liveness of a peer whose host may vanish without closing the connection
+// (power loss, network cut): TCP keepalive probes an idle connection every
+// max(1, timeout_s / 4) s and gives up after 3 unanswered probes, and unacked
+// sent data fails after timeout_s (TCP_USER_TIMEOUT). A dead host is thus
+// noticed within max(4 s, timeout_s); a killed process on a live host at once
+// (its kernel closes the connection).
+void SetLiveness(int fd, double timeout_s);
+// The bound SetLiveness gives, in seconds.
+int LivenessBoundSeconds(double timeout_s);
 
 enum class IoStatus { kOk, kClosed, kTimeout, kError };
 

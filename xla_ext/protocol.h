@@ -11,6 +11,11 @@
 //   server -> worker  kSum      key, round, dtype, payload       (all workers pushed: the sum)
 //   server -> worker  kError    key, round, payload = message    (this key/round failed)
 //   worker -> server  kBye                                       (clean end of the job)
+//   worker -> server  kTree     key, round, payload = the call's tree (leaf paths, dtypes, shapes)
+//                               answered by kSum with no payload when every worker sent the same
+//                               tree, else kError naming the first leaf that differs
+//   server -> worker  kAbort    payload = why the job failed (a worker was lost); the server
+//                               closes the connection after it
 #pragma once
 
 #include <cstddef>
@@ -27,6 +32,8 @@ constexpr uint16_t kProtocolVersion = 1;
 // (default 4 MiB); this bound only stops a hostile length from being trusted.
 constexpr uint64_t kMaxPayloadBytes = uint64_t{1} << 31;
 constexpr uint64_t kMaxErrorBytes = 64 * 1024;
+// A call's tree description; longer ones are sent as a digest (jbps/ops/psum.py).
+constexpr uint64_t kMaxTreeBytes = 1 << 20;
 
 // Where a server runs, which decides its share of the bytes (DESIGN.md, "The
 // optimal split"): on a worker's machine, or on a CPU-only machine.
@@ -40,6 +47,8 @@ enum class MsgType : uint16_t {
   kSum = 5,
   kError = 6,
   kBye = 7,
+  kTree = 8,
+  kAbort = 9,
 };
 
 struct FrameHeader {
@@ -84,7 +93,7 @@ inline std::string ValidateHeader(const FrameHeader& h, uint64_t token) {
            std::to_string(kProtocolVersion);
   if (h.token != token) return "wrong job token";
   if (h.type < static_cast<uint16_t>(MsgType::kHello) ||
-      h.type > static_cast<uint16_t>(MsgType::kBye))
+      h.type > static_cast<uint16_t>(MsgType::kAbort))
     return "unknown message type " + std::to_string(h.type);
   const bool carries_data = h.type == static_cast<uint16_t>(MsgType::kPush) ||
                             h.type == static_cast<uint16_t>(MsgType::kSum);
@@ -93,8 +102,10 @@ inline std::string ValidateHeader(const FrameHeader& h, uint64_t token) {
     if (h.nbytes > kMaxPayloadBytes) return "payload length " + std::to_string(h.nbytes) + " too large";
     if (h.nbytes % DTypeSize(static_cast<DType>(h.dtype)) != 0)
       return "payload length not a multiple of the element size";
-  } else if (h.type == static_cast<uint16_t>(MsgType::kError)) {
+  } else if (h.type == static_cast<uint16_t>(MsgType::kError) || h.type == static_cast<uint16_t>(MsgType::kAbort)) {
     if (h.nbytes > kMaxErrorBytes) return "error message too long";
+  } else if (h.type == static_cast<uint16_t>(MsgType::kTree)) {
+    if (h.nbytes > kMaxTreeBytes) return "tree description length " + std::to_string(h.nbytes) + " too large";
   } else if (h.nbytes != 0) {
     return "unexpected payload on a control message";
   }

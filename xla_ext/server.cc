@@ -1,6 +1,9 @@
 #include "server.h"
 
+#include <fcntl.h>
+#include <poll.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -25,6 +28,99 @@ namespace jbps {
 namespace {
 
 using Payload = std::shared_ptr<AlignedBuffer>;
+using Clock = std::chrono::steady_clock;
+
+// Connections waiting to say hello, and how long they may take: beyond these
+// the oldest is dropped, so silent or slow peers cannot pile up.
+constexpr size_t kMaxPendingHellos = 256;
+constexpr double kMaxHelloSeconds = 10;
+// Refusals logged per second; the rest are counted and the count is logged.
+constexpr int kLogsPerSecond = 10;
+
+// One line per refusal, at most kLogsPerSecond a second: a flood of hostile
+// connections cannot flood the log.
+class RateLimitedLog {
+ public:
+  void Log(const std::string& line) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto now = Clock::now();
+    if (now - window_ >= std::chrono::seconds(1)) {
+      FlushLocked();
+      window_ = now;
+      in_window_ = 0;
+    }
+    if (in_window_ < kLogsPerSecond) {
+      ++in_window_;
+      LogWarning("%s", line.c_str());
+    } else {
+      ++suppressed_;
+    }
+  }
+  void Flush() {
+    std::lock_guard<std::mutex> lock(mu_);
+    FlushLocked();
+  }
+
+ private:
+  void FlushLocked() {
+    if (suppressed_ > 0)
+      LogWarning("jbps.server: %llu more refusals not logged (at most %d a second)",
+                 static_cast<unsigned long long>(suppressed_), kLogsPerSecond);
+    suppressed_ = 0;
+  }
+  std::mutex mu_;
+  Clock::time_point window_{};
+  int in_window_ = 0;
+  uint64_t suppressed_ = 0;
+};
+
+std::vector<std::string> Lines(const std::string& text) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    out.push_back(text.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
+// Names the first leaf where two workers' trees differ. A tree is "psum NAME"
+// then one "PATH DTYPE[SHAPE]" line per leaf (jbps/ops/psum.py).
+std::string TreeDifference(uint32_t rank_a, const std::string& a, uint32_t rank_b, const std::string& b) {
+  const auto la = Lines(a), lb = Lines(b);
+  const std::string wa = "worker " + std::to_string(rank_a), wb = "worker " + std::to_string(rank_b);
+  const std::string call = la[0].rfind("psum ", 0) == 0 ? la[0].substr(5) : la[0];
+  std::string msg = "workers disagree on the tree of psum '" + call + "': ";
+  auto split = [](const std::string& line) {
+    size_t sp = line.rfind(' ');
+    return sp == std::string::npos ? std::make_pair(line, std::string()) : std::make_pair(line.substr(0, sp), line.substr(sp + 1));
+  };
+  for (size_t i = 1; i < std::max(la.size(), lb.size()); ++i) {
+    if (i < la.size() && i < lb.size() && la[i] == lb[i]) continue;
+    if (i < la.size() && i < lb.size() && split(la[i]).first == split(lb[i]).first) {
+      return msg + "tensor '" + call + split(la[i]).first + "': " + wa + " has " + split(la[i]).second + ", " + wb +
+             " has " + split(lb[i]).second;
+    }
+    auto leaf = [&](const std::vector<std::string>& l) {
+      return i < l.size() ? "tensor '" + call + split(l[i]).first + "' " + split(l[i]).second : std::string("nothing");
+    };
+    return msg + wa + " has " + std::to_string(la.size() - 1) + " leaves, " + wb + " has " + std::to_string(lb.size() - 1) +
+           "; leaf " + std::to_string(i - 1) + ": " + wa + " has " + leaf(la) + ", " + wb + " has " + leaf(lb);
+  }
+  return msg + "the descriptions differ (" + wa + ": " + std::to_string(a.size()) + " bytes, " + wb + ": " +
+         std::to_string(b.size()) + " bytes)";
+}
+
+// A connection that has not said hello yet: read by the acceptor alone.
+struct Pending {
+  int fd = -1;
+  std::string peer;
+  Clock::time_point deadline;
+  FrameHeader hello;
+  size_t got = 0;
+};
 
 struct OutMsg {
   FrameHeader header;
@@ -38,10 +134,13 @@ struct Conn {
   int fd = -1;
   std::string peer;
   uint32_t rank = UINT32_MAX;
+  uint64_t epoch = 0;  // the job it belongs to (keep-alive servers serve several)
   std::mutex mu;
   std::condition_variable cv;
   std::deque<OutMsg> out;
   bool closing = false;
+  bool finishing = false;         // close once `out` is sent
+  std::atomic<bool> aborted{false};  // closed by the server because the job failed
   std::atomic<bool> reader_done{false};
   std::atomic<bool> writer_done{false};
   std::thread reader;
@@ -51,6 +150,15 @@ struct Conn {
     std::lock_guard<std::mutex> lock(mu);
     if (closing) return;
     out.push_back(std::move(msg));
+    cv.notify_one();
+  }
+  // Sends `last` after what is queued, then closes.
+  void Finish(OutMsg last) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (closing || finishing) return;
+    aborted = true;
+    out.push_back(std::move(last));
+    finishing = true;
     cv.notify_one();
   }
   void Close() {
@@ -69,6 +177,7 @@ struct Task {
   uint32_t rank;
   Payload data;
   ConnPtr conn;
+  bool tree = false;  // a tree description to compare, not data to add
 };
 
 // The sum of one key in one round, until every worker has pushed it.
@@ -83,6 +192,7 @@ struct RoundState {
   std::vector<Payload> held;  // deterministic mode: pushes waiting for a lower rank
   std::vector<ConnPtr> waiters;
   std::string error;
+  bool tree = false;
 };
 
 struct EngineThread {
@@ -93,6 +203,7 @@ struct EngineThread {
   std::thread thread;
   // Owned by `thread` alone: no lock needed.
   std::unordered_map<RoundKey, RoundState, RoundKeyHash> rounds;
+  uint64_t epoch = 0;  // rounds of older jobs are dropped
 };
 
 }  // namespace
@@ -100,38 +211,46 @@ struct EngineThread {
 struct SummationServer::Impl {
   ServerOptions opt;
   int listen_fd = -1;
+  int wake_pipe[2] = {-1, -1};  // Stop() wakes the acceptor's poll through it
   int port = 0;
   int stall_ms = 60000;
   std::thread acceptor;
   std::vector<std::unique_ptr<EngineThread>> engines;
+  RateLimitedLog refusals;
 
   std::mutex bind_mu;  // guards key_thread, thread_bytes
   std::unordered_map<uint64_t, size_t> key_thread;
   std::vector<uint64_t> thread_bytes;
 
-  std::mutex mu;  // guards conns, connected, byes, finished
+  std::mutex mu;  // guards conns, connected, said_bye, byes, epoch, finished, failure
   std::condition_variable finished_cv;
   std::list<ConnPtr> conns;
   std::vector<bool> connected;
   std::vector<bool> said_bye;
   int byes = 0;
+  uint64_t epoch = 0;
   bool finished = false;
+  std::string failure;
   std::atomic<bool> stopping{false};
 
-  std::atomic<uint64_t> pushes{0}, bytes_received{0}, sums_sent{0}, rejected{0};
+  std::atomic<uint64_t> pushes{0}, bytes_received{0}, sums_sent{0}, rejected{0}, workers_lost{0};
 
   void AcceptLoop();
+  void Accept(std::list<Pending>* pending);
+  void ReadHello(Pending& p, bool* done);
   void ReaderLoop(ConnPtr c);
   void WriterLoop(ConnPtr c);
   void EngineLoop(EngineThread* e);
-  bool Handshake(const ConnPtr& c);
-  void Reject(const ConnPtr& c, const std::string& why);
+  void Refuse(const std::string& peer, const std::string& why);
+  void WorkerLost(const ConnPtr& c, const std::string& why);
+  Payload RecvPayload(const ConnPtr& c, uint64_t nbytes, std::string* why);
   void Process(Task& t, EngineThread* e);
   void Fold(RoundState& st, DType dtype, Payload data);
   EngineThread* ThreadFor(uint64_t key, uint64_t nbytes);
   void SendError(const ConnPtr& c, uint64_t key, uint32_t round, const std::string& msg);
   void ReapFinishedConns();
   void MarkFinished();
+  std::string Name() const { return opt.bind.substr(0, opt.bind.rfind(':')) + ":" + std::to_string(port); }
 };
 
 SummationServer::SummationServer(ServerOptions options) : impl_(new Impl) {
@@ -150,7 +269,14 @@ bool SummationServer::Start(std::string* err) {
   if (!ParseHostPort(s.opt.bind, &hp, err)) return false;
   s.listen_fd = Listen(hp, &s.port, err);
   if (s.listen_fd < 0) return false;
-  s.stall_ms = static_cast<int>(s.opt.timeout_s * 1000);
+  // Non-blocking: a connection reset between poll and accept must not block the acceptor.
+  ::fcntl(s.listen_fd, F_SETFL, ::fcntl(s.listen_fd, F_GETFL, 0) | O_NONBLOCK);
+  if (::pipe2(s.wake_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+    *err = "cannot create a pipe";
+    CloseFd(s.listen_fd);
+    return false;
+  }
+  s.stall_ms = static_cast<int>(std::min(s.opt.timeout_s * 1000, 2e9));
   s.connected.assign(s.opt.num_workers, false);
   s.said_bye.assign(s.opt.num_workers, false);
   int n = s.opt.engine_threads;
@@ -173,10 +299,18 @@ bool SummationServer::WaitFor(double seconds) {
                                      [this] { return impl_->finished; });
 }
 
+std::string SummationServer::failure() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->failure;
+}
+
 void SummationServer::Stop() {
   Impl& s = *impl_;
   if (s.stopping.exchange(true)) return;
-  ShutdownFd(s.listen_fd);
+  if (s.wake_pipe[1] >= 0) {
+    ssize_t ignored = ::write(s.wake_pipe[1], "x", 1);
+    (void)ignored;
+  }
   if (s.acceptor.joinable()) s.acceptor.join();
   std::list<ConnPtr> conns;
   {
@@ -200,6 +334,11 @@ void SummationServer::Stop() {
   }
   CloseFd(s.listen_fd);
   s.listen_fd = -1;
+  for (int& fd : s.wake_pipe) {
+    CloseFd(fd);
+    fd = -1;
+  }
+  s.refusals.Flush();
   s.MarkFinished();
 }
 
@@ -209,6 +348,7 @@ ServerStats SummationServer::stats() const {
   st.bytes_received = impl_->bytes_received.load();
   st.sums_sent = impl_->sums_sent.load();
   st.rejected = impl_->rejected.load();
+  st.workers_lost = impl_->workers_lost.load();
   std::lock_guard<std::mutex> lock(impl_->bind_mu);
   st.thread_bytes = impl_->thread_bytes;
   return st;
@@ -220,32 +360,133 @@ void SummationServer::Impl::MarkFinished() {
   finished_cv.notify_all();
 }
 
+void SummationServer::Impl::Refuse(const std::string& peer, const std::string& why) {
+  ++rejected;
+  refusals.Log("jbps.server: refused connection from " + peer + ": " + why);
+}
+
+// The acceptor: one poll over the listening socket and every connection that
+// has not said hello yet. Only an authenticated connection gets threads.
 void SummationServer::Impl::AcceptLoop() {
-  for (;;) {
-    int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) {
-      if (stopping) return;
-      if (errno == EINTR || errno == ECONNABORTED || errno == EMFILE || errno == ENFILE) {
-        // Out of descriptors: back off instead of spinning.
-        if (errno == EMFILE || errno == ENFILE) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-        continue;
+  std::list<Pending> pending;
+  const double hello_s = std::min(opt.timeout_s, kMaxHelloSeconds);
+  std::vector<struct pollfd> fds;
+  while (!stopping) {
+    fds.clear();
+    fds.push_back({wake_pipe[0], POLLIN, 0});
+    fds.push_back({listen_fd, POLLIN, 0});
+    auto soonest = Clock::now() + std::chrono::seconds(1);
+    for (auto& p : pending) {
+      fds.push_back({p.fd, POLLIN, 0});
+      soonest = std::min(soonest, p.deadline);
+    }
+    int wait_ms = static_cast<int>(
+        std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(soonest - Clock::now()).count()));
+    int rc = ::poll(fds.data(), fds.size(), wait_ms + 1);
+    if (rc < 0 && errno != EINTR) break;
+    if (stopping || (rc > 0 && fds[0].revents)) break;
+    // Hellos first (their fds are in `fds` in list order), then new connections.
+    size_t i = 2;
+    const auto now = Clock::now();
+    for (auto it = pending.begin(); it != pending.end(); ++i) {
+      bool done = false;
+      if (fds[i].revents) {
+        ReadHello(*it, &done);
+      } else if (now >= it->deadline) {
+        Refuse(it->peer, "no hello within " + std::to_string(static_cast<int>(hello_s)) + " s");
+        CloseFd(it->fd);
+        done = true;
       }
-      return;
+      it = done ? pending.erase(it) : std::next(it);
     }
-    TuneSocket(fd);
-    auto c = std::make_shared<Conn>();
-    c->fd = fd;
-    c->peer = PeerName(fd);
-    ReapFinishedConns();
-    std::lock_guard<std::mutex> lock(mu);
-    if (stopping) {
-      CloseFd(fd);
-      return;
+    if (fds[1].revents) {
+      ReapFinishedConns();
+      for (int k = 0; k < 64; ++k) {  // a burst at a time, then the hellos again
+        int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0) {
+          // Out of descriptors: back off instead of spinning.
+          if (errno == EMFILE || errno == ENFILE) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+          break;
+        }
+        if (pending.size() >= kMaxPendingHellos) {
+          Refuse(pending.front().peer, "too many connections waiting to say hello");
+          CloseFd(pending.front().fd);
+          pending.pop_front();
+        }
+        Pending p;
+        p.fd = fd;
+        p.peer = PeerName(fd);
+        p.deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(hello_s));
+        pending.push_back(std::move(p));
+      }
     }
-    conns.push_back(c);
-    c->reader = std::thread([this, c] { ReaderLoop(c); });
-    c->writer = std::thread([this, c] { WriterLoop(c); });
   }
+  for (auto& p : pending) CloseFd(p.fd);
+}
+
+void SummationServer::Impl::ReadHello(Pending& p, bool* done) {
+  ssize_t r = ::recv(p.fd, reinterpret_cast<char*>(&p.hello) + p.got, sizeof(p.hello) - p.got, 0);
+  if (r < 0 && (errno == EAGAIN || errno == EINTR)) return;
+  *done = true;
+  if (r <= 0) {
+    Refuse(p.peer, p.got == 0 ? "closed without a hello" : "closed in the middle of its hello");
+    CloseFd(p.fd);
+    return;
+  }
+  p.got += static_cast<size_t>(r);
+  if (p.got < sizeof(p.hello)) {
+    *done = false;
+    return;
+  }
+  const FrameHeader& h = p.hello;
+  std::string why = ValidateHeader(h, opt.token);
+  if (why.empty() && h.type != static_cast<uint16_t>(MsgType::kHello)) why = "first message is not a hello";
+  if (!why.empty()) {  // said to no one: the peer may not even hold the token
+    Refuse(p.peer, why);
+    CloseFd(p.fd);
+    return;
+  }
+  // From here on the peer has the job token, so it gets told why it is refused.
+  auto c = std::make_shared<Conn>();
+  c->fd = p.fd;
+  c->peer = p.peer;
+  if (h.key != static_cast<uint64_t>(opt.num_workers)) {
+    why = "worker expects " + std::to_string(h.key) + " workers, this server was started with --num-workers " +
+          std::to_string(opt.num_workers);
+  } else if (h.sender >= static_cast<uint32_t>(opt.num_workers)) {
+    why = "worker rank " + std::to_string(h.sender) + " out of range for " + std::to_string(opt.num_workers) +
+          " workers";
+  } else {
+    std::lock_guard<std::mutex> lock(mu);
+    if (connected[h.sender]) {
+      why = "worker rank " + std::to_string(h.sender) + " is already connected";
+    } else if (finished) {
+      why = "this server's job has ended";
+    } else {
+      connected[h.sender] = true;
+      c->rank = h.sender;
+      c->epoch = epoch;
+    }
+  }
+  if (!why.empty()) {
+    Refuse(p.peer, why);
+    // Written here, not queued: the connection closes right after. A short
+    // bound: it fits the socket buffer unless the peer is hostile.
+    FrameHeader eh = MakeHeader(MsgType::kError, opt.token);
+    eh.nbytes = why.size();
+    struct iovec iov[2] = {{&eh, sizeof(eh)}, {const_cast<char*>(why.data()), why.size()}};
+    SendAll(p.fd, iov, 2, 1000);
+    CloseFd(p.fd);
+    return;
+  }
+  SetLiveness(c->fd, opt.timeout_s);
+  FrameHeader ok = MakeHeader(MsgType::kHelloOk, opt.token);
+  ok.key = static_cast<uint64_t>(opt.role);
+  c->Send(OutMsg{ok, nullptr, {}});
+  std::lock_guard<std::mutex> lock(mu);
+  conns.push_back(c);
+  c->reader = std::thread([this, c] { ReaderLoop(c); });
+  c->writer = std::thread([this, c] { WriterLoop(c); });
 }
 
 void SummationServer::Impl::ReapFinishedConns() {
@@ -268,116 +509,136 @@ void SummationServer::Impl::ReapFinishedConns() {
   }
 }
 
-void SummationServer::Impl::Reject(const ConnPtr& c, const std::string& why) {
-  ++rejected;
-  LogWarning("jbps.server: refused connection from %s: %s", c->peer.c_str(), why.c_str());
-}
-
-bool SummationServer::Impl::Handshake(const ConnPtr& c) {
-  FrameHeader h;
-  IoStatus st = RecvAll(c->fd, &h, sizeof(h), stall_ms, stall_ms);
-  if (st != IoStatus::kOk) {
-    Reject(c, std::string("no hello: ") + IoStatusName(st));
-    return false;
-  }
-  std::string why = ValidateHeader(h, opt.token);
-  if (why.empty() && h.type != static_cast<uint16_t>(MsgType::kHello)) why = "first message is not a hello";
-  if (!why.empty()) {
-    Reject(c, why);
-    return false;
-  }
-  // From here on the peer has the job token, so it gets told why it is refused.
-  if (h.key != static_cast<uint64_t>(opt.num_workers)) {
-    why = "worker expects " + std::to_string(h.key) + " workers, this server was started with --num-workers " +
-          std::to_string(opt.num_workers);
-  } else if (h.sender >= static_cast<uint32_t>(opt.num_workers)) {
-    why = "worker rank " + std::to_string(h.sender) + " out of range for " + std::to_string(opt.num_workers) +
-          " workers";
-  } else {
-    std::lock_guard<std::mutex> lock(mu);
-    if (connected[h.sender]) {
-      why = "worker rank " + std::to_string(h.sender) + " is already connected";
-    } else {
-      connected[h.sender] = true;
-      c->rank = h.sender;
+Payload SummationServer::Impl::RecvPayload(const ConnPtr& c, uint64_t nbytes, std::string* why) {
+  // Grown as bytes arrive: a header that claims a huge length and sends
+  // little costs what was sent, not what was claimed.
+  constexpr uint64_t kStep = uint64_t{64} << 20;
+  try {
+    Payload buf = std::make_shared<AlignedBuffer>(std::min(nbytes, kStep));
+    uint64_t got = 0;
+    for (;;) {
+      IoStatus st = RecvAll(c->fd, buf->data() + got, buf->size() - got, stall_ms, stall_ms);
+      if (st != IoStatus::kOk) {
+        *why = std::string("truncated push: ") + IoStatusName(st);
+        return nullptr;
+      }
+      got = buf->size();
+      if (got == nbytes) return buf;
+      auto bigger = std::make_shared<AlignedBuffer>(std::min(nbytes, 2 * got));
+      std::memcpy(bigger->data(), buf->data(), got);
+      buf = std::move(bigger);
     }
+  } catch (const std::bad_alloc&) {
+    *why = "out of memory receiving a push of " + std::to_string(nbytes) + " bytes";
+    return nullptr;
   }
-  if (!why.empty()) {
-    Reject(c, why);
-    // Written here, not queued: the connection closes right after, and the
-    // writer has nothing else to send yet.
-    FrameHeader eh = MakeHeader(MsgType::kError, opt.token);
-    eh.nbytes = why.size();
-    struct iovec iov[2] = {{&eh, sizeof(eh)}, {const_cast<char*>(why.data()), why.size()}};
-    SendAll(c->fd, iov, 2, stall_ms);
-    return false;
-  }
-  FrameHeader ok = MakeHeader(MsgType::kHelloOk, opt.token);
-  ok.key = static_cast<uint64_t>(opt.role);
-  c->Send(OutMsg{ok, nullptr, {}});
-  return true;
 }
 
 void SummationServer::Impl::ReaderLoop(ConnPtr c) {
   bool said_bye_here = false;
-  if (Handshake(c)) {
-    for (;;) {
-      FrameHeader h;
-      IoStatus st = RecvAll(c->fd, &h, sizeof(h), -1, stall_ms);
-      if (st != IoStatus::kOk) {
-        if (!stopping && st != IoStatus::kClosed)
-          LogWarning("jbps.server: worker %u (%s): %s", c->rank, c->peer.c_str(), IoStatusName(st));
-        break;
-      }
-      std::string why = ValidateHeader(h, opt.token);
-      if (why.empty() && h.type == static_cast<uint16_t>(MsgType::kBye)) {
-        said_bye_here = true;
-        break;
-      }
-      if (why.empty() && h.type != static_cast<uint16_t>(MsgType::kPush)) why = "unexpected message type";
-      if (why.empty() && h.sender != c->rank) why = "push claims another worker's rank";
-      if (!why.empty()) {
-        Reject(c, why);
-        break;
-      }
-      Payload data = std::make_shared<AlignedBuffer>(h.nbytes);
-      st = RecvAll(c->fd, data->data(), h.nbytes, stall_ms, stall_ms);
-      if (st != IoStatus::kOk) {
-        LogWarning("jbps.server: worker %u (%s): truncated push: %s", c->rank, c->peer.c_str(), IoStatusName(st));
-        break;
-      }
+  std::string lost;  // why the worker is gone, if it did not say goodbye
+  for (;;) {
+    FrameHeader h;
+    IoStatus st = RecvAll(c->fd, &h, sizeof(h), -1, stall_ms);
+    if (st != IoStatus::kOk) {
+      lost = st == IoStatus::kClosed ? "its connection closed without a goodbye (killed or crashed?)"
+                                     : std::string("its connection failed: ") + IoStatusName(st);
+      break;
+    }
+    std::string why = ValidateHeader(h, opt.token);
+    if (why.empty() && h.type == static_cast<uint16_t>(MsgType::kBye)) {
+      said_bye_here = true;
+      break;
+    }
+    const bool tree = h.type == static_cast<uint16_t>(MsgType::kTree);
+    if (why.empty() && h.type != static_cast<uint16_t>(MsgType::kPush) && !tree) why = "unexpected message type";
+    if (why.empty() && h.sender != c->rank) why = "push claims another worker's rank";
+    if (why.empty() && h.nbytes > opt.max_payload_bytes)
+      why = "push of " + std::to_string(h.nbytes) + " bytes, over this server's limit of " +
+            std::to_string(opt.max_payload_bytes);
+    Payload data;
+    if (why.empty()) data = RecvPayload(c, h.nbytes, &why);
+    if (!why.empty()) {
+      Refuse(c->peer, "worker " + std::to_string(c->rank) + ": " + why);
+      lost = "it sent a bad message: " + why;
+      break;
+    }
+    if (!tree) {  // the counters are of data; tree checks are bookkeeping
       ++pushes;
       bytes_received += h.nbytes;
-      FrameHeader ack = MakeHeader(MsgType::kPushAck, opt.token);
-      ack.key = h.key;
-      ack.round = h.round;
-      c->Send(OutMsg{ack, nullptr, {}});
-      EngineThread* e = ThreadFor(h.key, h.nbytes);
-      {
-        std::lock_guard<std::mutex> lock(e->mu);
-        e->queue.push_back(Task{h.key, h.round, static_cast<DType>(h.dtype), c->rank, std::move(data), c});
-      }
-      e->cv.notify_one();
     }
+    FrameHeader ack = MakeHeader(MsgType::kPushAck, opt.token);
+    ack.key = h.key;
+    ack.round = h.round;
+    c->Send(OutMsg{ack, nullptr, {}});
+    EngineThread* e = ThreadFor(h.key, h.nbytes);
+    if (e == nullptr) {
+      SendError(c, h.key, h.round, "the server already tracks " + std::to_string(opt.max_keys) +
+                                       " keys, its limit (are tensor names unique per step?)");
+      continue;
+    }
+    {
+      std::lock_guard<std::mutex> lock(e->mu);
+      Task t{h.key, h.round, static_cast<DType>(h.dtype), c->rank, std::move(data), c, tree};
+      if (tree) t.dtype = DType::kF32;  // unused for trees
+      e->queue.push_back(std::move(t));
+    }
+    e->cv.notify_one();
   }
+  if (!said_bye_here && !stopping && !c->aborted) WorkerLost(c, lost);
   c->Close();
   c->reader_done = true;
-  if (c->rank != UINT32_MAX) {
-    bool job_over = false;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      connected[c->rank] = false;
-      if (said_bye_here && !said_bye[c->rank]) {
-        said_bye[c->rank] = true;
-        job_over = ++byes == opt.num_workers && !opt.keep_alive;
-      }
-      if (said_bye_here && opt.keep_alive && byes == opt.num_workers) {
-        byes = 0;  // a new job may start with the same ranks
-        said_bye.assign(opt.num_workers, false);
+  bool job_over = false;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (c->epoch == epoch) connected[c->rank] = false;
+    if (said_bye_here && c->epoch == epoch && !said_bye[c->rank]) {
+      said_bye[c->rank] = true;
+      if (++byes == opt.num_workers) {
+        if (opt.keep_alive) {
+          ++epoch;  // a new job may start with the same ranks and fresh rounds
+          byes = 0;
+          said_bye.assign(opt.num_workers, false);
+        } else {
+          job_over = true;
+        }
       }
     }
-    if (job_over) MarkFinished();
   }
+  if (job_over) MarkFinished();
+}
+
+// A worker is gone without a goodbye: no round it was part of can finish, so
+// every other worker is told (naming it) and disconnected. A keep-alive
+// server then waits for a new job; otherwise the job is over.
+void SummationServer::Impl::WorkerLost(const ConnPtr& c, const std::string& why) {
+  const std::string msg = "jbps: worker " + std::to_string(c->rank) + " (" + c->peer + ") was lost: " + why +
+                          "; seen by summation server " + Name();
+  ++workers_lost;
+  LogWarning("%s", msg.c_str());
+  std::vector<ConnPtr> others;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (c->epoch != epoch) return;  // that job already failed
+    if (failure.empty()) failure = msg;
+    for (auto& o : conns)
+      if (o != c && o->epoch == epoch) others.push_back(o);
+    if (opt.keep_alive) {
+      ++epoch;
+      byes = 0;
+      said_bye.assign(opt.num_workers, false);
+      connected.assign(opt.num_workers, false);
+    }
+  }
+  FrameHeader h = MakeHeader(MsgType::kAbort, opt.token);
+  h.nbytes = std::min<uint64_t>(msg.size(), kMaxErrorBytes);
+  for (auto& o : others) o->Finish(OutMsg{h, nullptr, msg.substr(0, h.nbytes)});
+  if (opt.keep_alive) return;
+  // Give the writers a moment to deliver the news before the process may exit.
+  auto deadline = Clock::now() + std::chrono::seconds(1);
+  for (auto& o : others)
+    while (!o->writer_done && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  MarkFinished();
 }
 
 void SummationServer::Impl::WriterLoop(ConnPtr c) {
@@ -398,7 +659,12 @@ void SummationServer::Impl::WriterLoop(ConnPtr c) {
     } else if (!m.text.empty()) {
       iov[n++] = {const_cast<char*>(m.text.data()), m.text.size()};
     }
-    if (SendAll(c->fd, iov, n, stall_ms) != IoStatus::kOk) {
+    bool last;
+    {
+      std::lock_guard<std::mutex> lock(c->mu);
+      last = c->finishing && c->out.empty();
+    }
+    if (SendAll(c->fd, iov, n, stall_ms) != IoStatus::kOk || last) {
       c->Close();
       break;
     }
@@ -420,6 +686,7 @@ EngineThread* SummationServer::Impl::ThreadFor(uint64_t key, uint64_t nbytes) {
   std::lock_guard<std::mutex> lock(bind_mu);
   auto it = key_thread.find(key);
   if (it == key_thread.end()) {
+    if (key_thread.size() >= opt.max_keys) return nullptr;
     size_t best = std::min_element(thread_bytes.begin(), thread_bytes.end()) - thread_bytes.begin();
     thread_bytes[best] += nbytes;
     it = key_thread.emplace(key, best).first;
@@ -436,6 +703,12 @@ void SummationServer::Impl::EngineLoop(EngineThread* e) {
       if (e->stop) return;
       t = std::move(e->queue.front());
       e->queue.pop_front();
+    }
+    // A failed or finished job's half-done rounds are dropped, not mixed into the next job.
+    if (t.conn->epoch < e->epoch) continue;
+    if (t.conn->epoch > e->epoch) {
+      e->rounds.clear();
+      e->epoch = t.conn->epoch;
     }
     Process(t, e);
   }
@@ -464,6 +737,7 @@ void SummationServer::Impl::Process(Task& t, EngineThread* e) {
     st.dtype = t.dtype;
     st.nbytes = nbytes;
     st.first_rank = t.rank;
+    st.tree = t.tree;
   }
   if (st.pushed[t.rank]) {
     // A second push of the same round from one worker is a protocol error;
@@ -476,7 +750,21 @@ void SummationServer::Impl::Process(Task& t, EngineThread* e) {
   ++st.pushes;
   st.waiters.push_back(t.conn);
 
-  if (st.error.empty() && (t.dtype != st.dtype || nbytes != st.nbytes)) {
+  if (st.error.empty() && t.tree != st.tree) {
+    st.error = "worker " + std::to_string(t.rank) + " used a tree check's key for data, or the reverse";
+    for (auto& w : st.waiters) SendError(w, t.key, t.round, st.error);
+  } else if (st.tree) {
+    if (st.pushes == 1) {
+      st.acc = std::move(t.data);  // the first tree: the others must match it
+    } else if (st.error.empty() && (st.acc->size() != nbytes ||
+                                     std::memcmp(st.acc->data(), t.data->data(), nbytes) != 0)) {
+      st.error = TreeDifference(st.first_rank, std::string(st.acc->data(), st.acc->size()), t.rank,
+                                std::string(t.data->data(), nbytes));
+      for (auto& w : st.waiters) SendError(w, t.key, t.round, st.error);
+    } else if (!st.error.empty()) {
+      SendError(t.conn, t.key, t.round, st.error);
+    }
+  } else if (st.error.empty() && (t.dtype != st.dtype || nbytes != st.nbytes)) {
     st.error = "workers disagree on this tensor: worker " + std::to_string(st.first_rank) + " pushed " +
                std::to_string(st.nbytes / DTypeSize(st.dtype)) + " elements of " + DTypeName(st.dtype) +
                ", worker " + std::to_string(t.rank) + " pushed " + std::to_string(nbytes / DTypeSize(t.dtype)) +
@@ -500,7 +788,12 @@ void SummationServer::Impl::Process(Task& t, EngineThread* e) {
 
   if (st.pushes < opt.num_workers) return;
   // Every worker pushed, so in deterministic mode every push is folded too.
-  if (st.error.empty()) {
+  if (st.error.empty() && st.tree) {
+    FrameHeader h = MakeHeader(MsgType::kSum, opt.token);  // no payload: "all the same"
+    h.key = t.key;
+    h.round = t.round;
+    for (auto& w : st.waiters) w->Send(OutMsg{h, nullptr, {}});
+  } else if (st.error.empty()) {
     Payload result = st.acc;
     if (!AccumulatorIsWire(st.dtype)) {
       size_t count = st.nbytes / DTypeSize(st.dtype);

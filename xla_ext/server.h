@@ -1,7 +1,9 @@
 // The summation server: receives pushed chunks from every worker, adds them
 // per (key, round), and sends each worker the sum once all have pushed.
 //
-// Threads: one acceptor; a reader and a writer per worker connection; a fixed
+// Threads: one acceptor, which also reads every new connection's hello (so
+// connections that never authenticate cost no threads); a reader and a writer
+// per worker connection; a fixed
 // set of engine threads that own the per-key state (a key is bound to one
 // engine thread when first seen, to the thread with the fewest bytes so far,
 // so threads share the load by bytes and sums need no locks).
@@ -28,13 +30,20 @@ struct ServerOptions {
   // Add pushes in worker-rank order whatever their arrival order, so sums are
   // bitwise identical run to run (JBPS_DETERMINISTIC).
   bool deterministic = false;
+  // Largest push a worker may announce; larger is a protocol error. Buffers
+  // grow as bytes arrive, so a header alone never costs its claimed length.
+  uint64_t max_payload_bytes = kMaxPayloadBytes;
+  // Distinct keys the server binds to threads; a push of a new key beyond
+  // this fails with an error instead of growing the map without bound.
+  size_t max_keys = size_t{1} << 22;
 };
 
 struct ServerStats {
   uint64_t pushes = 0;
   uint64_t bytes_received = 0;
   uint64_t sums_sent = 0;
-  uint64_t rejected = 0;
+  uint64_t rejected = 0;      // connections refused before or after their hello
+  uint64_t workers_lost = 0;  // authenticated workers gone without a goodbye
   std::vector<uint64_t> thread_bytes;  // bytes of the keys bound to each engine thread (one round each)
 };
 
@@ -48,11 +57,13 @@ class SummationServer {
   // Binds, listens and starts the threads. False with *err on failure.
   bool Start(std::string* err);
   int port() const;
-  // Waits up to `seconds` for the job to end (every worker said goodbye) or
-  // for Stop(); true when finished.
+  // Waits up to `seconds` for the job to end (every worker said goodbye, or
+  // one was lost and the server is not keep-alive) or for Stop(); true when finished.
   bool WaitFor(double seconds);
   void Stop();
   ServerStats stats() const;
+  // Why the job ended early (a worker lost), or empty.
+  std::string failure() const;
 
  private:
   struct Impl;

@@ -2,17 +2,36 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Sequence
 
 import jax
 import numpy as np
 
 from ..partition import CallPlan
+from ..partition.plan import leaf_key
 from ..runtime import FFI_TARGET
 
 
+# The tree check's key: a path no leaf has (keystr paths start with '[' or '.').
+TREE_PATH = "<tree>"
+# Longer descriptions travel as a digest (the server's limit is 1 MiB).
+MAX_TREE_BYTES = 1 << 20
+
+
+def tree_description(name: str, paths: Sequence[str], shapes: Sequence[tuple[int, ...]],
+                     dtypes: Sequence[np.dtype]) -> str:
+    """"psum NAME", then "PATH DTYPE[SHAPE]" per leaf: what every worker must agree on."""
+    lines = [f"psum {name}"] + [f"{path} {np.dtype(dtype).name}[{','.join(map(str, shape))}]"
+                                for path, shape, dtype in zip(paths, shapes, dtypes)]
+    text = "\n".join(lines)
+    if len(text.encode()) > MAX_TREE_BYTES:
+        text = f"psum {name}\n<{len(paths)} leaves> sha256:{hashlib.sha256(text.encode()).hexdigest()}"
+    return text
+
+
 def push_pull(shard_index: jax.Array, shards: Sequence[jax.Array], plan: CallPlan,
-              leaves: Sequence[int]) -> list[jax.Array]:
+              leaves: Sequence[int], tree: str) -> list[jax.Array]:
     """Sums each shard of plan.leaves[i] for i in `leaves` across workers.
 
     `shard_index` (int32 scalar) says which local-device shard these are; the
@@ -38,4 +57,6 @@ def push_pull(shard_index: jax.Array, shards: Sequence[jax.Array], plan: CallPla
         names="\n".join(f"{plan.name}{plan.leaves[i].path}" for i in leaves),
         partition_bytes=np.int64(plan.partition_bytes),
         chunk_servers=np.array(routes, dtype=np.int32),
+        tree=tree,
+        tree_key=np.int64(leaf_key(plan.name, TREE_PATH)),
     )

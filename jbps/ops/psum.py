@@ -19,7 +19,7 @@ from jax import lax
 from .. import runtime
 from ..partition import check_dtypes, make_plan, resolve_priorities
 from ..partition.priority import Priority
-from .ffi import push_pull
+from .ffi import push_pull, tree_description
 
 AxisName = Hashable
 
@@ -79,7 +79,8 @@ def _reduce_impl(leaves: tuple[jax.Array, ...], spec: _Spec) -> tuple[jax.Array,
             if num_shards > 1:
                 flat = lax.psum_scatter(flat, spec.axes, scatter_dimension=0, tiled=True)
             shards.append(flat)
-        summed = push_pull(shard_index, shards, plan, todo)
+        tree = tree_description(spec.name, spec.paths, [x.shape for x in leaves], [x.dtype for x in leaves])
+        summed = push_pull(shard_index, shards, plan, todo, tree)
         for i, s in zip(todo, summed):
             if num_shards > 1:
                 s = lax.all_gather(s, spec.axes, axis=0, tiled=True)
@@ -128,7 +129,7 @@ def psum(tree: Any, axis_name: Any = None, *, average: bool = False, name: str |
     leaves it names; a callable (path, leaf) -> int sets every leaf.
     `jbps.forward_order(params)` gives flax params their forward order.
     """
-    runtime.config()  # raises a clear error before init()
+    runtime.config_for_psum()  # a clear error before init() or after the job failed
     path_leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
     if not path_leaves:
         return tree

@@ -68,6 +68,9 @@ class Scheduler:
         self.num_workers, self.num_servers, self.timeout_s = num_workers, num_servers, timeout_s
         self.token = token if token else secrets.randbits(63) or 1
         host, _, port = bind.rpartition(":")
+        if not host:  # socket would take "" as every interface: that must be asked for by name
+            raise JbpsError(f"no host in address {bind!r} (127.0.0.1 for this machine only, 0.0.0.0 for every "
+                            "interface)")
         self.sock = socket.create_server((host, int(port)), reuse_port=False)
         self.address = f"{host}:{self.sock.getsockname()[1]}"
         self.members: list[Member] = []

@@ -11,8 +11,10 @@ mpirun; then the bootstrap decides its role, port and token. Else
 JBPS_NUM_WORKERS / DMLC_NUM_WORKER stand in for the flag.
 
 Prints "jbps.server listening on HOST:PORT" once ready (port 0 picks a free
-port, and this line says which). Exits when every worker has said goodbye
-(unless --keep-alive), or on SIGINT/SIGTERM.
+port, and this line says which). Exits (status 0) when every worker has said
+goodbye, or when a worker is lost (its connection ends without a goodbye: the
+other workers are told, naming it), unless --keep-alive, which then waits for a
+new job instead; also on SIGINT/SIGTERM.
 """
 
 from __future__ import annotations
@@ -121,8 +123,12 @@ def main(argv=None) -> int:
         pass
     server.stop()
     stats = server.stats()
-    log.info("done: %d pushes, %.1f MiB received, %d sums sent, %d connections refused",
-             stats["pushes"], stats["bytes_received"] / 2**20, stats["sums_sent"], stats["rejected"])
+    log.info("done: %d pushes, %.1f MiB received, %d sums sent, %d connections refused, %d workers lost",
+             stats["pushes"], stats["bytes_received"] / 2**20, stats["sums_sent"], stats["rejected"],
+             stats["workers_lost"])
+    if server.failure() and not stop.is_set():
+        # Exit 0 all the same: the lost worker's own exit status tells launchers what failed.
+        log.warning("the job ended early: %s", server.failure())
     return 0
 
 

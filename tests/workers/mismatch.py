@@ -1,6 +1,8 @@
-"""Worker 1 calls psum with a tree whose leaf 'b' differs from worker 0's (in
-shape or dtype). Every worker must raise naming the tensor, then still be able
-to psum correctly. Prints {"rank", "error", "recovered"}."""
+"""Worker 1 calls psum with a tree that differs from worker 0's: leaf 'b' of
+another size, dtype or shape (same size), or a leaf 'c' more. Every worker
+must raise naming the tensor, then still be able to psum correctly. Prints
+{"rank", "error", "recovered", "sum"} (sum: what the bad call returned, if
+it returned)."""
 
 import argparse
 import json
@@ -14,23 +16,28 @@ import jbps
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--what", choices=["shape", "dtype"], required=True)
+    p.add_argument("--what", choices=["shape", "dtype", "layout", "leaves"], required=True)
     args = p.parse_args()
     jbps.init()
     rank = jbps.rank()
-    tree = {"a": jnp.ones(8, jnp.float32), "b": jnp.ones(6, jnp.float32)}
+    tree = {"a": jnp.ones(8, jnp.float32), "b": jnp.ones((2, 3), jnp.float32)}
     if rank == 1:
-        tree["b"] = jnp.ones(7, jnp.float32) if args.what == "shape" else jnp.ones(6, jnp.float16)
-    error = None
+        tree["b"] = {"shape": jnp.ones(7, jnp.float32), "dtype": jnp.ones((2, 3), jnp.float16),
+                     "layout": jnp.ones((3, 2), jnp.float32), "leaves": tree["b"]}[args.what]
+        if args.what == "leaves":
+            tree["c"] = jnp.ones(4, jnp.float32)
+    error = summed = None
     try:
-        jax.block_until_ready(jax.jit(lambda t: jbps.psum(t, name="mismatched"))(tree))
+        out = jax.block_until_ready(jax.jit(lambda t: jbps.psum(t, name="mismatched"))(tree))
+        summed = {k: np.asarray(v).tolist() for k, v in out.items()}
     except Exception as exc:  # XLA raises its runtime error type, which differs across jax versions
+        assert jbps.is_jbps_error(exc), exc
         error = str(exc)
     good = jax.jit(lambda t: jbps.psum(t, name="after"))(jnp.full(5, rank + 1.0, jnp.float32))
     expected = sum(range(1, jbps.size() + 1))
     recovered = bool(np.all(np.asarray(good) == expected))
     jbps.shutdown()
-    print(json.dumps({"rank": rank, "error": error, "recovered": recovered}), flush=True)
+    print(json.dumps({"rank": rank, "error": error, "recovered": recovered, "sum": summed}), flush=True)
 
 
 if __name__ == "__main__":
