@@ -27,6 +27,7 @@ from .errors import JbpsError
 from .procs import terminate
 from .scheduler.rendezvous import Scheduler
 
+_PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 log = logging.getLogger("jbps.run")
 
 # Variables of other bootstraps that would override the scheduler's answer.
@@ -72,8 +73,8 @@ class Job:
             env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={self.local_devices}".strip()
         return env
 
-    def _spawn(self, name: str, argv: list[str], env: dict) -> None:
-        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+    def _spawn(self, name: str, argv: list[str], env: dict, cwd: str | None = None) -> None:
+        proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, start_new_session=True)
         self.children.append((name, proc))
         self.outputs.append(_Output(proc.stdout, sys.stdout.buffer, f"[{name}] "))
@@ -94,7 +95,11 @@ class Job:
         threading.Thread(target=self._rendezvous, args=(scheduler,), daemon=True).start()
         try:
             for i in range(self.servers):
-                self._spawn(f"server {i}", [sys.executable, "-m", "jbps.server"], self._env(scheduler, "server", {}))
+                # `-m` puts the working directory first on sys.path: from a source
+                # checkout that would be the unbuilt package. Servers run from the
+                # folder holding the jbps this launcher imported, so they get the same.
+                self._spawn(f"server {i}", [sys.executable, "-m", "jbps.server"], self._env(scheduler, "server", {}),
+                            cwd=_PACKAGE_PARENT)
             for rank in range(self.workers):
                 self._spawn(f"worker {rank}", self.command,
                             self._env(scheduler, "worker", {"DMLC_WORKER_ID": str(rank)}))

@@ -43,9 +43,9 @@ class Result:
         self.rank, self.returncode, self.stdout, self.stderr = rank, proc.returncode, out, err
 
 
-def run(argv, env, timeout=180):
+def run(argv, env, timeout=180, cwd="/"):
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, cwd="/")
+                            start_new_session=True, cwd=cwd)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
