@@ -27,7 +27,9 @@ import logging
 import os
 import secrets
 import socket
+import sys
 import threading
+import time
 from typing import Callable
 
 from ..config import Config
@@ -85,6 +87,10 @@ def exchange(role: str, token: int, colocated_per_host: int, start_server: Calla
         log.error("jbps mpirun bootstrap: rank %d waited %g s (JBPS_TIMEOUT_S) for the other ranks to join; does "
                   "every rank call jbps.init() (or run python -m jbps.server)? Aborting the MPI job.",
                   world.rank, timeout_s)
+        # MPI_Abort tears the job down at once, and mpiexec may drop output it
+        # has not forwarded yet: give it a moment to pass the message on.
+        sys.stderr.flush()
+        time.sleep(1.0)
         world.Abort(1)
 
     watchdog = threading.Timer(timeout_s, abort)
