@@ -9,6 +9,7 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
 import jbps
+from conftest import JOB_VARIABLE_PREFIXES
 from jbps import _core
 
 L = 4
@@ -227,7 +228,7 @@ def _no_job(monkeypatch):
     import os
 
     for name in list(os.environ):
-        if name.startswith(("JBPS_", "DMLC_", "BYTEPS_", "PMI_", "OMPI_", "PMIX_")):
+        if name.startswith(JOB_VARIABLE_PREFIXES):
             monkeypatch.delenv(name)
 
 

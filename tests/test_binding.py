@@ -1,23 +1,20 @@
 """Servers listen where they are told, on loopback by default, and on every
 interface only when asked (0.0.0.0); an address without a host is refused."""
 
-import os
 import re
 import subprocess
 import sys
 
 import pytest
 
+from conftest import job_free_env
 from leftovers import listening
-from jbps.local_cluster import _REPO_ROOT
 from jbps.procs import terminate
 
 
 def start_server(*args):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("JBPS_", "DMLC_"))}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, os.environ.get("PYTHONPATH")) if p)
-    return subprocess.Popen([sys.executable, "-m", "jbps.server", "--num-workers", "1", *args], env=env, cwd="/",
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return subprocess.Popen([sys.executable, "-m", "jbps.server", "--num-workers", "1", *args], env=job_free_env(),
+                            cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
 def listening_address(proc):

@@ -10,7 +10,7 @@ import pytest
 
 import jbps
 from jbps import _core
-from conftest import last_json, run_job, worker_script
+from conftest import job_free_env, last_json, run_job, worker_script
 
 
 @pytest.mark.parametrize("what,tensor,mine,theirs", [
@@ -136,11 +136,9 @@ def test_bad_configuration_names_the_variable(monkeypatch):
     ([], {}, "--num-workers is required"),
 ])
 def test_server_command_line_names_the_bad_setting(argv, env, needle):
-    import os
     import subprocess
     import sys
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("JBPS_", "DMLC_"))}
-    out = subprocess.run([sys.executable, "-m", "jbps.server", *argv], env={**clean, **env}, cwd="/",
+    out = subprocess.run([sys.executable, "-m", "jbps.server", *argv], env=job_free_env(**env), cwd="/",
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2, out.stderr
     assert needle in out.stderr

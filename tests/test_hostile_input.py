@@ -10,7 +10,6 @@ No coverage-guided run: atheris installs, but guiding it into the C++
 server needs an extension built with clang's -fsanitize=fuzzer-no-link, and
 this machine has gcc only."""
 
-import os
 import random
 import re
 import signal
@@ -26,7 +25,7 @@ import numpy as np
 import pytest
 
 import jbps
-from jbps.local_cluster import _REPO_ROOT
+from conftest import job_free_env
 from jbps.procs import terminate
 
 TOKEN = 0x5EC12E7
@@ -74,8 +73,7 @@ def hostile(rng):
 
 @pytest.fixture
 def server():
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("JBPS_", "DMLC_"))}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, os.environ.get("PYTHONPATH")) if p)
+    env = job_free_env()
     proc = subprocess.Popen([sys.executable, "-m", "jbps.server", "--num-workers", "1", "--keep-alive",
                              "--token", str(TOKEN), "--timeout", "5"], env=env, cwd="/", stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)

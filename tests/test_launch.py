@@ -15,9 +15,8 @@ import uuid
 
 import pytest
 
-from conftest import last_json, worker_script
+from conftest import job_free_env, last_json, worker_script
 from leftovers import assert_nothing_left, listening, processes_with
-from jbps.local_cluster import _REPO_ROOT
 from jbps.procs import terminate
 
 PYTHON = sys.executable
@@ -25,11 +24,7 @@ MPIEXEC = os.path.join(os.path.dirname(PYTHON), "mpiexec")
 
 
 def base_env(**extra):
-    env = dict(os.environ)
-    for name in list(env):
-        if name.startswith(("JBPS_", "DMLC_", "PMI_", "OMPI_", "PMIX_")):
-            del env[name]
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, os.environ.get("PYTHONPATH")) if p)
+    env = job_free_env()
     env["JAX_PLATFORMS"] = "cpu"
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"  # not the test process's 4
     # Lets the test find every process of this job, and nothing else, in /proc.
