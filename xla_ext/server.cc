@@ -413,6 +413,7 @@ void SummationServer::Impl::AcceptLoop() {
           CloseFd(pending.front().fd);
           pending.pop_front();
         }
+        TuneSocket(fd);  // no Nagle: a small ack queued before a sum must not delay it by a delayed-ACK timeout
         Pending p;
         p.fd = fd;
         p.peer = PeerName(fd);
