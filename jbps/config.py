@@ -72,6 +72,15 @@ def _token(text: str) -> int:
     return value
 
 
+def _switch(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("must be 1 or 0 (true/false, yes/no, on/off)")
+
+
 def _text(text: str) -> str:
     if not text:
         raise ValueError("must not be empty")
@@ -126,6 +135,9 @@ OPTIONS = (
                  "default max(4, 2 x servers)"),
     Option("timeout_s", ("JBPS_TIMEOUT_S",), _positive_float, DEFAULT_TIMEOUT_S,
            "seconds before connecting or a psum gives up with an error"),
+    Option("shm", ("JBPS_SHM",), _switch, True,
+           "share memory with summation servers on the same host instead of sending bytes through loopback "
+           "TCP (0: TCP only); servers read it too"),
     Option("job_token", ("JBPS_JOB_TOKEN",), _token, 0,
            "shared secret of the job; servers refuse workers without it"),
     Option("trace_dir", ("JBPS_TRACE_DIR",), _text, None,
@@ -199,6 +211,7 @@ class Config:
     partition_bytes: int
     scheduling_credit: int | None
     timeout_s: float
+    shm: bool
     job_token: int
     trace_dir: str | None
 

@@ -87,7 +87,8 @@ def init(**overrides) -> Session:
         config, hosted = bootstrap.complete(requested)
         try:
             _core.engine_start(list(config.servers), config.worker_rank, config.num_workers, config.job_token,
-                               config.scheduling_credit, config.timeout_s, trace=config.trace_dir is not None)
+                               config.scheduling_credit, config.timeout_s, trace=config.trace_dir is not None,
+                               shm=config.shm, shm_slot_bytes=config.partition_bytes)
         except RuntimeError as exc:
             for server in hosted:
                 server.stop()

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -15,12 +16,18 @@
 #include "log.h"
 #include "net.h"
 #include "protocol.h"
+#include "shm.h"
 
 namespace jbps {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr size_t kMaxTraceRecords = 1 << 21;
+// Fusion (FuseSmallChunks): chunks up to a quarter of the partition are
+// small; a fused message holds at most a partition and this many of them
+// (an iovec each on TCP, well under IOV_MAX).
+constexpr size_t kSmallChunkDivisor = 4;
+constexpr size_t kMaxFusedParts = 256;
 
 uint64_t SplitMix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
@@ -84,11 +91,19 @@ struct Call {
 };
 using CallPtr = std::shared_ptr<Call>;
 
-struct Chunk {
-  CallPtr call;
+// A piece of one operand that a chunk carries.
+struct Part {
   int op = 0;
   size_t offset = 0;
   size_t nbytes = 0;
+};
+
+struct Chunk {
+  CallPtr call;
+  int op = 0;              // the (first) operand it carries: its dtype, its name in errors
+  std::vector<Part> parts; // one, or several small ones fused into one message
+  size_t nbytes = 0;       // of all parts
+  int slot = -1;           // the shared-memory push slot it occupies until acknowledged
   uint64_t key = 0;
   uint32_t round = 0;
   int server = 0;
@@ -112,6 +127,15 @@ struct ServerConn {
   int index = 0;
   HostPort addr;
   int fd = -1;
+  uint64_t instance = 0;  // the server's, from its hello reply: names its shared-memory socket
+  // Shared memory with a server on this host (shm.h), else null: pushes are
+  // written into `push_region` slots, sums read from the server's arena.
+  std::shared_ptr<SharedRegion> push_region;
+  std::shared_ptr<SharedRegion> sum_region;
+  size_t slot_bytes = 0;
+  std::vector<int> free_slots;  // guarded by Engine::Impl::mu
+  // The sender's pushes and the receiver's releases share the socket.
+  std::mutex write_mu;
   // Guarded by Engine::Impl::mu.
   std::deque<ChunkPtr> sendq;
   std::deque<ChunkPtr> unacked;  // dispatched, in send order, awaiting kPushAck
@@ -206,7 +230,8 @@ struct Engine::Impl {
   std::mutex completer_mu;
   std::unordered_map<uint32_t, std::unique_ptr<Completer>> completers;
 
-  std::atomic<uint64_t> calls{0}, calls_failed{0}, chunks_pushed{0}, bytes_pushed{0}, bytes_pulled{0};
+  std::atomic<uint64_t> calls{0}, calls_failed{0}, chunks_pushed{0}, bytes_pushed{0}, bytes_pulled{0}, bytes_shm{0},
+      chunks_fused{0};
 
   void DispatchLoop();
   void SendLoop(ServerConn* sc);
@@ -222,6 +247,9 @@ struct Engine::Impl {
   void SetFault(const std::string& msg);
   void PopAcked(ServerConn* sc);
   bool Drain(int fd, uint64_t nbytes, std::vector<char>* scratch);
+  void AttachShm(ServerConn* sc);
+  std::vector<ChunkPtr> FuseSmallChunks(std::vector<ChunkPtr> chunks, size_t partition, uint32_t shard);
+  IoStatus SendRelease(ServerConn* sc, const FrameHeader& sum);
   std::string TimeoutMessage(const CallPtr& c);
 };
 
@@ -250,6 +278,10 @@ EngineStats Engine::stats() const {
   s.bytes_pushed = impl_->bytes_pushed.load();
   s.bytes_pulled = impl_->bytes_pulled.load();
   s.busy_seconds = impl_->busy_ns.load() * 1e-9;
+  s.bytes_shm = impl_->bytes_shm.load();
+  s.chunks_fused = impl_->chunks_fused.load();
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  for (auto& c : impl_->conns) s.shm_servers += c->push_region != nullptr;
   return s;
 }
 
@@ -346,6 +378,10 @@ bool Engine::Start(const EngineOptions& options, std::string* err) {
     if (reply.key > static_cast<uint64_t>(ServerRole::kDedicated))
       return fail("server " + c.addr.ToString() + " declared unknown role " + std::to_string(reply.key));
     roles.push_back(static_cast<ServerRole>(reply.key));
+    c.instance = (static_cast<uint64_t>(reply.round) << 32) | reply.sender;
+  }
+  if (options.shm) {
+    for (auto& c : conns) s.AttachShm(c.get());
   }
   s.conns = std::move(conns);
   s.roles = std::move(roles);
@@ -425,8 +461,8 @@ void Engine::Submit(CallSpec spec, DoneFn done) {
       auto ch = std::make_shared<Chunk>();
       ch->call = call;
       ch->op = static_cast<int>(i);
-      ch->offset = c * part;
-      ch->nbytes = std::min(part, op.nbytes - ch->offset);
+      ch->nbytes = std::min(part, op.nbytes - c * part);
+      ch->parts.push_back(Part{ch->op, c * part, ch->nbytes});
       ch->key = ChunkKey(op.base_key, call->spec.shard, c);
       ch->priority = op.priority;
       ch->server = next_server < call->spec.servers.size() ? call->spec.servers[next_server] : -1;
@@ -435,6 +471,7 @@ void Engine::Submit(CallSpec spec, DoneFn done) {
       chunks.push_back(std::move(ch));
     }
   }
+  chunks = s.FuseSmallChunks(std::move(chunks), partition, call->spec.shard);
   if (!chunks.empty() && !call->spec.tree.empty()) {
     auto ch = std::make_shared<Chunk>();
     ch->call = call;
@@ -526,10 +563,14 @@ void Engine::Impl::DispatchLoop() {
 }
 
 void Engine::Impl::PopAcked(ServerConn* sc) {
-  // Credit of never-sent chunks is returned once they reach the front.
-  while (!sc->unacked.empty() && sc->unacked.front()->skipped) {
-    --inflight_chunks;
-    sc->unacked.pop_front();
+  // Never-sent chunks give their credit back (the deque is at most `credit` long).
+  for (auto it = sc->unacked.begin(); it != sc->unacked.end();) {
+    if ((*it)->skipped) {
+      --inflight_chunks;
+      it = sc->unacked.erase(it);
+    } else {
+      ++it;
+    }
   }
 }
 
@@ -568,15 +609,42 @@ void Engine::Impl::SendLoop(ServerConn* sc) {
     h.round = ch->round;
     h.sender = opt.rank;
     h.nbytes = ch->nbytes;
-    const char* payload = call->spec.tree.data();
-    if (!ch->tree) {
-      const Operand& op = call->spec.operands[ch->op];
-      h.dtype = static_cast<uint8_t>(op.dtype);
-      payload = static_cast<const char*>(op.in) + ch->offset;  // straight from XLA's buffer
+    ShmRef ref;
+    std::vector<struct iovec> iov(1, {&h, sizeof(h)});
+    if (ch->tree) {
+      iov.push_back({const_cast<char*>(call->spec.tree.data()), ch->nbytes});
+    } else {
+      h.dtype = static_cast<uint8_t>(call->spec.operands[ch->op].dtype);
+      if (sc->push_region && ch->nbytes <= sc->slot_bytes) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!sc->free_slots.empty()) {  // the credit window keeps one free; checked all the same
+          ch->slot = sc->free_slots.back();
+          sc->free_slots.pop_back();
+        }
+      }
+      if (ch->slot >= 0) {
+        // The transport's one copy in: XLA's buffer is not in shared memory.
+        ref.offset = static_cast<uint64_t>(ch->slot) * sc->slot_bytes;
+        ref.nbytes = ch->nbytes;
+        char* dst = sc->push_region->data() + ref.offset;
+        for (const Part& p : ch->parts) {
+          std::memcpy(dst, static_cast<const char*>(call->spec.operands[p.op].in) + p.offset, p.nbytes);
+          dst += p.nbytes;
+        }
+        h.type = static_cast<uint16_t>(MsgType::kPushShm);
+        h.nbytes = sizeof(ref);
+        iov.push_back({&ref, sizeof(ref)});
+      } else {
+        for (const Part& p : ch->parts)  // straight from XLA's buffers, gathered by sendmsg
+          iov.push_back({const_cast<char*>(static_cast<const char*>(call->spec.operands[p.op].in) + p.offset),
+                         p.nbytes});
+      }
     }
-    // Header and payload in one sendmsg.
-    struct iovec iov[2] = {{&h, sizeof(h)}, {const_cast<char*>(payload), ch->nbytes}};
-    IoStatus st = SendAll(sc->fd, iov, 2, stall_ms);
+    IoStatus st;
+    {
+      std::lock_guard<std::mutex> lock(sc->write_mu);
+      st = SendAll(sc->fd, iov.data(), static_cast<int>(iov.size()), stall_ms);
+    }
     ReleaseIo(call);
     if (st != IoStatus::kOk) {
       ConnFailed(sc, std::string("send failed: ") + IoStatusName(st));
@@ -585,6 +653,7 @@ void Engine::Impl::SendLoop(ServerConn* sc) {
     if (ch->tree) continue;
     ++chunks_pushed;
     bytes_pushed += ch->nbytes;
+    if (ch->slot >= 0) bytes_shm += ch->nbytes;
   }
 }
 
@@ -615,11 +684,16 @@ void Engine::Impl::RecvLoop(ServerConn* sc) {
     }
     const auto type = static_cast<MsgType>(h.type);
     if (type == MsgType::kPushAck) {
+      // TCP pushes are acknowledged in order as they arrive; shared-memory
+      // ones once added, by whichever server thread owns the key.
       std::lock_guard<std::mutex> lock(mu);
-      if (!sc->unacked.empty()) {
-        if (opt.trace) sc->unacked.front()->times.acked = NowMicros();
+      auto it = std::find_if(sc->unacked.begin(), sc->unacked.end(),
+                             [&](const ChunkPtr& c) { return c->key == h.key && c->round == h.round; });
+      if (it != sc->unacked.end()) {
+        if (opt.trace) (*it)->times.acked = NowMicros();
+        if ((*it)->slot >= 0) sc->free_slots.push_back((*it)->slot);
         --inflight_chunks;
-        sc->unacked.pop_front();
+        sc->unacked.erase(it);
         PopAcked(sc);
       }
       dispatch_cv.notify_one();
@@ -634,7 +708,17 @@ void Engine::Impl::RecvLoop(ServerConn* sc) {
       SetFault(text);
       continue;
     }
-    if (type != MsgType::kSum && type != MsgType::kError) {
+    ShmRef ref;
+    if (type == MsgType::kSumShm) {
+      if (RecvAll(sc->fd, &ref, sizeof(ref), stall_ms, stall_ms) != IoStatus::kOk) {
+        ConnFailed(sc, "truncated shared-memory sum");
+        return;
+      }
+      if (!sc->sum_region || !sc->sum_region->Contains(ref.offset, ref.nbytes)) {
+        ConnFailed(sc, "protocol error: a shared-memory sum outside the server's arena");
+        return;
+      }
+    } else if (type != MsgType::kSum && type != MsgType::kError) {
       ConnFailed(sc, "protocol error: unexpected message type " + std::to_string(h.type));
       return;
     }
@@ -693,28 +777,51 @@ void Engine::Impl::RecvLoop(ServerConn* sc) {
       }
       continue;
     }
-    // kSum: land the payload in the output buffer, or drain it if its call is gone.
+    // kSum / kSumShm: land the sum in the output buffers, or drop it if its call is gone.
+    const bool shm = type == MsgType::kSumShm;
+    const uint64_t sum_bytes = shm ? ref.nbytes : h.nbytes;
     bool wanted = ch && ch->call->TryAcquire();
     if (wanted) {
       const Operand& op = ch->call->spec.operands[ch->op];
-      if (h.nbytes != ch->nbytes || h.dtype != static_cast<uint8_t>(op.dtype)) {
-        FailCall(ch->call, "jbps: server " + server + " returned " + std::to_string(h.nbytes) +
+      if (sum_bytes != ch->nbytes || h.dtype != static_cast<uint8_t>(op.dtype)) {
+        FailCall(ch->call, "jbps: server " + server + " returned " + std::to_string(sum_bytes) +
                                " bytes for tensor '" + ch->call->TensorName(ch->op) + "', expected " +
                                std::to_string(ch->nbytes));
         ReleaseIo(ch->call.get());
         wanted = false;
       }
     }
-    if (!wanted) {
+    if (opt.trace && wanted) ch->times.sum_arrived = NowMicros();
+    st = IoStatus::kOk;
+    if (shm) {
+      if (wanted) {  // the transport's one copy out, scattered to the parts
+        const char* src = sc->sum_region->data() + ref.offset;
+        for (const Part& p : ch->parts) {
+          std::memcpy(static_cast<char*>(ch->call->spec.operands[p.op].out) + p.offset, src, p.nbytes);
+          src += p.nbytes;
+        }
+        bytes_shm += sum_bytes;
+      }
+      st = SendRelease(sc, h);  // wanted or not, the server may reuse the block
+      if (st != IoStatus::kOk) {
+        if (wanted) ReleaseIo(ch->call.get());
+        ConnFailed(sc, std::string("releasing a sum: ") + IoStatusName(st));
+        return;
+      }
+    } else if (!wanted) {
       if (!Drain(sc->fd, h.nbytes, &scratch)) {
         ConnFailed(sc, "truncated sum");
         return;
       }
       continue;
+    } else {
+      for (const Part& p : ch->parts) {
+        char* out = static_cast<char*>(ch->call->spec.operands[p.op].out) + p.offset;
+        st = RecvAll(sc->fd, out, p.nbytes, stall_ms, stall_ms);
+        if (st != IoStatus::kOk) break;
+      }
     }
-    char* out = static_cast<char*>(ch->call->spec.operands[ch->op].out) + ch->offset;
-    if (opt.trace) ch->times.sum_arrived = NowMicros();
-    st = RecvAll(sc->fd, out, ch->nbytes, stall_ms, stall_ms);
+    if (!wanted) continue;
     if (st == IoStatus::kOk) {
       bytes_pulled += ch->nbytes;
       if (opt.trace) Record(*ch, NowMicros());
@@ -726,6 +833,110 @@ void Engine::Impl::RecvLoop(ServerConn* sc) {
       return;
     }
   }
+}
+
+IoStatus Engine::Impl::SendRelease(ServerConn* sc, const FrameHeader& sum) {
+  FrameHeader r = MakeHeader(MsgType::kRelease, opt.token);
+  r.key = sum.key;
+  r.round = sum.round;
+  r.sender = opt.rank;
+  struct iovec iov = {&r, sizeof(r)};
+  std::lock_guard<std::mutex> lock(sc->write_mu);
+  return SendAll(sc->fd, &iov, 1, stall_ms);
+}
+
+// Offers the server a shared region of `credit` push slots over its Unix
+// socket and maps the server's sum arena in return. A server on another
+// host has no socket here, so the connect fails and the connection stays
+// on TCP; so does any other failure, with a warning.
+void Engine::Impl::AttachShm(ServerConn* sc) {
+  if (sc->instance == 0) return;  // the server offers no shared memory
+  std::string err;
+  int sock = ConnectShmSocket(ShmSocketName(opt.token, sc->instance), &err);
+  if (sock < 0) return;
+  const size_t slots = static_cast<size_t>(opt.credit);
+  const size_t slot_bytes = std::max<size_t>(opt.shm_slot_bytes, 4096);
+  auto region = SharedRegion::Create(slots * slot_bytes, "jbps-push", &err);
+  std::shared_ptr<SharedRegion> arena;
+  if (region) {
+    FrameHeader offer = MakeHeader(MsgType::kShmOffer, opt.token);
+    offer.sender = opt.rank;
+    offer.key = slot_bytes;
+    char reply_buf[sizeof(FrameHeader) + 1024];
+    int fd = -1;
+    ssize_t n = -1;
+    if (SendWithFd(sock, &offer, sizeof(offer), region->fd(), stall_ms))
+      n = RecvWithFd(sock, reply_buf, sizeof(reply_buf), &fd, stall_ms);
+    FrameHeader reply;
+    if (n >= static_cast<ssize_t>(sizeof(reply))) std::memcpy(&reply, reply_buf, sizeof(reply));
+    if (n < static_cast<ssize_t>(sizeof(reply)) || !ValidateHeader(reply, opt.token).empty()) {
+      err = "no valid answer to the offer";
+    } else if (reply.type == static_cast<uint16_t>(MsgType::kError)) {
+      err = std::string(reply_buf + sizeof(reply), n - sizeof(reply));
+    } else if (reply.type != static_cast<uint16_t>(MsgType::kShmAccept) || fd < 0) {
+      err = "unexpected answer to the offer";
+    } else {
+      arena = SharedRegion::Attach(fd, /*writable=*/false, &err);
+      fd = -1;
+    }
+    if (fd >= 0) CloseFd(fd);
+  }
+  CloseFd(sock);
+  if (!arena) {
+    LogWarning("jbps: shared memory with server %s failed (%s); using TCP", sc->addr.ToString().c_str(), err.c_str());
+    return;
+  }
+  sc->push_region = std::move(region);
+  sc->sum_region = std::move(arena);
+  sc->slot_bytes = slot_bytes;
+  for (size_t i = slots; i-- > 0;) sc->free_slots.push_back(static_cast<int>(i));
+}
+
+// Small chunks bound for one server travel as one message: per message a
+// header, an ack, a sum and a wake-up on each side would otherwise dominate
+// a tree of many small tensors. Chunks are taken in dispatch order (priority,
+// then position); each server has one open group, which takes a small chunk
+// of its dtype while the group stays within a partition. Every worker runs
+// the same plan, so every worker fuses the same chunks under the same key.
+std::vector<ChunkPtr> Engine::Impl::FuseSmallChunks(std::vector<ChunkPtr> chunks, size_t partition,
+                                                    uint32_t shard) {
+  const size_t small = partition / kSmallChunkDivisor;
+  std::vector<size_t> order(chunks.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return chunks[a]->priority > chunks[b]->priority; });
+  auto dtype_of = [&](const ChunkPtr& c) { return c->call->spec.operands[c->op].dtype; };
+  std::map<int, ChunkPtr> open;  // server -> its group (the first member, growing)
+  std::vector<bool> absorbed(chunks.size(), false);
+  uint64_t fused = 0;
+  for (size_t i : order) {
+    ChunkPtr& ch = chunks[i];
+    if (ch->nbytes > small) continue;
+    auto it = open.find(ch->server);
+    if (it != open.end()) {
+      ChunkPtr& g = it->second;
+      if (dtype_of(g) == dtype_of(ch) && g->nbytes + ch->nbytes <= partition && g->parts.size() < kMaxFusedParts) {
+        if (g->parts.size() == 1) g->key = ChunkKey(SplitMix64(g->key), shard, 0xffffffffu);  // a fused chunk's own key
+        g->parts.insert(g->parts.end(), ch->parts.begin(), ch->parts.end());
+        g->nbytes += ch->nbytes;
+        g->key = SplitMix64(g->key ^ ch->key);  // names every member, in order
+        absorbed[i] = true;
+        ++fused;
+        continue;
+      }
+    }
+    open[ch->server] = ch;  // a new group starts with this chunk
+  }
+  if (fused == 0) return chunks;
+  chunks_fused += fused;
+  std::vector<ChunkPtr> out;
+  out.reserve(chunks.size() - fused);
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    if (absorbed[i]) continue;
+    if (chunks[i]->key == 0) chunks[i]->key = 1;  // key 0 marks connection-level errors
+    out.push_back(std::move(chunks[i]));
+  }
+  return out;
 }
 
 std::string Engine::Impl::TimeoutMessage(const CallPtr& c) {
@@ -852,6 +1063,7 @@ void Engine::Impl::Record(const Chunk& ch, double pulled) {
   r.priority = ch.priority;
   r.nbytes = ch.nbytes;
   r.tensor = ch.call->TensorName(ch.op);
+  if (ch.parts.size() > 1) r.tensor += " (+" + std::to_string(ch.parts.size() - 1) + " fused)";
   r.times = ch.times;
   r.times.pulled = pulled;
   std::lock_guard<std::mutex> lock(trace_mu);

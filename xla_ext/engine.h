@@ -28,6 +28,11 @@ struct EngineOptions {
   int credit = 4;          // chunks pushed but not yet acknowledged, per worker
   double timeout_s = 60;   // connect, and every psum call end to end
   bool trace = false;      // keep a TraceRecord of every chunk (JBPS_TRACE_DIR)
+  // Use shared memory with servers on this host (JBPS_SHM); TCP otherwise.
+  bool shm = true;
+  // Bytes of each of the `credit` push slots in a shared region: pushes
+  // larger than this (a partition size above it) go over TCP.
+  size_t shm_slot_bytes = size_t{4} << 20;
 };
 
 
@@ -38,6 +43,9 @@ struct EngineStats {
   uint64_t bytes_pushed = 0;
   uint64_t bytes_pulled = 0;
   double busy_seconds = 0;  // wall time with at least one call in flight
+  uint64_t bytes_shm = 0;     // of bytes_pushed + bytes_pulled, those moved through shared memory
+  uint64_t chunks_fused = 0;  // small chunks sent inside another message (see FuseSmallChunks)
+  uint64_t shm_servers = 0;   // servers reached through shared memory
 };
 
 // One tensor shard of a call: `nbytes` read from `in`, the sum written to `out`.

@@ -25,7 +25,7 @@ nb::capsule FfiCapsule(void* fn) { return nb::capsule(fn); }
 class PyServer {
  public:
   PyServer(std::string bind, int num_workers, uint64_t token, int engine_threads, double timeout_s,
-           bool keep_alive, const std::string& role, bool deterministic) {
+           bool keep_alive, const std::string& role, bool deterministic, bool shm) {
     jbps::ServerOptions o;
     o.bind = std::move(bind);
     o.num_workers = num_workers;
@@ -39,6 +39,7 @@ class PyServer {
       throw std::invalid_argument("jbps.server: role must be 'colocated' or 'dedicated', got '" + role + "'");
     }
     o.deterministic = deterministic;
+    if (!shm) o.shm_arena_bytes = 0;
     server_ = std::make_unique<jbps::SummationServer>(o);
     std::string err;
     if (!server_->Start(&err)) throw std::runtime_error("jbps.server: " + err);
@@ -61,6 +62,8 @@ class PyServer {
     d["sums_sent"] = s.sums_sent;
     d["rejected"] = s.rejected;
     d["workers_lost"] = s.workers_lost;
+    d["bytes_shm"] = s.bytes_shm;
+    d["shm_workers"] = s.shm_workers;
     d["thread_bytes"] = s.thread_bytes;
     return d;
   }
@@ -126,7 +129,7 @@ NB_MODULE(_core, m) {
   m.def(
       "engine_start",
       [](std::vector<std::string> servers, uint32_t rank, uint32_t num_workers, uint64_t token,
-         int credit, double timeout_s, bool trace) {
+         int credit, double timeout_s, bool trace, bool shm, size_t shm_slot_bytes) {
         jbps::EngineOptions o;
         o.servers = std::move(servers);
         o.rank = rank;
@@ -135,6 +138,8 @@ NB_MODULE(_core, m) {
         o.credit = credit;
         o.timeout_s = timeout_s;
         o.trace = trace;
+        o.shm = shm;
+        o.shm_slot_bytes = shm_slot_bytes;
         std::string err;
         bool ok;
         {
@@ -144,7 +149,8 @@ NB_MODULE(_core, m) {
         if (!ok) throw std::runtime_error(err);
       },
       nb::arg("servers"), nb::arg("rank"), nb::arg("num_workers"), nb::arg("token"), nb::arg("credit"),
-      nb::arg("timeout_s"), nb::arg("trace") = false);
+      nb::arg("timeout_s"), nb::arg("trace") = false, nb::arg("shm") = true,
+      nb::arg("shm_slot_bytes") = size_t{4} << 20);
 
   m.def("engine_stop", [] {
     nb::gil_scoped_release release;
@@ -183,6 +189,9 @@ NB_MODULE(_core, m) {
     d["bytes_pushed"] = s.bytes_pushed;
     d["bytes_pulled"] = s.bytes_pulled;
     d["busy_seconds"] = s.busy_seconds;
+    d["bytes_shm"] = s.bytes_shm;
+    d["chunks_fused"] = s.chunks_fused;
+    d["shm_servers"] = s.shm_servers;
     return d;
   });
   // The server's f32 add kernel on numpy arrays, for the benchmark (acc += src).
@@ -197,9 +206,10 @@ NB_MODULE(_core, m) {
   m.def("chunk_key", &jbps::ChunkKey, nb::arg("base_key"), nb::arg("shard"), nb::arg("chunk"));
 
   nb::class_<PyServer>(m, "Server")
-      .def(nb::init<std::string, int, uint64_t, int, double, bool, const std::string&, bool>(), nb::arg("bind"),
+      .def(nb::init<std::string, int, uint64_t, int, double, bool, const std::string&, bool, bool>(), nb::arg("bind"),
            nb::arg("num_workers"), nb::arg("token") = 0, nb::arg("engine_threads") = 0, nb::arg("timeout_s") = 60.0,
-           nb::arg("keep_alive") = false, nb::arg("role") = "colocated", nb::arg("deterministic") = false)
+           nb::arg("keep_alive") = false, nb::arg("role") = "colocated", nb::arg("deterministic") = false,
+           nb::arg("shm") = true)
       .def_prop_ro("port", &PyServer::port)
       .def("wait", &PyServer::wait, nb::arg("seconds"))
       .def("stop", &PyServer::stop)

@@ -16,6 +16,17 @@
 //                               tree, else kError naming the first leaf that differs
 //   server -> worker  kAbort    payload = why the job failed (a worker was lost); the server
 //                               closes the connection after it
+//
+// With shared memory (shm.h; worker and server on one host):
+//   worker -> server  kShmOffer  on the server's Unix socket, with the worker's push
+//                                region's fd attached; sender=rank, key=slot bytes
+//   server -> worker  kShmAccept on that socket, with the server's sum arena fd attached
+//                                (or kError + message)
+//   worker -> server  kPushShm   key, round, dtype, payload = ShmRef into the worker's region;
+//                                answered by kPushAck once the server has added it (the
+//                                slot is then free again)
+//   server -> worker  kSumShm    key, round, dtype, payload = ShmRef into the server's arena
+//   worker -> server  kRelease   key, round: the worker has copied that sum out
 #pragma once
 
 #include <cstddef>
@@ -49,7 +60,19 @@ enum class MsgType : uint16_t {
   kBye = 7,
   kTree = 8,
   kAbort = 9,
+  kPushShm = 10,
+  kSumShm = 11,
+  kRelease = 12,
+  kShmOffer = 13,
+  kShmAccept = 14,
 };
+
+// Where a payload lies in shared memory: the payload of kPushShm and kSumShm.
+struct ShmRef {
+  uint64_t offset = 0;
+  uint64_t nbytes = 0;
+};
+static_assert(sizeof(ShmRef) == 16, "wire ShmRef must stay 16 bytes");
 
 struct FrameHeader {
   uint32_t magic = kMagic;
@@ -93,7 +116,7 @@ inline std::string ValidateHeader(const FrameHeader& h, uint64_t token) {
            std::to_string(kProtocolVersion);
   if (h.token != token) return "wrong job token";
   if (h.type < static_cast<uint16_t>(MsgType::kHello) ||
-      h.type > static_cast<uint16_t>(MsgType::kAbort))
+      h.type > static_cast<uint16_t>(MsgType::kShmAccept))
     return "unknown message type " + std::to_string(h.type);
   const bool carries_data = h.type == static_cast<uint16_t>(MsgType::kPush) ||
                             h.type == static_cast<uint16_t>(MsgType::kSum);
@@ -102,6 +125,10 @@ inline std::string ValidateHeader(const FrameHeader& h, uint64_t token) {
     if (h.nbytes > kMaxPayloadBytes) return "payload length " + std::to_string(h.nbytes) + " too large";
     if (h.nbytes % DTypeSize(static_cast<DType>(h.dtype)) != 0)
       return "payload length not a multiple of the element size";
+  } else if (h.type == static_cast<uint16_t>(MsgType::kPushShm) ||
+             h.type == static_cast<uint16_t>(MsgType::kSumShm)) {
+    if (!DTypeValid(h.dtype)) return "unknown dtype code " + std::to_string(h.dtype);
+    if (h.nbytes != sizeof(ShmRef)) return "shared-memory reference of the wrong length";
   } else if (h.type == static_cast<uint16_t>(MsgType::kError) || h.type == static_cast<uint16_t>(MsgType::kAbort)) {
     if (h.nbytes > kMaxErrorBytes) return "error message too long";
   } else if (h.type == static_cast<uint16_t>(MsgType::kTree)) {

@@ -14,6 +14,7 @@
 #include <deque>
 #include <list>
 #include <mutex>
+#include <random>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -22,13 +23,70 @@
 #include "log.h"
 #include "net.h"
 #include "protocol.h"
+#include "shm.h"
 #include "sum_kernels.h"
 
 namespace jbps {
 namespace {
 
-using Payload = std::shared_ptr<AlignedBuffer>;
 using Clock = std::chrono::steady_clock;
+
+// Bytes the server holds: a push, an accumulator, a sum, a tree.
+class Block {
+ public:
+  virtual ~Block() = default;
+  virtual char* data() = 0;
+  virtual size_t size() const = 0;
+  // Where the block lies in the sum arena, or -1 when it lies elsewhere.
+  virtual int64_t arena_offset() const { return -1; }
+  // False for a view of a worker's push slot: the worker reuses the slot
+  // once the push is acknowledged, so a view is never kept past that.
+  virtual bool owned() const { return true; }
+};
+using Payload = std::shared_ptr<Block>;
+
+class HeapBlock : public Block {
+ public:
+  explicit HeapBlock(size_t n) : buf_(n) {}
+  char* data() override { return buf_.data(); }
+  size_t size() const override { return buf_.size(); }
+
+ private:
+  AlignedBuffer buf_;
+};
+
+// Bytes inside a shared region.
+class RegionSlice : public Block {
+ public:
+  RegionSlice(std::shared_ptr<SharedRegion> region, uint64_t offset, size_t n)
+      : region_(std::move(region)), offset_(offset), size_(n) {}
+  char* data() override { return region_->data() + offset_; }
+  size_t size() const override { return size_; }
+
+ protected:
+  std::shared_ptr<SharedRegion> region_;
+  uint64_t offset_;
+  size_t size_;
+};
+
+// A block of the sum arena, returned to it when the last reference goes.
+class ArenaBlock : public RegionSlice {
+ public:
+  ArenaBlock(std::shared_ptr<Arena> arena, int64_t offset, size_t n)
+      : RegionSlice(arena->region(), static_cast<uint64_t>(offset), n), arena_(std::move(arena)) {}
+  ~ArenaBlock() override { arena_->Free(static_cast<int64_t>(offset_)); }
+  int64_t arena_offset() const override { return static_cast<int64_t>(offset_); }
+
+ private:
+  std::shared_ptr<Arena> arena_;
+};
+
+// A push in a worker's shared region, read in place.
+class PushView : public RegionSlice {
+ public:
+  using RegionSlice::RegionSlice;
+  bool owned() const override { return false; }
+};
 
 // Connections waiting to say hello, and how long they may take: beyond these
 // the oldest is dropped, so silent or slow peers cannot pile up.
@@ -116,6 +174,7 @@ std::string TreeDifference(uint32_t rank_a, const std::string& a, uint32_t rank_
 // A connection that has not said hello yet: read by the acceptor alone.
 struct Pending {
   int fd = -1;
+  bool shm = false;  // on the shared-memory socket: a kShmOffer, not a hello
   std::string peer;
   Clock::time_point deadline;
   FrameHeader hello;
@@ -143,6 +202,10 @@ struct Conn {
   std::atomic<bool> aborted{false};  // closed by the server because the job failed
   std::atomic<bool> reader_done{false};
   std::atomic<bool> writer_done{false};
+  // The worker's push region when it shares memory with this server (set
+  // once by the acceptor, before the worker's first kPushShm), else null.
+  std::shared_ptr<SharedRegion> push_region;
+  std::atomic<bool> shm{false};
   std::thread reader;
   std::thread writer;
 
@@ -178,6 +241,22 @@ struct Task {
   Payload data;
   ConnPtr conn;
   bool tree = false;  // a tree description to compare, not data to add
+  bool ack_after = false;  // a shared-memory push: acknowledged once added, which frees its slot
+};
+
+// A sum in the arena that shared-memory workers are still copying out.
+struct HoldKey {
+  uint64_t epoch;
+  uint64_t key;
+  uint32_t round;
+  bool operator==(const HoldKey& o) const { return epoch == o.epoch && key == o.key && round == o.round; }
+};
+struct HoldKeyHash {
+  size_t operator()(const HoldKey& k) const { return (k.key * 31 + k.round) * 31 + k.epoch; }
+};
+struct Hold {
+  Payload sum;
+  int readers = 0;
 };
 
 // The sum of one key in one round, until every worker has pushed it.
@@ -233,11 +312,27 @@ struct SummationServer::Impl {
   std::string failure;
   std::atomic<bool> stopping{false};
 
-  std::atomic<uint64_t> pushes{0}, bytes_received{0}, sums_sent{0}, rejected{0}, workers_lost{0};
+  std::atomic<uint64_t> pushes{0}, bytes_received{0}, sums_sent{0}, rejected{0}, workers_lost{0}, bytes_shm{0};
+
+  // Shared memory (shm.h): the sum arena every colocated worker maps, the
+  // socket its descriptor is handed out on, and this server's instance id
+  // (which names that socket; workers learn it from the hello reply).
+  std::shared_ptr<Arena> arena;
+  int shm_fd = -1;
+  uint64_t instance = 0;
+  std::atomic<int> shm_workers{0};
+  std::mutex holds_mu;
+  std::unordered_map<HoldKey, Hold, HoldKeyHash> holds;
 
   void AcceptLoop();
   void Accept(std::list<Pending>* pending);
   void ReadHello(Pending& p, bool* done);
+  void ReadShmOffer(Pending& p);
+  Payload NewBlock(size_t n);
+  Payload InArena(Payload p);
+  void Release(const ConnPtr& c, const FrameHeader& h);
+  void PurgeHolds(uint64_t before_epoch);
+  void Ack(const ConnPtr& c, uint64_t key, uint32_t round);
   void ReaderLoop(ConnPtr c);
   void WriterLoop(ConnPtr c);
   void EngineLoop(EngineThread* e);
@@ -287,6 +382,18 @@ bool SummationServer::Start(std::string* err) {
     e->thread = std::thread([&s, e] { s.EngineLoop(e); });
   }
   s.thread_bytes.assign(s.engines.size(), 0);
+  if (s.opt.shm_arena_bytes > 0) {
+    std::random_device rd;
+    s.instance = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(::getpid());
+    std::string why;
+    auto region = SharedRegion::Create(s.opt.shm_arena_bytes, "jbps-sums", &why);
+    if (region) s.shm_fd = ListenShmSocket(ShmSocketName(s.opt.token, s.instance), &why);
+    if (region && s.shm_fd >= 0) {
+      s.arena = std::make_shared<Arena>(std::move(region));
+    } else {
+      LogWarning("jbps.server: no shared memory for colocated workers (%s); they will use TCP", why.c_str());
+    }
+  }
   s.acceptor = std::thread([&s] { s.AcceptLoop(); });
   return true;
 }
@@ -334,6 +441,12 @@ void SummationServer::Stop() {
   }
   CloseFd(s.listen_fd);
   s.listen_fd = -1;
+  CloseFd(s.shm_fd);
+  s.shm_fd = -1;
+  {
+    std::lock_guard<std::mutex> lock(s.holds_mu);
+    s.holds.clear();
+  }
   for (int& fd : s.wake_pipe) {
     CloseFd(fd);
     fd = -1;
@@ -349,6 +462,8 @@ ServerStats SummationServer::stats() const {
   st.sums_sent = impl_->sums_sent.load();
   st.rejected = impl_->rejected.load();
   st.workers_lost = impl_->workers_lost.load();
+  st.bytes_shm = impl_->bytes_shm.load();
+  st.shm_workers = static_cast<uint64_t>(std::max(0, impl_->shm_workers.load()));
   std::lock_guard<std::mutex> lock(impl_->bind_mu);
   st.thread_bytes = impl_->thread_bytes;
   return st;
@@ -375,6 +490,7 @@ void SummationServer::Impl::AcceptLoop() {
     fds.clear();
     fds.push_back({wake_pipe[0], POLLIN, 0});
     fds.push_back({listen_fd, POLLIN, 0});
+    fds.push_back({shm_fd, static_cast<short>(shm_fd >= 0 ? POLLIN : 0), 0});  // poll ignores fd -1
     auto soonest = Clock::now() + std::chrono::seconds(1);
     for (auto& p : pending) {
       fds.push_back({p.fd, POLLIN, 0});
@@ -386,11 +502,14 @@ void SummationServer::Impl::AcceptLoop() {
     if (rc < 0 && errno != EINTR) break;
     if (stopping || (rc > 0 && fds[0].revents)) break;
     // Hellos first (their fds are in `fds` in list order), then new connections.
-    size_t i = 2;
+    size_t i = 3;
     const auto now = Clock::now();
     for (auto it = pending.begin(); it != pending.end(); ++i) {
       bool done = false;
-      if (fds[i].revents) {
+      if (fds[i].revents && it->shm) {
+        ReadShmOffer(*it);
+        done = true;
+      } else if (fds[i].revents) {
         ReadHello(*it, &done);
       } else if (now >= it->deadline) {
         Refuse(it->peer, "no hello within " + std::to_string(static_cast<int>(hello_s)) + " s");
@@ -399,10 +518,11 @@ void SummationServer::Impl::AcceptLoop() {
       }
       it = done ? pending.erase(it) : std::next(it);
     }
-    if (fds[1].revents) {
+    for (int side = 1; side <= 2; ++side) {
+      if (!fds[side].revents) continue;
       ReapFinishedConns();
       for (int k = 0; k < 64; ++k) {  // a burst at a time, then the hellos again
-        int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        int fd = ::accept4(fds[side].fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (fd < 0) {
           // Out of descriptors: back off instead of spinning.
           if (errno == EMFILE || errno == ENFILE) std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -413,10 +533,11 @@ void SummationServer::Impl::AcceptLoop() {
           CloseFd(pending.front().fd);
           pending.pop_front();
         }
-        TuneSocket(fd);  // no Nagle: a small ack queued before a sum must not delay it by a delayed-ACK timeout
         Pending p;
         p.fd = fd;
-        p.peer = PeerName(fd);
+        p.shm = side == 2;
+        if (!p.shm) TuneSocket(fd);  // no Nagle: a small ack queued before a sum must not wait out a delayed ACK
+        p.peer = p.shm ? "the shared-memory socket" : PeerName(fd);
         p.deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(hello_s));
         pending.push_back(std::move(p));
       }
@@ -483,11 +604,115 @@ void SummationServer::Impl::ReadHello(Pending& p, bool* done) {
   SetLiveness(c->fd, opt.timeout_s);
   FrameHeader ok = MakeHeader(MsgType::kHelloOk, opt.token);
   ok.key = static_cast<uint64_t>(opt.role);
+  if (arena) {  // where to offer shared memory (shm.h); 0 when there is none
+    ok.sender = static_cast<uint32_t>(instance);
+    ok.round = static_cast<uint32_t>(instance >> 32);
+  }
   c->Send(OutMsg{ok, nullptr, {}});
   std::lock_guard<std::mutex> lock(mu);
   conns.push_back(c);
   c->reader = std::thread([this, c] { ReaderLoop(c); });
   c->writer = std::thread([this, c] { WriterLoop(c); });
+}
+
+// A worker on this host offers its push region (a sealed memfd) on the
+// shared-memory socket; the server maps it read-only, binds it to that
+// worker's connection and answers with its sum arena. Read by the acceptor,
+// so the offer must be there when the socket turns readable (one
+// SOCK_SEQPACKET message, sent right after connecting).
+void SummationServer::Impl::ReadShmOffer(Pending& p) {
+  char buf[sizeof(FrameHeader) + 16];
+  int fd = -1;
+  ssize_t n = RecvWithFd(p.fd, buf, sizeof(buf), &fd, 0);
+  FrameHeader h;
+  std::string why;
+  if (n != static_cast<ssize_t>(sizeof(h))) {
+    why = "not a shared-memory offer";
+  } else {
+    std::memcpy(&h, buf, sizeof(h));
+    why = ValidateHeader(h, opt.token);
+    if (why.empty() && h.type != static_cast<uint16_t>(MsgType::kShmOffer)) why = "not a shared-memory offer";
+  }
+  if (!why.empty()) {  // said to no one: the peer may not hold the token
+    if (fd >= 0) CloseFd(fd);
+    Refuse(p.peer, why);
+    CloseFd(p.fd);
+    return;
+  }
+  ConnPtr conn;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (auto& c : conns)
+      if (c->rank == h.sender && c->epoch == epoch && !c->reader_done) conn = c;
+  }
+  std::shared_ptr<SharedRegion> region;
+  if (fd < 0) {
+    why = "the offer carried no region";
+  } else if (!conn) {
+    why = "worker " + std::to_string(h.sender) + " has no connection to this server";
+    CloseFd(fd);
+  } else if (h.key < 4096 || h.key > opt.max_payload_bytes) {
+    why = "push slots of " + std::to_string(h.key) + " bytes";
+    CloseFd(fd);
+  } else if ((region = SharedRegion::Attach(fd, /*writable=*/false, &why)) == nullptr) {
+    // Attach closed fd and said why.
+  } else {
+    std::lock_guard<std::mutex> lock(conn->mu);
+    if (conn->push_region) {
+      why = "worker " + std::to_string(h.sender) + " already shares memory with this server";
+    } else {
+      conn->push_region = region;
+      conn->shm.store(true, std::memory_order_release);
+      ++shm_workers;
+    }
+  }
+  FrameHeader reply = MakeHeader(why.empty() ? MsgType::kShmAccept : MsgType::kError, opt.token);
+  if (!why.empty()) Refuse(p.peer, "worker " + std::to_string(h.sender) + ": " + why);
+  // SOCK_SEQPACKET keeps header and message one datagram; the worker reads both at once.
+  std::string msg(reinterpret_cast<const char*>(&reply), sizeof(reply));
+  if (!why.empty()) {
+    reply.nbytes = std::min<size_t>(why.size(), 1024);
+    msg.assign(reinterpret_cast<const char*>(&reply), sizeof(reply));
+    msg += why.substr(0, reply.nbytes);
+  }
+  SendWithFd(p.fd, msg.data(), msg.size(), why.empty() ? arena->region()->fd() : -1, 1000);
+  CloseFd(p.fd);
+}
+
+Payload SummationServer::Impl::NewBlock(size_t n) {
+  // In the arena while some worker can read sums there; on the heap otherwise.
+  if (arena && shm_workers.load() > 0) {
+    int64_t offset = arena->Allocate(n);
+    if (offset >= 0) return std::make_shared<ArenaBlock>(arena, offset, n);
+  }
+  return std::make_shared<HeapBlock>(n);
+}
+
+Payload SummationServer::Impl::InArena(Payload p) {
+  if (!arena || p->arena_offset() >= 0) return p;
+  int64_t offset = arena->Allocate(p->size());
+  if (offset < 0) return p;  // arena full: this sum goes over TCP
+  auto block = std::make_shared<ArenaBlock>(arena, offset, p->size());
+  std::memcpy(block->data(), p->data(), p->size());
+  return block;
+}
+
+void SummationServer::Impl::Ack(const ConnPtr& c, uint64_t key, uint32_t round) {
+  FrameHeader ack = MakeHeader(MsgType::kPushAck, opt.token);
+  ack.key = key;
+  ack.round = round;
+  c->Send(OutMsg{ack, nullptr, {}});
+}
+
+void SummationServer::Impl::Release(const ConnPtr& c, const FrameHeader& h) {
+  std::lock_guard<std::mutex> lock(holds_mu);
+  auto it = holds.find(HoldKey{c->epoch, h.key, h.round});
+  if (it != holds.end() && --it->second.readers == 0) holds.erase(it);  // the block goes back to the arena
+}
+
+void SummationServer::Impl::PurgeHolds(uint64_t before_epoch) {
+  std::lock_guard<std::mutex> lock(holds_mu);
+  for (auto it = holds.begin(); it != holds.end();) it = it->first.epoch < before_epoch ? holds.erase(it) : std::next(it);
 }
 
 void SummationServer::Impl::ReapFinishedConns() {
@@ -515,7 +740,7 @@ Payload SummationServer::Impl::RecvPayload(const ConnPtr& c, uint64_t nbytes, st
   // little costs what was sent, not what was claimed.
   constexpr uint64_t kStep = uint64_t{64} << 20;
   try {
-    Payload buf = std::make_shared<AlignedBuffer>(std::min(nbytes, kStep));
+    Payload buf = std::make_shared<HeapBlock>(std::min(nbytes, kStep));
     uint64_t got = 0;
     for (;;) {
       IoStatus st = RecvAll(c->fd, buf->data() + got, buf->size() - got, stall_ms, stall_ms);
@@ -525,7 +750,7 @@ Payload SummationServer::Impl::RecvPayload(const ConnPtr& c, uint64_t nbytes, st
       }
       got = buf->size();
       if (got == nbytes) return buf;
-      auto bigger = std::make_shared<AlignedBuffer>(std::min(nbytes, 2 * got));
+      Payload bigger = std::make_shared<HeapBlock>(std::min(nbytes, 2 * got));
       std::memcpy(bigger->data(), buf->data(), got);
       buf = std::move(bigger);
     }
@@ -537,6 +762,7 @@ Payload SummationServer::Impl::RecvPayload(const ConnPtr& c, uint64_t nbytes, st
 
 void SummationServer::Impl::ReaderLoop(ConnPtr c) {
   bool said_bye_here = false;
+  uint64_t purge_before = 0;  // a finished job's sums still held for readers that left
   std::string lost;  // why the worker is gone, if it did not say goodbye
   for (;;) {
     FrameHeader h;
@@ -552,35 +778,61 @@ void SummationServer::Impl::ReaderLoop(ConnPtr c) {
       break;
     }
     const bool tree = h.type == static_cast<uint16_t>(MsgType::kTree);
-    if (why.empty() && h.type != static_cast<uint16_t>(MsgType::kPush) && !tree) why = "unexpected message type";
+    const bool shm_push = h.type == static_cast<uint16_t>(MsgType::kPushShm);
+    const bool release = h.type == static_cast<uint16_t>(MsgType::kRelease);
+    if (why.empty() && h.type != static_cast<uint16_t>(MsgType::kPush) && !tree && !shm_push && !release)
+      why = "unexpected message type";
     if (why.empty() && h.sender != c->rank) why = "push claims another worker's rank";
-    if (why.empty() && h.nbytes > opt.max_payload_bytes)
-      why = "push of " + std::to_string(h.nbytes) + " bytes, over this server's limit of " +
-            std::to_string(opt.max_payload_bytes);
+    if (why.empty() && release) {
+      Release(c, h);
+      continue;
+    }
     Payload data;
-    if (why.empty()) data = RecvPayload(c, h.nbytes, &why);
+    if (why.empty() && shm_push) {
+      ShmRef ref;
+      IoStatus rst = RecvAll(c->fd, &ref, sizeof(ref), stall_ms, stall_ms);
+      std::shared_ptr<SharedRegion> region = c->shm.load(std::memory_order_acquire) ? c->push_region : nullptr;
+      if (rst != IoStatus::kOk) {
+        why = std::string("truncated push: ") + IoStatusName(rst);
+      } else if (!region) {
+        why = "a shared-memory push without a shared region";
+      } else if (!region->Contains(ref.offset, ref.nbytes) || ref.nbytes > opt.max_payload_bytes ||
+                 ref.nbytes % DTypeSize(static_cast<DType>(h.dtype)) != 0) {
+        why = "a shared-memory push outside its region or not whole elements";
+      } else {
+        data = std::make_shared<PushView>(region, ref.offset, ref.nbytes);
+      }
+    } else if (why.empty()) {
+      if (h.nbytes > opt.max_payload_bytes)
+        why = "push of " + std::to_string(h.nbytes) + " bytes, over this server's limit of " +
+              std::to_string(opt.max_payload_bytes);
+      else
+        data = RecvPayload(c, h.nbytes, &why);
+    }
     if (!why.empty()) {
       Refuse(c->peer, "worker " + std::to_string(c->rank) + ": " + why);
       lost = "it sent a bad message: " + why;
       break;
     }
+    const uint64_t nbytes = data->size();
     if (!tree) {  // the counters are of data; tree checks are bookkeeping
       ++pushes;
-      bytes_received += h.nbytes;
+      bytes_received += nbytes;
+      if (shm_push) bytes_shm += nbytes;
     }
-    FrameHeader ack = MakeHeader(MsgType::kPushAck, opt.token);
-    ack.key = h.key;
-    ack.round = h.round;
-    c->Send(OutMsg{ack, nullptr, {}});
-    EngineThread* e = ThreadFor(h.key, h.nbytes);
+    // A TCP push is acknowledged now: its bytes are here. A shared-memory
+    // one once added (EngineLoop): until then the worker must not reuse its slot.
+    if (!shm_push) Ack(c, h.key, h.round);
+    EngineThread* e = ThreadFor(h.key, nbytes);
     if (e == nullptr) {
+      if (shm_push) Ack(c, h.key, h.round);
       SendError(c, h.key, h.round, "the server already tracks " + std::to_string(opt.max_keys) +
                                        " keys, its limit (are tensor names unique per step?)");
       continue;
     }
     {
       std::lock_guard<std::mutex> lock(e->mu);
-      Task t{h.key, h.round, static_cast<DType>(h.dtype), c->rank, std::move(data), c, tree};
+      Task t{h.key, h.round, static_cast<DType>(h.dtype), c->rank, std::move(data), c, tree, shm_push};
       if (tree) t.dtype = DType::kF32;  // unused for trees
       e->queue.push_back(std::move(t));
     }
@@ -588,6 +840,7 @@ void SummationServer::Impl::ReaderLoop(ConnPtr c) {
   }
   if (!said_bye_here && !stopping && !c->aborted) WorkerLost(c, lost);
   c->Close();
+  if (c->shm.exchange(false)) --shm_workers;
   c->reader_done = true;
   bool job_over = false;
   {
@@ -598,6 +851,7 @@ void SummationServer::Impl::ReaderLoop(ConnPtr c) {
       if (++byes == opt.num_workers) {
         if (opt.keep_alive) {
           ++epoch;  // a new job may start with the same ranks and fresh rounds
+          purge_before = epoch;
           byes = 0;
           said_bye.assign(opt.num_workers, false);
         } else {
@@ -606,6 +860,7 @@ void SummationServer::Impl::ReaderLoop(ConnPtr c) {
       }
     }
   }
+  if (purge_before > 0) PurgeHolds(purge_before);
   if (job_over) MarkFinished();
 }
 
@@ -631,6 +886,7 @@ void SummationServer::Impl::WorkerLost(const ConnPtr& c, const std::string& why)
       connected.assign(opt.num_workers, false);
     }
   }
+  if (opt.keep_alive) PurgeHolds(epoch);
   FrameHeader h = MakeHeader(MsgType::kAbort, opt.token);
   h.nbytes = std::min<uint64_t>(msg.size(), kMaxErrorBytes);
   for (auto& o : others) o->Finish(OutMsg{h, nullptr, msg.substr(0, h.nbytes)});
@@ -706,22 +962,28 @@ void SummationServer::Impl::EngineLoop(EngineThread* e) {
       e->queue.pop_front();
     }
     // A failed or finished job's half-done rounds are dropped, not mixed into the next job.
-    if (t.conn->epoch < e->epoch) continue;
-    if (t.conn->epoch > e->epoch) {
-      e->rounds.clear();
-      e->epoch = t.conn->epoch;
+    if (t.conn->epoch >= e->epoch) {
+      if (t.conn->epoch > e->epoch) {
+        e->rounds.clear();
+        e->epoch = t.conn->epoch;
+      }
+      Process(t, e);
     }
-    Process(t, e);
+    // Whatever became of it, the push is no longer read: its slot is free.
+    if (t.ack_after) Ack(t.conn, t.key, t.round);
   }
 }
 
 void SummationServer::Impl::Fold(RoundState& st, DType dtype, Payload data) {
   const size_t count = data->size() / DTypeSize(dtype);
   if (st.folded++ == 0) {
-    if (AccumulatorIsWire(dtype)) {
+    if (AccumulatorIsWire(dtype) && data->owned()) {
       st.acc = std::move(data);  // the first push becomes the sum: no copy
+    } else if (AccumulatorIsWire(dtype)) {
+      st.acc = NewBlock(data->size());  // a view of a push slot, which the worker will reuse
+      std::memcpy(st.acc->data(), data->data(), data->size());
     } else {
-      st.acc = std::make_shared<AlignedBuffer>(count * AccumulatorSize(dtype));
+      st.acc = NewBlock(count * AccumulatorSize(dtype));
       AccumulatorInit(dtype, st.acc->data(), data->data(), count);
     }
   } else {
@@ -777,9 +1039,20 @@ void SummationServer::Impl::Process(Task& t, EngineThread* e) {
     SendError(t.conn, t.key, t.round, st.error);
   } else if (!opt.deterministic) {
     Fold(st, t.dtype, std::move(t.data));  // in arrival order
+    if (t.ack_after) {  // added: the slot is free before the sum goes out
+      Ack(t.conn, t.key, t.round);
+      t.ack_after = false;
+    }
   } else {
     // In rank order: hold a push until every lower rank's push is added.
     if (st.held.empty()) st.held.resize(opt.num_workers);
+    if (!t.data->owned() && st.folded != static_cast<int>(t.rank)) {
+      // Held for a lower rank: copied out, so its slot is acknowledged now
+      // and no worker's credit waits on another's.
+      Payload copy = std::make_shared<HeapBlock>(t.data->size());
+      std::memcpy(copy->data(), t.data->data(), t.data->size());
+      t.data = std::move(copy);
+    }
     st.held[t.rank] = std::move(t.data);
     while (st.folded < opt.num_workers && st.held[st.folded]) {
       Payload next = std::move(st.held[st.folded]);
@@ -798,16 +1071,36 @@ void SummationServer::Impl::Process(Task& t, EngineThread* e) {
     Payload result = st.acc;
     if (!AccumulatorIsWire(st.dtype)) {
       size_t count = st.nbytes / DTypeSize(st.dtype);
-      result = std::make_shared<AlignedBuffer>(st.nbytes);
+      result = NewBlock(st.nbytes);
       AccumulatorFinish(st.dtype, result->data(), st.acc->data(), count);
+    }
+    int readers = 0;
+    for (auto& w : st.waiters) readers += w->shm.load(std::memory_order_acquire);
+    if (readers > 0) result = InArena(std::move(result));
+    const bool shared = readers > 0 && result->arena_offset() >= 0;
+    if (shared) {  // held until every shared-memory worker has copied it out (kRelease)
+      std::lock_guard<std::mutex> lock(holds_mu);
+      holds[HoldKey{t.conn->epoch, t.key, t.round}] = Hold{result, readers};
     }
     FrameHeader h = MakeHeader(MsgType::kSum, opt.token);
     h.key = t.key;
     h.round = t.round;
     h.dtype = static_cast<uint8_t>(st.dtype);
     h.nbytes = st.nbytes;
+    FrameHeader hs = h;
+    hs.type = static_cast<uint16_t>(MsgType::kSumShm);
+    hs.nbytes = sizeof(ShmRef);
+    ShmRef ref;
+    ref.offset = shared ? static_cast<uint64_t>(result->arena_offset()) : 0;
+    ref.nbytes = st.nbytes;
+    const std::string ref_bytes(reinterpret_cast<const char*>(&ref), sizeof(ref));
     for (auto& w : st.waiters) {
-      w->Send(OutMsg{h, result, {}});
+      if (shared && w->shm.load(std::memory_order_acquire)) {
+        w->Send(OutMsg{hs, nullptr, ref_bytes});
+        bytes_shm += st.nbytes;
+      } else {
+        w->Send(OutMsg{h, result, {}});
+      }
       ++sums_sent;
     }
   }

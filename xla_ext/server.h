@@ -36,6 +36,10 @@ struct ServerOptions {
   // Distinct keys the server binds to threads; a push of a new key beyond
   // this fails with an error instead of growing the map without bound.
   size_t max_keys = size_t{1} << 22;
+  // Share memory with workers on this host (shm.h): sums are built in an
+  // arena of this many bytes (virtual; pages are touched as sums need them),
+  // which colocated workers map. 0 turns it off: TCP only.
+  uint64_t shm_arena_bytes = uint64_t{1} << 30;
 };
 
 struct ServerStats {
@@ -44,6 +48,8 @@ struct ServerStats {
   uint64_t sums_sent = 0;
   uint64_t rejected = 0;      // connections refused before or after their hello
   uint64_t workers_lost = 0;  // authenticated workers gone without a goodbye
+  uint64_t bytes_shm = 0;     // pushed and summed bytes that crossed shared memory, not a socket
+  uint64_t shm_workers = 0;   // workers connected through shared memory now
   std::vector<uint64_t> thread_bytes;  // bytes of the keys bound to each engine thread (one round each)
 };
 

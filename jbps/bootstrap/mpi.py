@@ -32,7 +32,7 @@ import threading
 import time
 from typing import Callable
 
-from ..config import Config
+from ..config import Config, env_value
 from ..errors import JbpsError
 
 log = logging.getLogger("jbps.bootstrap")
@@ -150,7 +150,8 @@ def start_colocated(bind: str, num_workers: int, token: int, role: str, timeout_
     from .. import _core
     from ..config import deterministic_sums
 
-    return _core.Server(bind, num_workers, token, 0, timeout_s, False, role, deterministic_sums())
+    return _core.Server(bind, num_workers, token, 0, timeout_s, False, role, deterministic_sums(),
+                        env_value("shm"))
 
 
 def join_as_worker(requested: Config) -> tuple[Config, list]:

@@ -48,6 +48,12 @@ def push_pull(shard_index: jax.Array, shards: Sequence[jax.Array], plan: CallPla
         [jax.ShapeDtypeStruct(s.shape, s.dtype) for s in shards],
         # A sum is elementwise, so a batch of sums is the sum of the batch.
         vmap_method="broadcast_all",
+        # Each sum lands in its own operand's buffer when XLA can give it up
+        # (a gradient dead after the step, a donated argument): no fresh
+        # output buffer, whose first touch costs page faults every step. The
+        # engine reads a chunk before its sum can arrive (the server waits
+        # for this worker's push), so in place is safe.
+        input_output_aliases={i + 1: i for i in range(len(shards))},
     )
     return call(
         shard_index,

@@ -44,6 +44,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     try:
         token = env_value("job_token")
         timeout_s = env_value("timeout_s")
+        shm = env_value("shm")
     except JbpsError as exc:
         p.error(str(exc))
     p.add_argument("--bind", default=_env("JBPS_SERVER_BIND", default="127.0.0.1:0"),
@@ -66,6 +67,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    default=deterministic_sums(),
                    help="add pushes in worker-rank order, so sums are bitwise identical run to run "
                         "(env JBPS_DETERMINISTIC=1)")
+    p.add_argument("--no-shm", dest="shm", action="store_false", default=shm,
+                   help="no shared memory with workers on this host: they send through TCP (env JBPS_SHM=0)")
     p.add_argument("--keep-alive", action="store_true",
                    help="keep serving after every worker said goodbye (for a following job)")
     args = p.parse_args(argv)
@@ -88,7 +91,7 @@ def start(args):
 
     def make(bind, num_workers, token, role):
         return _core.Server(bind, num_workers, token, args.engine_threads, args.timeout, args.keep_alive, role,
-                            args.deterministic)
+                            args.deterministic, args.shm)
 
     if args.num_workers is None and args.scheduler:
         from ..bootstrap.scheduler import join_as_server
