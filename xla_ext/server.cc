@@ -658,7 +658,9 @@ void SummationServer::Impl::ReadShmOffer(Pending& p) {
     // Attach closed fd and said why.
   } else {
     std::lock_guard<std::mutex> lock(conn->mu);
-    if (conn->push_region) {
+    if (conn->closing) {
+      why = "worker " + std::to_string(h.sender) + "'s connection is closing";
+    } else if (conn->push_region) {
       why = "worker " + std::to_string(h.sender) + " already shares memory with this server";
     } else {
       conn->push_region = region;
@@ -841,6 +843,12 @@ void SummationServer::Impl::ReaderLoop(ConnPtr c) {
   if (!said_bye_here && !stopping && !c->aborted) WorkerLost(c, lost);
   c->Close();
   if (c->shm.exchange(false)) --shm_workers;
+  {
+    // Unmapped now, not when the connection is reaped: pushes still queued
+    // hold their own reference until they are added.
+    std::lock_guard<std::mutex> lock(c->mu);
+    c->push_region.reset();
+  }
   c->reader_done = true;
   bool job_over = false;
   {

@@ -137,9 +137,10 @@ size_t Arena::bytes_in_use() const {
   return in_use_;
 }
 
-std::string ShmSocketName(uint64_t token, int port) {
+std::string ShmSocketName(uint64_t token, uint64_t instance) {
   char buf[64];
-  std::snprintf(buf, sizeof(buf), "jbps-%016llx-%d", static_cast<unsigned long long>(token), port);
+  std::snprintf(buf, sizeof(buf), "jbps-%016llx-%016llx", static_cast<unsigned long long>(token),
+                static_cast<unsigned long long>(instance));
   return buf;
 }
 

@@ -11,8 +11,9 @@
 // when a process exits or is killed, and the seals stop the owner from
 // shrinking a region under a reader (which would fault). They travel as file
 // descriptors over a Unix socket in the abstract namespace, named after the
-// job's token and the server's TCP port ("jbps-<token>-<port>"): it too has
-// no file, vanishes with the server, and is scoped to the network namespace,
+// job's token and the server's random instance id ("jbps-<token>-<instance>",
+// the id told in the hello reply): it too has no file, vanishes with the
+// server, and is scoped to the network namespace,
 // so a worker on another host (or in another namespace) cannot reach it and
 // keeps using TCP. That failed connect is the whole chooser.
 #pragma once
@@ -72,8 +73,9 @@ class Arena {
   size_t in_use_ = 0;
 };
 
-// The job-scoped name of a server's shared-memory socket.
-std::string ShmSocketName(uint64_t token, int port);
+// The name of a server's shared-memory socket: its job's token and its own
+// instance id (random, sent in the hello reply), so no two servers share one.
+std::string ShmSocketName(uint64_t token, uint64_t instance);
 // A listening SOCK_SEQPACKET socket in the abstract namespace (non-blocking), or -1.
 int ListenShmSocket(const std::string& name, std::string* err);
 // Connected to a server's socket, or -1 (no such server in this namespace).

@@ -99,10 +99,11 @@ def main():
                 assert np.ascontiguousarray(got[d]).tobytes() == np.ascontiguousarray(got[0]).tobytes(), \
                     f"devices differ bitwise: round {rnd} leaf {name}"
             digest.update(np.ascontiguousarray(got[0]).tobytes())
+    stats = jbps.engine_stats()
     jbps.shutdown()
     # One write per line: mpiexec interleaves ranks' output at write boundaries.
     sys.stdout.write(json.dumps({"rank": rank, "digest": digest.hexdigest(), "rounds": args.rounds,
-                                 "backend": jax.default_backend()}) + "\n")
+                                 "backend": jax.default_backend(), "stats": stats}) + "\n")
     sys.stdout.flush()
 
 
