@@ -133,7 +133,11 @@ struct ServerConn {
   std::shared_ptr<SharedRegion> push_region;
   std::shared_ptr<SharedRegion> sum_region;
   size_t slot_bytes = 0;
-  std::vector<int> free_slots;  // guarded by Engine::Impl::mu
+  // Guarded by Engine::Impl::mu. A slot is the server's from its push until
+  // the round's sum or error arrives (the server sums from it in place);
+  // never freed by a local failure, since the server may still read it.
+  std::vector<int> free_slots;
+  std::unordered_map<RoundKey, int, RoundKeyHash> slot_of;
   // The sender's pushes and the receiver's releases share the socket.
   std::mutex write_mu;
   // Guarded by Engine::Impl::mu.
@@ -617,9 +621,10 @@ void Engine::Impl::SendLoop(ServerConn* sc) {
       h.dtype = static_cast<uint8_t>(call->spec.operands[ch->op].dtype);
       if (sc->push_region && ch->nbytes <= sc->slot_bytes) {
         std::lock_guard<std::mutex> lock(mu);
-        if (!sc->free_slots.empty()) {  // the credit window keeps one free; checked all the same
+        if (!sc->free_slots.empty()) {  // none free (a worker ahead of the others): TCP
           ch->slot = sc->free_slots.back();
           sc->free_slots.pop_back();
+          sc->slot_of[RoundKey{ch->key, ch->round}] = ch->slot;
         }
       }
       if (ch->slot >= 0) {
@@ -691,7 +696,6 @@ void Engine::Impl::RecvLoop(ServerConn* sc) {
                              [&](const ChunkPtr& c) { return c->key == h.key && c->round == h.round; });
       if (it != sc->unacked.end()) {
         if (opt.trace) (*it)->times.acked = NowMicros();
-        if ((*it)->slot >= 0) sc->free_slots.push_back((*it)->slot);
         --inflight_chunks;
         sc->unacked.erase(it);
         PopAcked(sc);
@@ -729,6 +733,11 @@ void Engine::Impl::RecvLoop(ServerConn* sc) {
       if (it != pending.end()) {
         ch = it->second;
         pending.erase(it);
+      }
+      auto slot = sc->slot_of.find(RoundKey{h.key, h.round});
+      if (slot != sc->slot_of.end()) {  // the round is over on the server: the slot is ours again
+        sc->free_slots.push_back(slot->second);
+        sc->slot_of.erase(slot);
       }
     }
     if (type == MsgType::kError) {
@@ -845,7 +854,7 @@ IoStatus Engine::Impl::SendRelease(ServerConn* sc, const FrameHeader& sum) {
   return SendAll(sc->fd, &iov, 1, stall_ms);
 }
 
-// Offers the server a shared region of `credit` push slots over its Unix
+// Offers the server a shared region of push slots over its Unix
 // socket and maps the server's sum arena in return. A server on another
 // host has no socket here, so the connect fails and the connection stays
 // on TCP; so does any other failure, with a warning.
@@ -854,7 +863,9 @@ void Engine::Impl::AttachShm(ServerConn* sc) {
   std::string err;
   int sock = ConnectShmSocket(ShmSocketName(opt.token, sc->instance), &err);
   if (sock < 0) return;
-  const size_t slots = static_cast<size_t>(opt.credit);
+  // Twice the credit: slots stay taken until sums arrive, which lags the
+  // credit's acks; a worker that runs out sends over TCP meanwhile.
+  const size_t slots = 2 * static_cast<size_t>(opt.credit);
   const size_t slot_bytes = std::max<size_t>(opt.shm_slot_bytes, 4096);
   auto region = SharedRegion::Create(slots * slot_bytes, "jbps-push", &err);
   std::shared_ptr<SharedRegion> arena;
@@ -1054,21 +1065,25 @@ void Engine::Impl::Complete(Call* c) {
   completer->Post(std::move(fn));
 }
 
+// One record per part: a fused message shows up under each tensor it carried,
+// with that tensor's bytes and priority and the message's times and key.
 void Engine::Impl::Record(const Chunk& ch, double pulled) {
-  TraceRecord r;
-  r.key = ch.key;
-  r.round = ch.round;
-  r.shard = ch.call->spec.shard;
-  r.server = ch.server;
-  r.priority = ch.priority;
-  r.nbytes = ch.nbytes;
-  r.tensor = ch.call->TensorName(ch.op);
-  if (ch.parts.size() > 1) r.tensor += " (+" + std::to_string(ch.parts.size() - 1) + " fused)";
-  r.times = ch.times;
-  r.times.pulled = pulled;
   std::lock_guard<std::mutex> lock(trace_mu);
-  // A bound on memory for long traced runs; the Python side says when it was hit.
-  if (trace.size() < kMaxTraceRecords) trace.push_back(std::move(r));
+  for (const Part& p : ch.parts) {
+    // A bound on memory for long traced runs; the Python side says when it was hit.
+    if (trace.size() >= kMaxTraceRecords) return;
+    TraceRecord r;
+    r.key = ch.key;
+    r.round = ch.round;
+    r.shard = ch.call->spec.shard;
+    r.server = ch.server;
+    r.priority = ch.call->spec.operands[p.op].priority;
+    r.nbytes = p.nbytes;
+    r.tensor = ch.call->TensorName(p.op);
+    r.times = ch.times;
+    r.times.pulled = pulled;
+    trace.push_back(std::move(r));
+  }
 }
 
 void Engine::Impl::ConnFailed(ServerConn* sc, const std::string& why) {

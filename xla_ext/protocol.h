@@ -23,8 +23,9 @@
 //   server -> worker  kShmAccept on that socket, with the server's sum arena fd attached
 //                                (or kError + message)
 //   worker -> server  kPushShm   key, round, dtype, payload = ShmRef into the worker's region;
-//                                answered by kPushAck once the server has added it (the
-//                                slot is then free again)
+//                                answered by kPushAck once taken into its round (a credit);
+//                                the slot stays the server's, read in place, until that
+//                                round's kSum/kSumShm or kError reaches the worker
 //   server -> worker  kSumShm    key, round, dtype, payload = ShmRef into the server's arena
 //   worker -> server  kRelease   key, round: the worker has copied that sum out
 #pragma once

@@ -39,9 +39,6 @@ class Block {
   virtual size_t size() const = 0;
   // Where the block lies in the sum arena, or -1 when it lies elsewhere.
   virtual int64_t arena_offset() const { return -1; }
-  // False for a view of a worker's push slot: the worker reuses the slot
-  // once the push is acknowledged, so a view is never kept past that.
-  virtual bool owned() const { return true; }
 };
 using Payload = std::shared_ptr<Block>;
 
@@ -81,12 +78,8 @@ class ArenaBlock : public RegionSlice {
   std::shared_ptr<Arena> arena_;
 };
 
-// A push in a worker's shared region, read in place.
-class PushView : public RegionSlice {
- public:
-  using RegionSlice::RegionSlice;
-  bool owned() const override { return false; }
-};
+// A push in a worker's shared region, read in place until its round ends.
+using PushView = RegionSlice;
 
 // Connections waiting to say hello, and how long they may take: beyond these
 // the oldest is dropped, so silent or slow peers cannot pile up.
@@ -268,7 +261,10 @@ struct RoundState {
   int folded = 0;  // pushes added into acc
   std::vector<bool> pushed;
   Payload acc;
-  std::vector<Payload> held;  // deterministic mode: pushes waiting for a lower rank
+  // Pushes not yet added: in arrival order, or by rank when deterministic.
+  // Shared-memory pushes wait here in place: a worker frees a slot only when
+  // the round's sum (or error) arrives, so nothing is copied to keep them.
+  std::vector<Payload> held;
   std::vector<ConnPtr> waiters;
   std::string error;
   bool tree = false;
@@ -283,6 +279,7 @@ struct EngineThread {
   // Owned by `thread` alone: no lock needed.
   std::unordered_map<RoundKey, RoundState, RoundKeyHash> rounds;
   uint64_t epoch = 0;  // rounds of older jobs are dropped
+  uint64_t next_epoch = 0;  // guarded by mu: a job ended, drop its rounds now (PurgeHolds)
 };
 
 }  // namespace
@@ -340,7 +337,7 @@ struct SummationServer::Impl {
   void WorkerLost(const ConnPtr& c, const std::string& why);
   Payload RecvPayload(const ConnPtr& c, uint64_t nbytes, std::string* why);
   void Process(Task& t, EngineThread* e);
-  void Fold(RoundState& st, DType dtype, Payload data);
+  void Fold(RoundState& st, DType dtype);
   EngineThread* ThreadFor(uint64_t key, uint64_t nbytes);
   void SendError(const ConnPtr& c, uint64_t key, uint32_t round, const std::string& msg);
   void ReapFinishedConns();
@@ -712,9 +709,21 @@ void SummationServer::Impl::Release(const ConnPtr& c, const FrameHeader& h) {
   if (it != holds.end() && --it->second.readers == 0) holds.erase(it);  // the block goes back to the arena
 }
 
+// A job ended (keep-alive servers go on): its sums still held for readers,
+// and its unfinished rounds with the pushes they read in place, go now, so
+// no departed worker's region stays mapped.
 void SummationServer::Impl::PurgeHolds(uint64_t before_epoch) {
-  std::lock_guard<std::mutex> lock(holds_mu);
-  for (auto it = holds.begin(); it != holds.end();) it = it->first.epoch < before_epoch ? holds.erase(it) : std::next(it);
+  {
+    std::lock_guard<std::mutex> lock(holds_mu);
+    for (auto it = holds.begin(); it != holds.end();) it = it->first.epoch < before_epoch ? holds.erase(it) : std::next(it);
+  }
+  for (auto& e : engines) {
+    {
+      std::lock_guard<std::mutex> lock(e->mu);
+      e->next_epoch = std::max(e->next_epoch, before_epoch);
+    }
+    e->cv.notify_one();
+  }
 }
 
 void SummationServer::Impl::ReapFinishedConns() {
@@ -881,6 +890,7 @@ void SummationServer::Impl::WorkerLost(const ConnPtr& c, const std::string& why)
   ++workers_lost;
   LogWarning("%s", msg.c_str());
   std::vector<ConnPtr> others;
+  uint64_t new_epoch = 0;
   {
     std::lock_guard<std::mutex> lock(mu);
     if (c->epoch != epoch) return;  // that job already failed
@@ -893,8 +903,9 @@ void SummationServer::Impl::WorkerLost(const ConnPtr& c, const std::string& why)
       said_bye.assign(opt.num_workers, false);
       connected.assign(opt.num_workers, false);
     }
+    new_epoch = epoch;
   }
-  if (opt.keep_alive) PurgeHolds(epoch);
+  if (opt.keep_alive) PurgeHolds(new_epoch);
   FrameHeader h = MakeHeader(MsgType::kAbort, opt.token);
   h.nbytes = std::min<uint64_t>(msg.size(), kMaxErrorBytes);
   for (auto& o : others) o->Finish(OutMsg{h, nullptr, msg.substr(0, h.nbytes)});
@@ -964,8 +975,14 @@ void SummationServer::Impl::EngineLoop(EngineThread* e) {
     Task t;
     {
       std::unique_lock<std::mutex> lock(e->mu);
-      e->cv.wait(lock, [&] { return e->stop || !e->queue.empty(); });
+      e->cv.wait(lock, [&] { return e->stop || !e->queue.empty() || e->next_epoch > e->epoch; });
       if (e->stop) return;
+      if (e->next_epoch > e->epoch) {
+        e->epoch = e->next_epoch;
+        lock.unlock();
+        e->rounds.clear();
+        continue;
+      }
       t = std::move(e->queue.front());
       e->queue.pop_front();
     }
@@ -977,25 +994,53 @@ void SummationServer::Impl::EngineLoop(EngineThread* e) {
       }
       Process(t, e);
     }
-    // Whatever became of it, the push is no longer read: its slot is free.
+    // A shared-memory push is acknowledged once taken into its round (its
+    // slot stays the server's until the round's sum or error goes out).
     if (t.ack_after) Ack(t.conn, t.key, t.round);
   }
 }
 
-void SummationServer::Impl::Fold(RoundState& st, DType dtype, Payload data) {
-  const size_t count = data->size() / DTypeSize(dtype);
-  if (st.folded++ == 0) {
-    if (AccumulatorIsWire(dtype) && data->owned()) {
-      st.acc = std::move(data);  // the first push becomes the sum: no copy
-    } else if (AccumulatorIsWire(dtype)) {
-      st.acc = NewBlock(data->size());  // a view of a push slot, which the worker will reuse
-      std::memcpy(st.acc->data(), data->data(), data->size());
+// Adds the held pushes that can be added. The first two are summed in one
+// pass (AccumulatorInitSum) into a new block, so a push is never copied
+// before it is added; a lone first push waits for a partner. Rank order when
+// deterministic ((a + b) + c, whatever the arrival order), else arrival order.
+void SummationServer::Impl::Fold(RoundState& st, DType dtype) {
+  const size_t count = st.nbytes / DTypeSize(dtype);
+  auto ready = [&]() -> size_t {
+    if (!opt.deterministic) return st.held.size();
+    size_t n = 0;
+    while (st.folded + n < st.held.size() && st.held[st.folded + n]) ++n;
+    return n;
+  };
+  auto take = [&]() -> Payload {
+    Payload p;
+    if (opt.deterministic) {
+      p = std::move(st.held[st.folded]);
     } else {
-      st.acc = NewBlock(count * AccumulatorSize(dtype));
-      AccumulatorInit(dtype, st.acc->data(), data->data(), count);
+      p = std::move(st.held.front());
+      st.held.erase(st.held.begin());
     }
-  } else {
-    AccumulatorAdd(dtype, st.acc->data(), data->data(), count);
+    ++st.folded;
+    return p;
+  };
+  for (;;) {
+    const size_t n = ready();
+    if (st.acc) {
+      if (n == 0) return;
+      Payload p = take();
+      AccumulatorAdd(dtype, st.acc->data(), p->data(), count);
+    } else if (opt.num_workers == 1) {
+      if (n == 0) return;
+      Payload p = take();
+      st.acc = NewBlock(count * AccumulatorSize(dtype));
+      AccumulatorInit(dtype, st.acc->data(), p->data(), count);
+    } else {
+      if (n < 2) return;
+      Payload a = take();
+      Payload b = take();
+      st.acc = NewBlock(count * AccumulatorSize(dtype));
+      AccumulatorInitSum(dtype, st.acc->data(), a->data(), b->data(), count);
+    }
   }
 }
 
@@ -1045,29 +1090,20 @@ void SummationServer::Impl::Process(Task& t, EngineThread* e) {
     for (auto& w : st.waiters) SendError(w, t.key, t.round, st.error);
   } else if (!st.error.empty()) {
     SendError(t.conn, t.key, t.round, st.error);
-  } else if (!opt.deterministic) {
-    Fold(st, t.dtype, std::move(t.data));  // in arrival order
-    if (t.ack_after) {  // added: the slot is free before the sum goes out
-      Ack(t.conn, t.key, t.round);
-      t.ack_after = false;
-    }
   } else {
-    // In rank order: hold a push until every lower rank's push is added.
-    if (st.held.empty()) st.held.resize(opt.num_workers);
-    if (!t.data->owned() && st.folded != static_cast<int>(t.rank)) {
-      // Held for a lower rank: copied out, so its slot is acknowledged now
-      // and no worker's credit waits on another's.
-      Payload copy = std::make_shared<HeapBlock>(t.data->size());
-      std::memcpy(copy->data(), t.data->data(), t.data->size());
-      t.data = std::move(copy);
+    if (!opt.deterministic) {
+      st.held.push_back(std::move(t.data));
+    } else {
+      if (st.held.empty()) st.held.resize(opt.num_workers);
+      st.held[t.rank] = std::move(t.data);
     }
-    st.held[t.rank] = std::move(t.data);
-    while (st.folded < opt.num_workers && st.held[st.folded]) {
-      Payload next = std::move(st.held[st.folded]);
-      Fold(st, t.dtype, std::move(next));
-    }
+    Fold(st, t.dtype);
   }
 
+  if (t.ack_after) {  // taken: acknowledged before any sum of the round goes out
+    Ack(t.conn, t.key, t.round);
+    t.ack_after = false;
+  }
   if (st.pushes < opt.num_workers) return;
   // Every worker pushed, so in deterministic mode every push is folded too.
   if (st.error.empty() && st.tree) {

@@ -47,6 +47,20 @@ JBPS_MULTIVERSION void AddI32(uint32_t* __restrict acc, const uint32_t* __restri
   for (size_t i = 0; i < n; ++i) acc[i] += src[i];  // unsigned: wraps, no UB
 }
 
+JBPS_MULTIVERSION void SumF32(float* __restrict acc, const float* __restrict a, const float* __restrict b, size_t n) {
+  for (size_t i = 0; i < n; ++i) acc[i] = a[i] + b[i];
+}
+
+JBPS_MULTIVERSION void SumF64(double* __restrict acc, const double* __restrict a, const double* __restrict b,
+                              size_t n) {
+  for (size_t i = 0; i < n; ++i) acc[i] = a[i] + b[i];
+}
+
+JBPS_MULTIVERSION void SumI32(uint32_t* __restrict acc, const uint32_t* __restrict a, const uint32_t* __restrict b,
+                              size_t n) {
+  for (size_t i = 0; i < n; ++i) acc[i] = a[i] + b[i];
+}
+
 JBPS_MULTIVERSION void InitBf16(float* __restrict acc, const uint16_t* __restrict src, size_t n) {
   for (size_t i = 0; i < n; ++i) acc[i] = Bf16ToF32(src[i]);
 }
@@ -105,6 +119,25 @@ void AccumulatorAdd(DType d, void* acc, const void* src, size_t count) {
       return;
     case DType::kF16:
       AddF16(static_cast<float*>(acc), static_cast<const _Float16*>(src), count);
+      return;
+  }
+}
+
+void AccumulatorInitSum(DType d, void* acc, const void* a, const void* b, size_t count) {
+  switch (d) {
+    case DType::kF32:
+      SumF32(static_cast<float*>(acc), static_cast<const float*>(a), static_cast<const float*>(b), count);
+      return;
+    case DType::kF64:
+      SumF64(static_cast<double*>(acc), static_cast<const double*>(a), static_cast<const double*>(b), count);
+      return;
+    case DType::kI32:
+      SumI32(static_cast<uint32_t*>(acc), static_cast<const uint32_t*>(a), static_cast<const uint32_t*>(b), count);
+      return;
+    case DType::kBF16:
+    case DType::kF16:
+      AccumulatorInit(d, acc, a, count);
+      AccumulatorAdd(d, acc, b, count);
       return;
   }
 }

@@ -14,6 +14,9 @@ namespace jbps {
 void AccumulatorInit(DType d, void* acc, const void* src, size_t count);
 // acc[i] += widen(src[i])   (int32 wraps around, as two's complement adds do)
 void AccumulatorAdd(DType d, void* acc, const void* src, size_t count);
+// acc[i] = widen(a[i]) + widen(b[i]): the first two pushes in one pass,
+// instead of a copy and then an add.
+void AccumulatorInitSum(DType d, void* acc, const void* a, const void* b, size_t count);
 // dst[i] = narrow(acc[i])   (round to nearest even for the 16-bit floats)
 void AccumulatorFinish(DType d, void* dst, const void* acc, size_t count);
 
