@@ -2,12 +2,31 @@
 // once (target_clones: baseline x86-64, Haswell AVX2+F16C, Skylake AVX-512) and
 // picked at load time by the CPU's features. Checked with objdump on GCC 12
 // -O3: the float32/float64/int32 adds and the bfloat16 loops vectorise
-// (vaddps/vaddpd/vpaddd on ymm; zmm in the AVX-512 bfloat16 clone). The float16
-// loops do not yet: they convert one element at a time (scalar vcvtph2ps).
+// (vaddps/vaddpd/vpaddd and vpmovzxwd+vpslld for bfloat16 on ymm in the Haswell
+// clone, zmm in the AVX-512 clone).
+//
+// GCC 12 does not vectorise _Float16 <-> float conversions (each element went
+// through a scalar vcvtph2ps), so the float16 loops are written with F16C/AVX2
+// intrinsics (vcvtph2ps/vcvtps2ph on ymm, vaddps ymm; checked with objdump)
+// and chosen at run time by __builtin_cpu_supports, with the portable _Float16
+// loops as the fallback. Both round to nearest even and keep NaN a NaN. A zmm
+// (AVX-512F) float16 add measured about 3% faster on 256 MiB, within the noise
+// of a shared machine: not worth a second copy.
+//
+// Measured on 256 MiB (2-core Xeon, AVX-512): the AVX-512 clone of the float32
+// add streams at about 90% of memcpy's bandwidth counting every array touched;
+// non-temporal stores (acc is read first anyway), 4x unrolling and software
+// prefetch were each no faster (non-temporal stores 10% slower), so the loop
+// stays plain.
 #include "sum_kernels.h"
 
 #include <cstdint>
 #include <cstring>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define JBPS_F16C_KERNELS 1
+#endif
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define JBPS_MULTIVERSION \
@@ -73,16 +92,77 @@ JBPS_MULTIVERSION void FinishBf16(uint16_t* __restrict dst, const float* __restr
   for (size_t i = 0; i < n; ++i) dst[i] = F32ToBf16(acc[i]);
 }
 
-JBPS_MULTIVERSION void InitF16(float* __restrict acc, const _Float16* __restrict src, size_t n) {
+// Portable float16 loops: the compiler's own conversions (a libgcc call per
+// element without F16C), round to nearest even.
+void InitF16Scalar(float* __restrict acc, const _Float16* __restrict src, size_t n) {
   for (size_t i = 0; i < n; ++i) acc[i] = static_cast<float>(src[i]);
 }
 
-JBPS_MULTIVERSION void AddF16(float* __restrict acc, const _Float16* __restrict src, size_t n) {
+void AddF16Scalar(float* __restrict acc, const _Float16* __restrict src, size_t n) {
   for (size_t i = 0; i < n; ++i) acc[i] += static_cast<float>(src[i]);
 }
 
-JBPS_MULTIVERSION void FinishF16(_Float16* __restrict dst, const float* __restrict acc, size_t n) {
+void FinishF16Scalar(_Float16* __restrict dst, const float* __restrict acc, size_t n) {
   for (size_t i = 0; i < n; ++i) dst[i] = static_cast<_Float16>(acc[i]);
+}
+
+#ifdef JBPS_F16C_KERNELS
+// Eight elements per step; the tail uses the scalar forms of the same
+// instructions, so every element converts exactly as the vector body would.
+constexpr int kRoundNearestEven = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+
+__attribute__((target("avx2,f16c"))) void InitF16Avx2(float* __restrict acc, const uint16_t* __restrict src, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(acc + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+  for (; i < n; ++i) acc[i] = _cvtsh_ss(src[i]);
+}
+
+__attribute__((target("avx2,f16c"))) void AddF16Avx2(float* __restrict acc, const uint16_t* __restrict src, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 wide = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
+    _mm256_storeu_ps(acc + i, _mm256_add_ps(_mm256_loadu_ps(acc + i), wide));
+  }
+  for (; i < n; ++i) acc[i] += _cvtsh_ss(src[i]);
+}
+
+__attribute__((target("avx2,f16c"))) void FinishF16Avx2(uint16_t* __restrict dst, const float* __restrict acc, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(acc + i), kRoundNearestEven));
+  for (; i < n; ++i) dst[i] = _cvtss_sh(acc[i], kRoundNearestEven);
+}
+
+bool HaveAvx2F16c() {
+  // __builtin_cpu_init: safe even if first called from a static constructor.
+  static const bool have = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  }();
+  return have;
+}
+#endif
+
+void InitF16(float* acc, const void* src, size_t n) {
+#ifdef JBPS_F16C_KERNELS
+  if (HaveAvx2F16c()) return InitF16Avx2(acc, static_cast<const uint16_t*>(src), n);
+#endif
+  InitF16Scalar(acc, static_cast<const _Float16*>(src), n);
+}
+
+void AddF16(float* acc, const void* src, size_t n) {
+#ifdef JBPS_F16C_KERNELS
+  if (HaveAvx2F16c()) return AddF16Avx2(acc, static_cast<const uint16_t*>(src), n);
+#endif
+  AddF16Scalar(acc, static_cast<const _Float16*>(src), n);
+}
+
+void FinishF16(void* dst, const float* acc, size_t n) {
+#ifdef JBPS_F16C_KERNELS
+  if (HaveAvx2F16c()) return FinishF16Avx2(static_cast<uint16_t*>(dst), acc, n);
+#endif
+  FinishF16Scalar(static_cast<_Float16*>(dst), acc, n);
 }
 
 }  // namespace
@@ -98,7 +178,7 @@ void AccumulatorInit(DType d, void* acc, const void* src, size_t count) {
       InitBf16(static_cast<float*>(acc), static_cast<const uint16_t*>(src), count);
       return;
     case DType::kF16:
-      InitF16(static_cast<float*>(acc), static_cast<const _Float16*>(src), count);
+      InitF16(static_cast<float*>(acc), src, count);
       return;
   }
 }
@@ -118,7 +198,7 @@ void AccumulatorAdd(DType d, void* acc, const void* src, size_t count) {
       AddBf16(static_cast<float*>(acc), static_cast<const uint16_t*>(src), count);
       return;
     case DType::kF16:
-      AddF16(static_cast<float*>(acc), static_cast<const _Float16*>(src), count);
+      AddF16(static_cast<float*>(acc), src, count);
       return;
   }
 }
@@ -153,7 +233,7 @@ void AccumulatorFinish(DType d, void* dst, const void* acc, size_t count) {
       FinishBf16(static_cast<uint16_t*>(dst), static_cast<const float*>(acc), count);
       return;
     case DType::kF16:
-      FinishF16(static_cast<_Float16*>(dst), static_cast<const float*>(acc), count);
+      FinishF16(dst, static_cast<const float*>(acc), count);
       return;
   }
 }
