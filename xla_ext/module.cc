@@ -4,7 +4,9 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/vector.h>
 
+#include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 
 #include "engine.h"
@@ -13,6 +15,7 @@
 #include "cuda_copy_bench.h"
 #include "ffi_cuda.h"
 #endif
+#include "dtype.h"
 #include "server.h"
 #include "sum_kernels.h"
 
@@ -21,6 +24,73 @@ namespace nb = nanobind;
 namespace {
 
 nb::capsule FfiCapsule(void* fn) { return nb::capsule(fn); }
+
+using KernelArray = nb::ndarray<nb::c_contig, nb::device::cpu>;
+using KernelSource = nb::ndarray<nb::ro, nb::c_contig, nb::device::cpu>;
+
+jbps::DType ParseDType(const std::string& name) {
+  std::string known;
+  for (int i = 0; i < jbps::kNumDTypes; ++i) {
+    auto d = static_cast<jbps::DType>(i);
+    if (name == jbps::DTypeName(d)) return d;
+    known += std::string(known.empty() ? "" : ", ") + jbps::DTypeName(d);
+  }
+  throw std::invalid_argument("jbps kernels: unknown dtype '" + name + "' (one of " + known + ")");
+}
+
+// What a kernel array must hold: a DLPack type, or for 16-bit wire words any
+// 2-byte type (numpy has no bfloat16 of its own).
+struct KernelDType {
+  nb::dlpack::dtype type;
+  bool any_16bit;
+  const char* name;
+};
+
+KernelDType WireDType(jbps::DType d) {
+  switch (d) {
+    case jbps::DType::kF32: return {nb::dtype<float>(), false, "float32"};
+    case jbps::DType::kF64: return {nb::dtype<double>(), false, "float64"};
+    case jbps::DType::kI32: return {nb::dtype<int32_t>(), false, "int32"};
+    case jbps::DType::kF16:
+    case jbps::DType::kBF16: return {nb::dtype<uint16_t>(), true, "a 2-byte dtype"};
+  }
+  throw std::invalid_argument("jbps kernels: invalid dtype");
+}
+
+KernelDType AccumulatorDType(jbps::DType d) {
+  return jbps::AccumulatorIsWire(d) ? WireDType(d) : KernelDType{nb::dtype<float>(), false, "float32"};
+}
+
+using Kernel = void (*)(jbps::DType, void*, const void*, size_t);
+
+// Checks the arrays, then runs one of the server's kernels without the GIL.
+// init and add write acc (the accumulator type) from src (the wire type);
+// finish writes dst (wire) from acc.
+void RunKernel(const char* fn, Kernel kernel, bool finish, const std::string& dtype, KernelArray out,
+               KernelSource in) {
+  jbps::DType d = ParseDType(dtype);
+  const char* out_name = finish ? "dst" : "acc";
+  const char* in_name = finish ? "acc" : "src";
+  KernelDType out_type = finish ? WireDType(d) : AccumulatorDType(d);
+  KernelDType in_type = finish ? AccumulatorDType(d) : WireDType(d);
+  auto matches = [](nb::dlpack::dtype t, KernelDType want) {
+    return want.any_16bit ? (t.bits == 16 && t.lanes == 1) : t == want.type;
+  };
+  std::string where = std::string("jbps.") + fn + "('" + jbps::DTypeName(d) + "'): ";
+  if (!matches(out.dtype(), out_type)) throw std::invalid_argument(where + out_name + " must be " + out_type.name);
+  if (!matches(in.dtype(), in_type)) throw std::invalid_argument(where + in_name + " must be " + in_type.name);
+  if (out.size() != in.size())
+    throw std::invalid_argument(where + out_name + " has " + std::to_string(out.size()) + " elements, " + in_name +
+                                " " + std::to_string(in.size()));
+  // The kernels take restrict pointers: the buffers must not overlap, except
+  // that the server finishes a wire-layout accumulator in place.
+  auto o = reinterpret_cast<uintptr_t>(out.data()), i = reinterpret_cast<uintptr_t>(in.data());
+  bool in_place_ok = finish && jbps::AccumulatorIsWire(d) && o == i;
+  if (o < i + in.nbytes() && i < o + out.nbytes() && !in_place_ok)
+    throw std::invalid_argument(where + out_name + " and " + in_name + " overlap in memory");
+  nb::gil_scoped_release release;
+  kernel(d, out.data(), in.data(), out.size());
+}
 
 class PyServer {
  public:
@@ -194,15 +264,29 @@ NB_MODULE(_core, m) {
     d["shm_servers"] = s.shm_servers;
     return d;
   });
-  // The server's f32 add kernel on numpy arrays, for the benchmark (acc += src).
+  // The server's summation kernels (sum_kernels.h) on numpy arrays, for the
+  // benchmark and the tests: acc holds the accumulator type (float32 for the
+  // 16-bit floats), src/dst the wire type; any 2-byte dtype carries 16-bit
+  // wire words (float16, uint16; nanobind does not take ml_dtypes' bfloat16
+  // arrays, so pass those as .view(numpy.uint16)).
   m.def(
-      "accumulate_f32",
-      [](nb::ndarray<float, nb::c_contig, nb::device::cpu> acc, nb::ndarray<const float, nb::c_contig, nb::device::cpu> src) {
-        if (acc.size() != src.size()) throw std::invalid_argument("acc and src differ in size");
-        nb::gil_scoped_release release;
-        jbps::AccumulatorAdd(jbps::DType::kF32, acc.data(), src.data(), acc.size());
+      "accumulator_init",
+      [](const std::string& dtype, KernelArray acc, KernelSource src) {
+        RunKernel("accumulator_init", jbps::AccumulatorInit, false, dtype, acc, src);
       },
-      nb::arg("acc"), nb::arg("src"));
+      nb::arg("dtype"), nb::arg("acc"), nb::arg("src"), "acc = widen(src): the server's AccumulatorInit.");
+  m.def(
+      "accumulate",
+      [](const std::string& dtype, KernelArray acc, KernelSource src) {
+        RunKernel("accumulate", jbps::AccumulatorAdd, false, dtype, acc, src);
+      },
+      nb::arg("dtype"), nb::arg("acc"), nb::arg("src"), "acc += widen(src): the server's AccumulatorAdd.");
+  m.def(
+      "accumulator_finish",
+      [](const std::string& dtype, KernelArray dst, KernelSource acc) {
+        RunKernel("accumulator_finish", jbps::AccumulatorFinish, true, dtype, dst, acc);
+      },
+      nb::arg("dtype"), nb::arg("dst"), nb::arg("acc"), "dst = narrow(acc): the server's AccumulatorFinish.");
   m.def("chunk_key", &jbps::ChunkKey, nb::arg("base_key"), nb::arg("shard"), nb::arg("chunk"));
 
   nb::class_<PyServer>(m, "Server")

@@ -204,7 +204,7 @@ def bench_kernel(nbytes: int, reps: int = 10) -> dict:
 
     out = {
         "bytes": nbytes,
-        "accumulate_f32": timed(lambda: _core.accumulate_f32(acc, src), 3),
+        "accumulate_f32": timed(lambda: _core.accumulate("float32", acc, src), 3),
         "numpy_add": timed(lambda: np.add(acc, src, out=acc), 3),
         "numpy_copyto": timed(lambda: np.copyto(acc, src), 2),
     }
@@ -212,7 +212,7 @@ def bench_kernel(nbytes: int, reps: int = 10) -> dict:
     if not np.array_equal(acc, src):
         raise RuntimeError("kernel benchmark: copyto result is wrong")
     check = np.ones(1024, np.float32)
-    _core.accumulate_f32(check, np.full(1024, 2, np.float32))
+    _core.accumulate("float32", check, np.full(1024, 2, np.float32))
     if not np.array_equal(check, np.full(1024, 3, np.float32)):
         raise RuntimeError("kernel benchmark: accumulate_f32 computed a wrong sum")
     return out
