@@ -154,3 +154,16 @@ def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="overlap"):
         _core.accumulator_finish("float16", acc.view(np.uint16)[:8], acc)
 
+
+def test_bench_summation_reports_every_case_and_goal():
+    from jbps.bench.summation import bench_summation, format_summation
+
+    result = bench_summation(1 << 20, reps=2)
+    assert result["bytes"] == 1 << 20 and result["elements"] == 1 << 18
+    assert set(result["cases"]) == {"f32_add", "numpy_add", "copy", "bf16_add", "f16_add"}
+    for case in result["cases"].values():
+        assert case["median_s"] > 0 and case["gbps"] > 0 and case["elements_per_s"] > 0
+    assert set(result["goals"]) == {"f32_vs_numpy", "f32_vs_copy", "bf16_vs_f32", "f16_vs_f32"}
+    for goal in result["goals"].values():
+        assert goal["ratio"] > 0 and isinstance(goal["passed"], bool)
+    assert len(format_summation(result)) > 5

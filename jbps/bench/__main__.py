@@ -6,7 +6,8 @@
 
 One invocation runs: jbps psum (a LocalCluster of CPU summation servers and
 worker processes), mpi4py Allreduce and JAX gloo psum (2 processes each), and
-the servers' float32 summation kernel against numpy. Every collective time
+the servers' summation kernels (float32, bfloat16, float16) against numpy and a
+copy, with goal G1's ratios (jbps/bench/summation.py). Every collective time
 is the median over the timed calls of the slowest process. Then the priority
 case: a model's gradients in one psum, under each credit window, first leaf
 first (jbps's default) and last leaf first (FIFO in backprop order, i.e. no
@@ -24,7 +25,6 @@ import logging
 import os
 import platform
 import re
-import statistics
 import sys
 import time
 
@@ -32,6 +32,7 @@ import numpy as np
 
 from ..local_cluster import last_json_line
 from .report import parse_report
+from .summation import bench_summation, format_summation
 
 log = logging.getLogger("jbps.bench")
 
@@ -179,45 +180,6 @@ def run_peer(runner, sizes, iters, warmup, timeout_s) -> dict | None:
     return merged
 
 
-def bench_kernel(nbytes: int, reps: int = 10) -> dict:
-    """The servers' float32 add (acc += src) against numpy's add and a plain copy.
-
-    GB/s counts every array the operation touches: read acc, read src, write
-    acc for the adds (3x); read src, write dst for the copy (2x). A copy is
-    the memory-bound ceiling an add can approach.
-    """
-    from .. import _core
-
-    n = nbytes // 4
-    acc = np.ones(n, np.float32)
-    src = np.ones(n, np.float32)
-
-    def timed(fn, arrays):
-        fn()  # first touch and cache warm-up
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        med = statistics.median(times)
-        return {"median_s": med, "min_s": min(times), "reps": reps, "gbps": arrays * nbytes / med / 1e9}
-
-    out = {
-        "bytes": nbytes,
-        "accumulate_f32": timed(lambda: _core.accumulate("float32", acc, src), 3),
-        "numpy_add": timed(lambda: np.add(acc, src, out=acc), 3),
-        "numpy_copyto": timed(lambda: np.copyto(acc, src), 2),
-    }
-    # The adds above ran 2*(reps+1) times on ones: a wrong kernel would show here.
-    if not np.array_equal(acc, src):
-        raise RuntimeError("kernel benchmark: copyto result is wrong")
-    check = np.ones(1024, np.float32)
-    _core.accumulate("float32", check, np.full(1024, 2, np.float32))
-    if not np.array_equal(check, np.full(1024, 3, np.float32)):
-        raise RuntimeError("kernel benchmark: accumulate_f32 computed a wrong sum")
-    return out
-
-
 def _version(dist: str) -> str | None:
     try:
         return importlib.metadata.version(dist)
@@ -275,15 +237,8 @@ def format_table(doc: dict) -> str:
             format_size(row["bytes"]), _cell(ms(row["jbps_median_s"]), ".2f"), _cell(row["jbps_gbps"], ".3f"),
             _cell(ms(row["mpi_median_s"]), ".2f"), _cell(ms(row["gloo_median_s"]), ".2f"),
             _cell(row["jbps_over_mpi"], ".2f"), _cell(row["jbps_over_gloo"], ".2f")))
-    kernel = doc["kernel"]
-    if kernel is not None:
-        lines.append(f"summation kernel on {format_size(kernel['bytes'])} float32 "
-                     "(GB/s over every array touched: 3 for an add, 2 for a copy):")
-        for key, label in (("accumulate_f32", "jbps accumulate_f32 (acc += src)"),
-                           ("numpy_add", "numpy add(acc, src, out=acc)"),
-                           ("numpy_copyto", "numpy copyto(dst, src)")):
-            k = kernel[key]
-            lines.append(f"  {label:<34} {k['median_s'] * 1e3:9.3f} ms {k['gbps']:7.2f} GB/s")
+    if doc["kernel"] is not None:
+        lines += format_summation(doc["kernel"])
     if doc.get("priority"):
         lines += format_priority(doc["priority"], cfg)
     for what, err in doc["errors"].items():
@@ -374,8 +329,8 @@ def main(argv=None, prog=None) -> int:
         except (RuntimeError, TimeoutError) as exc:
             log.error("priority case failed: %s", exc)
             errors["priority"] = str(exc)
-    log.info("summation kernel on %s ...", format_size(sizes[-1]))
-    kernel = bench_kernel(sizes[-1])
+    log.info("summation kernels on %s ...", format_size(sizes[-1]))
+    kernel = bench_summation(sizes[-1])
     log.info("done in %.0f s", time.monotonic() - t0)
 
     doc = {
