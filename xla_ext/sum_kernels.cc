@@ -1,23 +1,29 @@
 // Plain loops over restrict pointers, compiled for three instruction sets at
-// once (target_clones: baseline x86-64, Haswell AVX2+F16C, Skylake AVX-512) and
-// picked at load time by the CPU's features. Checked with objdump on GCC 12
-// -O3: the float32/float64/int32 adds and the bfloat16 loops vectorise
-// (vaddps/vaddpd/vpaddd and vpmovzxwd+vpslld for bfloat16 on ymm in the Haswell
-// clone, zmm in the AVX-512 clone).
+// once (target_clones: baseline x86-64, x86-64-v3 = AVX2+F16C+FMA, x86-64-v4 =
+// AVX-512F/BW/DQ/VL) and picked at load time by the CPU's feature bits. The
+// clones were arch=haswell and arch=skylake-avx512, whose resolver matches the
+// exact CPU model (__cpu_model subtype): an Ice Lake Xeon ran the SSE2 default,
+// about 7% slower than numpy's AVX2 add on 256 MiB. Checked with objdump on GCC
+// 12 -O3: the float32/float64/int32 adds and the bfloat16 loops vectorise
+// (vaddps/vaddpd/vpaddd; vpmovzxwd+vpslld+vaddps for bfloat16) on ymm in the
+// v3 clone and zmm in the v4 clone, and the resolver tests __cpu_features2.
 //
 // GCC 12 does not vectorise _Float16 <-> float conversions (each element went
 // through a scalar vcvtph2ps), so the float16 loops are written with F16C/AVX2
-// intrinsics (vcvtph2ps/vcvtps2ph on ymm, vaddps ymm; checked with objdump)
-// and chosen at run time by __builtin_cpu_supports, with the portable _Float16
-// loops as the fallback. Both round to nearest even and keep NaN a NaN. A zmm
-// (AVX-512F) float16 add measured about 3% faster on 256 MiB, within the noise
-// of a shared machine: not worth a second copy.
+// intrinsics (vcvtph2ps mem->ymm + vaddps ymm, vcvtps2ph $0x8 = round to
+// nearest even; checked with objdump) and chosen at run time by
+// __builtin_cpu_supports, with the portable _Float16 loops as the fallback.
+// Both round to nearest even and keep NaN a NaN. A zmm (AVX-512F) float16 add
+// measured about 3% faster on 256 MiB, within the noise of a shared machine:
+// not worth a second copy.
 //
-// Measured on 256 MiB (2-core Xeon, AVX-512): the AVX-512 clone of the float32
-// add streams at about 90% of memcpy's bandwidth counting every array touched;
-// non-temporal stores (acc is read first anyway), 4x unrolling and software
-// prefetch were each no faster (non-temporal stores 10% slower), so the loop
-// stays plain.
+// Measured on 256 MiB (2-core Ice Lake Xeon, jbps/bench/summation.py): the v4
+// float32 add runs about 1.07x numpy's add and at 0.85-0.99 of a copy's
+// bandwidth counting every array touched; float16 and bfloat16 adds sum
+// 1.1-1.25x the float32 add's elements per second (they read 2 bytes of src,
+// not 4). Non-temporal stores (acc is read first anyway), 4x unrolling,
+// software prefetch and aligning acc were each no faster (non-temporal stores
+// 10% slower), so the loop stays plain.
 #include "sum_kernels.h"
 
 #include <cstdint>
@@ -30,7 +36,7 @@
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define JBPS_MULTIVERSION \
-  __attribute__((target_clones("default", "arch=haswell", "arch=skylake-avx512")))
+  __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))
 #else
 #define JBPS_MULTIVERSION
 #endif
