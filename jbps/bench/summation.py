@@ -18,10 +18,10 @@ once, per second (1e9 bytes). An f32 add reads acc and src and writes acc: 3 x 4
 a copy reads src and writes dst: 2 x 4; a 16-bit add reads acc (4), src (2) and writes acc (4).
 That is the memory traffic each loop must move, and on large buffers what it does move: the
 in-place add stores to lines it has just read, and numpy's copyto calls glibc's memmove, which
-uses non-temporal stores there (no read of dst; seen with perf at 256 MiB). So "f32_add GB/s / copy GB/s" is the share of a
-copy's memory bandwidth the add reaches. Counting only the bytes of src summed per second instead
-would charge the add for its third array: an add moving memory exactly as fast as the copy would
-score 2/3.
+uses non-temporal stores there (no read of dst; seen with perf at 256 MiB). So "f32_add GB/s /
+copy GB/s" is the share of a copy's memory bandwidth the add reaches. Counting only the bytes of
+src summed per second instead would charge the add for its third array: an add moving memory
+exactly as fast as the copy would score 2/3.
 
 The goals, each a ratio with its target, taken in every round and reported as the median over
 rounds (load that slows one round slows its cases together and cancels):
