@@ -4,7 +4,8 @@
 // clones were arch=haswell and arch=skylake-avx512, whose resolver matches the
 // exact CPU model (__cpu_model subtype): an Ice Lake Xeon ran the SSE2 default,
 // at 0.95-0.97x numpy's AVX2 add on 256 MiB. Checked with objdump on GCC
-// 12 -O3: the float32/float64/int32 adds and the bfloat16 loops vectorise
+// 12 -O3: the float32/float64/int32 adds (Add* and the two-source Sum*) and the
+// bfloat16 loops vectorise
 // (vaddps/vaddpd/vpaddd; vpmovzxwd+vpslld+vaddps for bfloat16) on ymm in the
 // v3 clone and zmm in the v4 clone, and the resolver tests __cpu_features2.
 //
