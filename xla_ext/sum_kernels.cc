@@ -4,10 +4,10 @@
 // clones were arch=haswell and arch=skylake-avx512, whose resolver matches the
 // exact CPU model (__cpu_model subtype): an Ice Lake Xeon ran the SSE2 default,
 // at 0.95-0.97x numpy's AVX2 add on 256 MiB. Checked with objdump on GCC
-// 12 -O3: the float32/float64/int32 adds (Add* and the two-source Sum*) and the
-// bfloat16 loops vectorise
-// (vaddps/vaddpd/vpaddd; vpmovzxwd+vpslld+vaddps for bfloat16) on ymm in the
-// v3 clone and zmm in the v4 clone, and the resolver tests __cpu_features2.
+// 12 -O3: the float32/float64/int32 adds (Add* and the two-source Sum*) and
+// the bfloat16 loops vectorise (vaddps/vaddpd/vpaddd; vpmovzxwd+vpslld+vaddps
+// for bfloat16) on ymm in the v3 clone and zmm in the v4 clone, and the
+// resolver tests __cpu_features2.
 //
 // GCC 12 does not vectorise _Float16 <-> float conversions (each element went
 // through a scalar vcvtph2ps), so the float16 loops are written with F16C/AVX2
