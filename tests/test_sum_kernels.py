@@ -94,6 +94,18 @@ def test_add_matches_numpy(dtype, n):
 
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("dtype", list(WIRE))
+def test_init_sum_matches_numpy(dtype, n):
+    a = values(WIRE[dtype], n, seed=n + 2)
+    b = values(WIRE[dtype], n, seed=n + 3)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = a.astype(ACC[dtype]) + b.astype(ACC[dtype])
+    acc = np.full(n, 5, ACC[dtype])
+    _core.accumulator_init_sum(dtype, acc, raw(a), raw(b))
+    assert_same(acc, want)
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("dtype", list(WIRE))
 def test_finish_narrows(dtype, n):
     acc = finish_inputs(dtype, n, seed=n) if dtype in ("float16", "bfloat16") else values(ACC[dtype], n, seed=n)
     dst = np.full(n, 3, WIRE[dtype])

@@ -287,6 +287,18 @@ NB_MODULE(_core, m) {
         RunKernel("accumulator_finish", jbps::AccumulatorFinish, true, dtype, dst, acc);
       },
       nb::arg("dtype"), nb::arg("dst"), nb::arg("acc"), "dst = narrow(acc): the server's AccumulatorFinish.");
+  m.def(
+      "accumulator_init_sum",
+      [](const std::string& dtype, KernelArray acc, KernelSource a, KernelSource b) {
+        // The checks of init, for each source (the sources may overlap each other: both are only read).
+        Kernel check_only = [](jbps::DType, void*, const void*, size_t) {};
+        RunKernel("accumulator_init_sum", check_only, false, dtype, acc, a);
+        RunKernel("accumulator_init_sum", check_only, false, dtype, acc, b);
+        nb::gil_scoped_release release;
+        jbps::AccumulatorInitSum(ParseDType(dtype), acc.data(), a.data(), b.data(), acc.size());
+      },
+      nb::arg("dtype"), nb::arg("acc"), nb::arg("a"), nb::arg("b"),
+      "acc = widen(a) + widen(b): the server's AccumulatorInitSum (its first two pushes in one pass).");
   m.def("chunk_key", &jbps::ChunkKey, nb::arg("base_key"), nb::arg("shard"), nb::arg("chunk"));
 
   nb::class_<PyServer>(m, "Server")
