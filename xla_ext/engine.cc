@@ -28,6 +28,10 @@ constexpr size_t kMaxTraceRecords = 1 << 21;
 // (an iovec each on TCP, well under IOV_MAX).
 constexpr size_t kSmallChunkDivisor = 4;
 constexpr size_t kMaxFusedParts = 256;
+// Shared-memory push slots per credit, and how long a push waits for one to
+// come free before it goes over TCP instead.
+constexpr size_t kSlotsPerCredit = 4;
+constexpr int kSlotWaitMs = 20;
 
 uint64_t SplitMix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
@@ -138,6 +142,7 @@ struct ServerConn {
   // never freed by a local failure, since the server may still read it.
   std::vector<int> free_slots;
   std::unordered_map<RoundKey, int, RoundKeyHash> slot_of;
+  std::condition_variable slot_cv;  // a slot came free
   // The sender's pushes and the receiver's releases share the socket.
   std::mutex write_mu;
   // Guarded by Engine::Impl::mu.
@@ -620,8 +625,13 @@ void Engine::Impl::SendLoop(ServerConn* sc) {
     } else {
       h.dtype = static_cast<uint8_t>(call->spec.operands[ch->op].dtype);
       if (sc->push_region && ch->nbytes <= sc->slot_bytes) {
-        std::lock_guard<std::mutex> lock(mu);
-        if (!sc->free_slots.empty()) {  // none free (a worker ahead of the others): TCP
+        // All slots parked on the server means this worker is ahead of the
+        // others; their pushes free slots soon, so wait a little for one.
+        // Bounded, since a peer may be stuck on other keys: then TCP.
+        std::unique_lock<std::mutex> lock(mu);
+        sc->slot_cv.wait_for(lock, std::chrono::milliseconds(kSlotWaitMs),
+                             [&] { return !sc->free_slots.empty() || sc->failed; });
+        if (!sc->free_slots.empty()) {
           ch->slot = sc->free_slots.back();
           sc->free_slots.pop_back();
           sc->slot_of[RoundKey{ch->key, ch->round}] = ch->slot;
@@ -738,6 +748,7 @@ void Engine::Impl::RecvLoop(ServerConn* sc) {
       if (slot != sc->slot_of.end()) {  // the round is over on the server: the slot is ours again
         sc->free_slots.push_back(slot->second);
         sc->slot_of.erase(slot);
+        sc->slot_cv.notify_one();
       }
     }
     if (type == MsgType::kError) {
@@ -863,9 +874,9 @@ void Engine::Impl::AttachShm(ServerConn* sc) {
   std::string err;
   int sock = ConnectShmSocket(ShmSocketName(opt.token, sc->instance), &err);
   if (sock < 0) return;
-  // Twice the credit: slots stay taken until sums arrive, which lags the
-  // credit's acks; a worker that runs out sends over TCP meanwhile.
-  const size_t slots = 2 * static_cast<size_t>(opt.credit);
+  // More than the credit: slots stay taken until sums arrive, which can be
+  // long after the credit's acks when this worker is ahead of the others.
+  const size_t slots = kSlotsPerCredit * static_cast<size_t>(opt.credit);
   const size_t slot_bytes = std::max<size_t>(opt.shm_slot_bytes, 4096);
   auto region = SharedRegion::Create(slots * slot_bytes, "jbps-push", &err);
   std::shared_ptr<SharedRegion> arena;
@@ -1093,6 +1104,7 @@ void Engine::Impl::ConnFailed(ServerConn* sc, const std::string& why) {
     std::lock_guard<std::mutex> lock(mu);
     if (sc->failed) return;
     sc->failed = true;
+    sc->slot_cv.notify_all();
     quiet = stopping;
     inflight_chunks -= static_cast<int>(sc->unacked.size());
     sc->unacked.clear();

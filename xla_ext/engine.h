@@ -30,7 +30,7 @@ struct EngineOptions {
   bool trace = false;      // keep a TraceRecord of every chunk (JBPS_TRACE_DIR)
   // Use shared memory with servers on this host (JBPS_SHM); TCP otherwise.
   bool shm = true;
-  // Bytes of each of the 2 x `credit` push slots in a shared region: pushes
+  // Bytes of each of the 4 x `credit` push slots in a shared region: pushes
   // larger than this (a partition size above it) go over TCP.
   size_t shm_slot_bytes = size_t{4} << 20;
 };
