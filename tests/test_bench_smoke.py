@@ -103,3 +103,17 @@ def test_gloo_peer_times_the_tree():
     out = peers.run_gloo_psum([4096], 2, 1, timeout_s=120, tree_sizes=[4096, 8192, 12288], tree_iters=2)
     g3 = out["g3"]
     assert g3["leaves"] == 3 and g3["bytes"] == 24576 and g3["tree"]["iters"] == 2 and g3["flat"]["median_s"] > 0
+
+
+def test_goals_from_rows_and_kernel():
+    from jbps.bench.goals import make_goals
+
+    doc = {"rows": [{"bytes": 64 << 20, "jbps_over_mpi": 0.9, "jbps_over_gloo": 0.6}],
+           # G1's goals, as the summation kernels' result carries them (greater is better).
+           "kernel": {"goals": {"f32_vs_copy": {"what": "f32 add GB/s / copy GB/s", "ratio": 0.9, "target": 0.8,
+                                                "passed": True}}}}
+    goals = {g["goal"]: g for g in make_goals(doc)}
+    assert goals["G1 f32 add GB/s / copy GB/s"] == {"goal": "G1 f32 add GB/s / copy GB/s", "ratio": 0.9,
+                                                     "target": 0.8, "compare": ">=", "pass": True}
+    assert goals["G2 64 MiB vs MPI"]["pass"] is True and goals["G2 64 MiB vs gloo"]["pass"] is False
+    assert goals["G2 256 MiB vs MPI"]["pass"] is None and "G3 200 leaves vs flat" not in goals
