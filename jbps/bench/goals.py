@@ -116,12 +116,18 @@ def format_g4(g4: dict) -> list[str]:
     return lines
 
 
+_COUNTERS = ("bytes", "chunks", "calls", "busy")
+
+
 def format_engine(stats: dict | None) -> list[str]:
     """Rank 0's engine counters over the size rows (G2), and which transport carried the bytes."""
     if not stats:
         return []
     before, after = stats["before"], stats["after"]
-    delta = {k: after[k] - before.get(k, 0) for k in after if isinstance(after[k], (int, float))}
+    # Counters (bytes_*, chunks_*, calls*, busy_*) as the rows' difference; any other key (a
+    # state such as how many servers shared memory reaches) as it stands after them.
+    delta = {k: after[k] - before.get(k, 0) if k.startswith(_COUNTERS) else after[k]
+             for k in after if isinstance(after[k], (int, float))}
     counters = ", ".join(f"{k} {_mib(v)}" if k.startswith("bytes") else f"{k} {v:g}" for k, v in delta.items())
     if "bytes_shm" not in after:
         transport = "TCP (this engine counts no shared-memory bytes)"
