@@ -62,8 +62,11 @@ def test_bench_memory_case(bench_doc):
     assert peak["baseline"]["VmRSS"] >= 2 * peak["bytes"]
     assert peak["hwm_reset"] and peak["extra_over_m"] == peak["extra_bytes"] / peak["bytes"]
     assert rounds["bytes"] == 64 << 10 and rounds["rounds"] == 20 and rounds["from_round"] == 2
-    assert list(rounds["rss"]) == [str(i) for i in range(2, 21, 2)]
+    assert list(rounds["rss"]) == [str(i) for i in range(2, 21)]  # from the tenth, every 1/50 (at least 1)
     assert rounds["growth_bytes"] == rounds["rss_to"] - rounds["rss_from"]
+    assert isinstance(rounds["malloc_trim"], bool)
+    readings = list(rounds["rss"].values())
+    assert rounds["floor_growth_bytes"] == min(readings[-4:]) - min(readings[:4])
     assert len(g4["servers"]["pids"]) == 2 and g4["servers"]["before"]
 
 
@@ -103,6 +106,14 @@ def test_gloo_peer_times_the_tree():
     out = peers.run_gloo_psum([4096], 2, 1, timeout_s=120, tree_sizes=[4096, 8192, 12288], tree_iters=2)
     g3 = out["g3"]
     assert g3["leaves"] == 3 and g3["bytes"] == 24576 and g3["tree"]["iters"] == 2 and g3["flat"]["median_s"] > 0
+
+
+def test_floor_growth_ignores_buffers_that_come_and_go():
+    from jbps.bench.memory import floor_growth
+
+    m = 4 << 20
+    assert floor_growth([0, 0, m, 0, 2 * m, m, 0, 2 * m]) == 0
+    assert floor_growth([i * 1000 for i in range(40)]) == 30000  # a leak raises the floor
 
 
 def test_goals_from_rows_and_kernel():
