@@ -95,14 +95,14 @@ def _shares(delta: dict) -> str:
 
 def format_g4(g4: dict) -> list[str]:
     peak, rounds, m = g4["peak"], g4["rounds"], g4["peak"]["bytes"]
-    lines = [f"G4 memory of worker 0 (/proc/self/status; M = {_mib(m)}): baseline RSS "
+    lines = [f"G4 memory of worker 0 (/proc/self/status; M = {_size(m)}): baseline RSS "
              f"{_mib(peak['baseline']['VmRSS'])} holding jax's input and one output of M, the psum compiled "
              "but never run.",
              f"  psum of M, {peak['rounds']} rounds: peak RSS {_mib(peak['extra_bytes'])} beyond the baseline = "
              f"{peak['extra_over_m']:.3g} x M (sampled peaks: {_shares(peak['sampled_extra'])}); "
              f"still held after: {_mib(peak['held_bytes'])}."
              + ("" if peak["hwm_reset"] else " (VmHWM could not be reset: the peak includes earlier use)"),
-             f"  {rounds['rounds']:,} rounds of {_mib(rounds['bytes'])}, {rounds['median_s'] * 1e3:.2f} ms a round: "
+             f"  {rounds['rounds']:,} rounds of {_size(rounds['bytes'])}, {rounds['median_s'] * 1e3:.2f} ms a round: "
              f"RSS {_mib(rounds['rss_from'])} at round {rounds['from_round']:,}, {_mib(rounds['rss_to'])} at round "
              f"{rounds['rounds']:,}: {_kib(rounds['growth_bytes'])} ({_shares(rounds['growth'])})"
              + ("" if rounds["malloc_trim"] else "; no malloc_trim: freed memory glibc keeps counts too") + ".",
@@ -143,7 +143,7 @@ def format_goals(goals: list[dict]) -> list[str]:
     lines = ["goals (issue 6): measured ratio, target, verdict"]
     for g in goals:
         verdict = {True: "PASS", False: "FAIL", None: "not measured"}[g["pass"]]
-        ratio = "-" if g["ratio"] is None else f"{g['ratio']:.3g}"
+        ratio = "-" if g["ratio"] is None else f"{g['ratio']:.2f}" if g["ratio"] >= 0.1 else f"{g['ratio']:.2g}"
         lines.append(f"  {g['goal']:<40} {ratio:>7}  {g['compare']} {g['target']:<6g} {verdict}")
     return lines
 
