@@ -1,16 +1,35 @@
-"""The benchmark still runs end to end (its timings are not checked here)."""
+"""The benchmark still runs end to end (its timings are not checked here: the workers check
+every sum they time against the known result, and fail the run if one is wrong)."""
 
+import importlib.util
 import json
 import subprocess
 import sys
 
+import jax
+import pytest
 
-def test_bench_json_runs_and_reports_every_size():
+from jbps.bench import peers
+from jbps.bench.__main__ import format_table, plot
+
+G3_LEAVES = 8
+
+
+@pytest.fixture(scope="module")
+def bench_doc():
     out = subprocess.run([sys.executable, "-m", "jbps.bench", "--sizes", "4K,64K", "--iters", "2",
-                          "--skip-peers", "--json", "--credits", "2"], capture_output=True, text=True, timeout=300,
+                          "--skip-peers", "--json", "--credits", "2",
+                          "--g3-leaves", str(G3_LEAVES), "--g3-max", "16K",
+                          "--g4-bytes", "256K", "--g4-peak-rounds", "2", "--g4-round-bytes", "64K",
+                          "--g4-rounds", "20"],
+                         capture_output=True, text=True, timeout=300,
                          cwd="/")  # the installed package, not the source tree
     assert out.returncode == 0, out.stderr[-3000:]
-    doc = json.loads(out.stdout)
+    return json.loads(out.stdout)
+
+
+def test_bench_json_runs_and_reports_every_size(bench_doc):
+    doc = bench_doc
     assert [row["bytes"] for row in doc["rows"]] == [4096, 65536]
     assert all(row["jbps_median_s"] > 0 for row in doc["rows"])
     # Each worker pushes the buffer once per call (1 device, no padding).
@@ -19,3 +38,93 @@ def test_bench_json_runs_and_reports_every_size():
     prio = doc["priority"]["results"]["2"]
     for order in ("forward", "backprop"):
         assert 0 < prio[order]["first_leaf_s"] <= prio[order]["total_s"]
+
+
+def test_bench_many_small_tensors_case(bench_doc):
+    g3 = bench_doc["g3"]
+    sizes = g3["leaf_bytes"]
+    assert len(sizes) == g3["leaves"] == G3_LEAVES and g3["seed"] == 0
+    assert all(4096 <= b <= 16384 and b % 4 == 0 for b in sizes) and g3["bytes"] == sum(sizes)
+    jbps_g3 = g3["jbps"]
+    for key in ("tree", "flat"):
+        assert jbps_g3[key]["median_s"] > 0 and jbps_g3[key]["iters"] == 2
+        # Both calls push every byte once, the tree as its leaves, the flat buffer as one.
+        assert jbps_g3[key]["engine_per_call"]["bytes_pushed"] == sum(sizes)
+    assert jbps_g3["tree_over_flat"] == pytest.approx(jbps_g3["tree"]["median_s"] / jbps_g3["flat"]["median_s"])
+    assert g3["mpi"] is None and g3["gloo"] is None  # --skip-peers
+
+
+def test_bench_memory_case(bench_doc):
+    g4 = bench_doc["g4"]
+    peak, rounds = g4["peak"], g4["rounds"]
+    assert peak["bytes"] == 256 << 10 and peak["rounds"] == 2
+    # The baseline holds jax's input and one output of M: the RSS is at least that.
+    assert peak["baseline"]["VmRSS"] >= 2 * peak["bytes"]
+    assert peak["hwm_reset"] and peak["extra_over_m"] == peak["extra_bytes"] / peak["bytes"]
+    assert rounds["bytes"] == 64 << 10 and rounds["rounds"] == 20 and rounds["from_round"] == 2
+    assert list(rounds["rss"]) == [str(i) for i in range(2, 21)]  # from the tenth, every 1/50 (at least 1)
+    assert rounds["growth_bytes"] == rounds["rss_to"] - rounds["rss_from"]
+    assert isinstance(rounds["malloc_trim"], bool)
+    readings = list(rounds["rss"].values())
+    assert rounds["floor_growth_bytes"] == min(readings[-4:]) - min(readings[:4])
+    assert len(g4["servers"]["pids"]) == 2 and g4["servers"]["before"]
+
+
+def test_bench_goals_and_table(bench_doc):
+    goals = {g["goal"]: g for g in bench_doc["goals"]}
+    # No 64/256 MiB rows and no peers: G2 is listed as not measured.
+    assert [g["pass"] for name, g in goals.items() if name.startswith("G2")] == [None] * 4
+    for name in (f"G3 {G3_LEAVES} leaves vs flat", "G4 peak extra RSS / M, M = 256 KiB",
+                 "G4 growth 2-20 / M, M = 64 KiB"):
+        goal = goals[name]
+        assert goal["ratio"] is not None and goal["pass"] is (goal["ratio"] <= goal["target"])
+    table = format_table(bench_doc)
+    for text in ("G3 many small tensors", "G4 memory", "transport:", "goals (issue 6)", "not measured"):
+        assert text in table
+
+
+def test_bench_plot_draws_the_tree_points(bench_doc, tmp_path):
+    pytest.importorskip("matplotlib")
+    doc = dict(bench_doc)
+    # The JSON's keys are strings; plot() takes the document as main() builds it.
+    doc["tools"] = {k: t and {**t, "results": {int(s): r for s, r in t["results"].items()}}
+                    for k, t in doc["tools"].items()}
+    plot(doc, str(tmp_path / "bench.png"))
+    assert (tmp_path / "bench.png").stat().st_size > 0
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None, reason="mpi4py is not installed")
+def test_mpi_peer_times_the_tree():
+    out = peers.run_mpi_allreduce([4096], 2, 1, timeout_s=120, tree_sizes=[4096, 8192, 12288], tree_iters=2)
+    assert out["results"][4096]["median_s"] > 0
+    g3 = out["g3"]
+    assert g3["leaves"] == 3 and g3["bytes"] == 24576 and g3["tree"]["iters"] == 2 and g3["flat"]["median_s"] > 0
+
+
+@pytest.mark.skipif(not hasattr(jax, "shard_map"), reason="the gloo peer needs jax.shard_map (jax >= 0.6)")
+def test_gloo_peer_times_the_tree():
+    out = peers.run_gloo_psum([4096], 2, 1, timeout_s=120, tree_sizes=[4096, 8192, 12288], tree_iters=2)
+    g3 = out["g3"]
+    assert g3["leaves"] == 3 and g3["bytes"] == 24576 and g3["tree"]["iters"] == 2 and g3["flat"]["median_s"] > 0
+
+
+def test_floor_growth_ignores_buffers_that_come_and_go():
+    from jbps.bench.memory import floor_growth
+
+    m = 4 << 20
+    assert floor_growth([0, 0, m, 0, 2 * m, m, 0, 2 * m]) == 0
+    assert floor_growth([i * 1000 for i in range(40)]) == 30000  # a leak raises the floor
+
+
+def test_goals_from_rows_and_kernel():
+    from jbps.bench.goals import make_goals
+
+    doc = {"rows": [{"bytes": 64 << 20, "jbps_over_mpi": 0.9, "jbps_over_gloo": 0.6}],
+           # G1's goals, as the summation kernels' result carries them (greater is better).
+           "kernel": {"goals": {"f32_vs_copy": {"what": "f32 add GB/s / copy GB/s", "ratio": 0.9, "target": 0.8,
+                                                "passed": True}}}}
+    goals = {g["goal"]: g for g in make_goals(doc)}
+    assert goals["G1 f32 add GB/s / copy GB/s"] == {"goal": "G1 f32 add GB/s / copy GB/s", "ratio": 0.9,
+                                                     "target": 0.8, "compare": ">=", "pass": True}
+    assert goals["G2 64 MiB vs MPI"]["pass"] is True and goals["G2 64 MiB vs gloo"]["pass"] is False
+    assert goals["G2 256 MiB vs MPI"]["pass"] is None and "G3 200 leaves vs flat" not in goals

@@ -3,6 +3,8 @@
     python -m jbps.bench [--sizes 4M,64M,256M] [--iters N] [--warmup N]
                          [--workers 2] [--servers 2] [--json] [--skip-peers] [--plot out.png]
                          [--priority-model resnet50] [--credits 1,2,4,8,16] [--skip-priority]
+                         [--skip-g3] [--g3-leaves 200] [--g3-min 4K] [--g3-max 256K] [--g3-seed 0]
+                         [--skip-g4] [--g4-bytes M] [--g4-peak-rounds 5] [--g4-round-bytes 4M] [--g4-rounds 1000]
 
 One invocation runs: jbps psum (a LocalCluster of CPU summation servers and
 worker processes), mpi4py Allreduce and JAX gloo psum (2 processes each), and
@@ -11,8 +13,15 @@ copy, with goal G1's ratios (jbps/bench/summation.py). Every collective time
 is the median over the timed calls of the slowest process. Then the priority
 case: a model's gradients in one psum, under each credit window, first leaf
 first (jbps's default) and last leaf first (FIFO in backprop order, i.e. no
-priority): how soon the first layer's sum is back, from the engine's trace. Progress goes to stderr;
-the table (or, with --json, one JSON document) goes to stdout.
+priority): how soon the first layer's sum is back, from the engine's trace.
+
+The jbps workers also run issue 6's cases G3 and G4. G3, many small tensors: one psum
+of a tree of float32 leaves of log-uniform sizes (fixed seed) against one psum of a
+buffer of the same total bytes (the peers: an Allreduce per leaf, a gloo psum of the
+tree). G4, memory: worker 0's peak RSS during psums of M bytes beyond jax's own buffers,
+in units of M, and its RSS growth over many rounds of a smaller buffer (the servers'
+too). A last section lists every goal with the measured ratio, its target and PASS/FAIL.
+Progress goes to stderr; the table (or, with --json, one JSON document) goes to stdout.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ import time
 import numpy as np
 
 from ..local_cluster import last_json_line
+from .goals import format_cases, make_goals, tree_leaf_sizes
 from .report import parse_report
 from .summation import bench_summation, format_summation
 
@@ -98,6 +108,19 @@ def parse_args(argv=None, prog=None) -> argparse.Namespace:
     p.add_argument("--credits", default="1,2,4,8,16",
                    help="credit windows (chunks in flight) the priority case tries (default 1,2,4,8,16)")
     p.add_argument("--skip-priority", action="store_true", help="do not run the priority case")
+    p.add_argument("--skip-g3", action="store_true", help="do not run the many-small-tensors case (G3)")
+    p.add_argument("--g3-leaves", type=int, default=200, help="G3: leaves in the tree (default 200)")
+    p.add_argument("--g3-min", type=parse_size, default=parse_size("4K"), help="G3: smallest leaf (default 4K)")
+    p.add_argument("--g3-max", type=parse_size, default=parse_size("256K"), help="G3: largest leaf (default 256K)")
+    p.add_argument("--g3-seed", type=int, default=0, help="G3: seed of the leaf sizes (default 0)")
+    p.add_argument("--skip-g4", action="store_true", help="do not run the memory case (G4)")
+    p.add_argument("--g4-bytes", type=parse_size, default=None,
+                   help="G4: M, the psum whose peak memory is measured (default the largest of --sizes)")
+    p.add_argument("--g4-peak-rounds", type=int, default=5, help="G4: psums of M while the peak is taken (default 5)")
+    p.add_argument("--g4-round-bytes", type=parse_size, default=parse_size("4M"),
+                   help="G4: the buffer of the growth rounds (default 4M)")
+    p.add_argument("--g4-rounds", type=int, default=1000,
+                   help="G4: growth rounds; RSS growth from the 10th percent of them to the last (default 1000)")
     args = p.parse_args(argv)
     try:
         args.credits = [int(c) for c in args.credits.split(",") if c.strip()]
@@ -111,17 +134,25 @@ def parse_args(argv=None, prog=None) -> argparse.Namespace:
         p.error("--warmup must not be negative")
     if args.workers < 1 or args.servers < 1:
         p.error("--workers and --servers must be at least 1")
+    if args.g3_leaves < 1 or args.g3_min > args.g3_max:
+        p.error("G3 needs --g3-leaves >= 1 and --g3-min <= --g3-max")
+    if args.g4_peak_rounds < 1 or args.g4_rounds < 10:
+        p.error("G4 needs --g4-peak-rounds >= 1 and --g4-rounds >= 10")
+    args.g4_bytes = args.g4_bytes or args.sizes[-1]
     return args
 
 
-def run_jbps(sizes, iters, warmup, workers, servers, timeout_s) -> dict:
+def run_jbps(sizes, iters, warmup, workers, servers, timeout_s, cases=()) -> dict:
+    """The size rows, and the worker's G3/G4 cases given as its arguments in `cases`."""
     from ..local_cluster import LocalCluster
 
     argv = [*_WORKER, "--sizes", ",".join(map(str, sizes)), "--iters", ",".join(str(iters[s]) for s in sizes),
-            "--warmup", str(warmup)]
+            "--warmup", str(warmup), *cases]
     with LocalCluster(workers, servers, local_devices=1, timeout_s=timeout_s) as cluster:
         log.info("jbps: %s, %s at %s", _count(workers, "worker"), _count(servers, "server"),
                  ",".join(cluster.addresses))
+        if "--memory" in cases:  # worker 0 reads the servers' memory too
+            argv += ["--server-pids", ",".join(str(proc.pid) for proc in cluster.servers)]
         results = cluster.run_workers(argv)
     failed = [r for r in results if r.returncode != 0]
     if failed:
@@ -164,17 +195,19 @@ def format_priority(prio: dict, cfg: dict) -> list[str]:
     return lines
 
 
-def run_peer(runner, sizes, iters, warmup, timeout_s) -> dict | None:
+def run_peer(runner, sizes, iters, warmup, timeout_s, tree_sizes=(), tree_iters=None) -> dict | None:
     """One peer tool over every size; sizes with different iteration counts run as separate jobs
-    because the peer scripts take one count for all their sizes."""
+    because the peer scripts take one count for all their sizes. The G3 tree, if given, runs with
+    the first job."""
     merged = None
     for count in sorted(set(iters[s] for s in sizes)):
         group = [s for s in sizes if iters[s] == count]
-        out = runner(group, count, warmup, timeout_s)
+        out = runner(group, count, warmup, timeout_s, tree_sizes=tree_sizes, tree_iters=tree_iters)
         if out is None:
             return None
         if merged is None:
-            merged = {"tool": out["tool"], "results": {}}
+            merged = {"tool": out["tool"], "results": {}, "g3": out.get("g3")}
+            tree_sizes = ()
         merged["results"].update(out["results"])
     merged["results"] = dict(sorted(merged["results"].items()))
     return merged
@@ -227,7 +260,7 @@ def _cell(value, fmt: str) -> str:
 def format_table(doc: dict) -> str:
     cfg = doc["config"]
     header = ("size", "jbps ms", "jbps GB/s", "MPI ms", "gloo ms", "jbps/MPI", "jbps/gloo")
-    lines = [f"jbps psum: {_count(cfg['workers'], 'worker')} x 1 CPU device, {_count(cfg['servers'], 'server')}; "
+    lines = [f"G2 jbps psum: {_count(cfg['workers'], 'worker')} x 1 CPU device, {_count(cfg['servers'], 'server')}; "
              f"peers: {_count(cfg['peer_processes'], 'process')}. Median of the slowest process per call; "
              "GB/s = bytes / time (algorithm bandwidth); jbps/X = time ratio, < 1 means jbps is faster.",
              "{:>9} {:>9} {:>10} {:>9} {:>9} {:>9} {:>10}".format(*header)]
@@ -241,6 +274,7 @@ def format_table(doc: dict) -> str:
         lines += format_summation(doc["kernel"])
     if doc.get("priority"):
         lines += format_priority(doc["priority"], cfg)
+    lines += format_cases(doc)
     for what, err in doc["errors"].items():
         last = next((line.strip() for line in reversed(err.splitlines()) if line.strip()), "")
         lines.append(f"{what} FAILED: {last} (details on stderr)")
@@ -254,11 +288,19 @@ def plot(doc: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for tool in doc["tools"].values():
+    colors = {}
+    for key, tool in doc["tools"].items():
         if tool is None:
             continue
         sizes = sorted(tool["results"])
-        ax.plot(sizes, [s / tool["results"][s]["median_s"] / 1e9 for s in sizes], marker="o", label=tool["tool"])
+        [line] = ax.plot(sizes, [s / tool["results"][s]["median_s"] / 1e9 for s in sizes], marker="o",
+                         label=tool["tool"])
+        colors[key] = line.get_color()
+    # G3: the tree's bandwidth (total bytes / time) at its total size, in its tool's colour.
+    for key, r in (doc.get("g3") or {}).items():
+        if isinstance(r, dict) and "tree" in r:
+            ax.plot([r["bytes"]], [r["bytes"] / r["tree"]["median_s"] / 1e9], marker="x", markersize=9,
+                    linestyle="none", color=colors.get(key), label=f"{r['tool']}: G3, {r['leaves']} leaves")
     ax.set_xscale("log", base=2)
     ax.set_xticks(doc["config"]["sizes"], [format_size(s) for s in doc["config"]["sizes"]])
     ax.minorticks_off()
@@ -267,7 +309,7 @@ def plot(doc: dict, path: str) -> None:
     ax.set_ylabel("algorithm bandwidth (GB/s)")
     ax.set_title("sum across processes on one machine")
     ax.grid(True, alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -300,10 +342,18 @@ def main(argv=None, prog=None) -> int:
 
     log.info("sizes %s, timed calls %s, warm-up %d", ", ".join(map(format_size, sizes)),
              ", ".join(str(iters[s]) for s in sizes), args.warmup)
+    tree_sizes = [] if args.skip_g3 else tree_leaf_sizes(args.g3_leaves, args.g3_min, args.g3_max, args.g3_seed)
+    g3_iters = args.iters or 20
+    cases = []
+    if tree_sizes:
+        cases += ["--tree-sizes", ",".join(map(str, tree_sizes)), "--tree-iters", str(g3_iters)]
+    if not args.skip_g4:
+        cases += ["--memory", f"{args.g4_bytes},{args.g4_peak_rounds},{args.g4_round_bytes},{args.g4_rounds}"]
     t0 = time.monotonic()
-    log.info("jbps psum ...")
+    log.info("jbps psum%s ...", "".join(f", {c}" for c, skip in (("G3", args.skip_g3), ("G4", args.skip_g4))
+                                        if not skip))
     try:
-        tools["jbps"] = run_jbps(sizes, iters, args.warmup, args.workers, args.servers, timeout)
+        tools["jbps"] = run_jbps(sizes, iters, args.warmup, args.workers, args.servers, timeout, cases)
     except (RuntimeError, TimeoutError) as exc:
         log.error("jbps psum failed: %s", exc)
         errors["jbps"] = str(exc)
@@ -314,7 +364,7 @@ def main(argv=None, prog=None) -> int:
         for key, runner in (("mpi", peers.run_mpi_allreduce), ("gloo", peers.run_gloo_psum)):
             log.info("%s ...", key)
             try:
-                tools[key] = run_peer(runner, sizes, iters, args.warmup, timeout)
+                tools[key] = run_peer(runner, sizes, iters, args.warmup, timeout, tree_sizes, g3_iters)
                 if tools[key] is None:
                     log.info("%s skipped: not installed", key)
             except (RuntimeError, TimeoutError) as exc:
@@ -333,18 +383,29 @@ def main(argv=None, prog=None) -> int:
     kernel = bench_summation(sizes[-1])
     log.info("done in %.0f s", time.monotonic() - t0)
 
+    # The G3/G4 results travel in the tools' reports; the document keeps them apart.
+    g3 = None
+    if tree_sizes:
+        g3 = {"leaves": len(tree_sizes), "distribution": "log-uniform", "min_bytes": args.g3_min,
+              "max_bytes": args.g3_max, "seed": args.g3_seed, "bytes": sum(tree_sizes), "iters": g3_iters,
+              **{key: tools[key].pop("g3", None) if tools[key] else None for key in tools},
+              "leaf_bytes": tree_sizes}
+    g4 = tools["jbps"].pop("g4", None) if tools["jbps"] else None
     doc = {
         "config": {"sizes": sizes, "iters": {str(s): iters[s] for s in sizes}, "warmup": args.warmup,
                    "workers": args.workers, "servers": args.servers, "peer_processes": peers.NUM_PROCESSES,
-                   "skip_peers": args.skip_peers},
+                   "skip_peers": args.skip_peers, "skip_g3": args.skip_g3, "skip_g4": args.skip_g4},
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                     "jax": _version("jax"), "numpy": np.__version__},
         "tools": tools,
         "rows": make_rows(sizes, tools),
         "kernel": kernel,
         "priority": priority,
+        "g3": g3,
+        "g4": g4,
         "errors": errors,
     }
+    doc["goals"] = make_goals(doc)
     if args.json:
         print(json.dumps(_json_ready(doc), indent=2))
     else:

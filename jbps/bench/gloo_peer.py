@@ -2,8 +2,8 @@
 
 Started once per process, e.g.
     python -m jbps.bench.gloo_peer --coordinator 127.0.0.1:PORT --num-processes 2 \
-        --process-id I --sizes 4194304,67108864 --iters 10 --warmup 2
-Process 0 prints one JSON line: {"tool": ..., "results": {"<bytes>": {...}}}.
+        --process-id I --sizes 4194304,67108864 --iters 10 --warmup 2 [--tree-sizes ...]
+Process 0 prints one JSON line: {"tool": ..., "results": {"<bytes>": {...}}[, "g3": {...}]}.
 """
 
 import argparse
@@ -33,34 +33,38 @@ def parse_args(argv=None):
                    help="comma-separated buffer sizes in bytes")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--tree-sizes", default="", help="also G3: a tree of buffers of these sizes (comma-separated)")
+    p.add_argument("--tree-iters", type=int, default=None, help="timed calls of the tree (default --iters)")
     return p.parse_args(argv)
 
 
-def bench_size(mesh, nbytes, iters, warmup):
+def timed_psum(mesh, leaf_bytes, iters, warmup, tag):
+    """One psum of a list of float32 buffers of these sizes, timed per call (slowest process)."""
     pid, nproc = jax.process_index(), jax.process_count()
-    n = nbytes // 4
     sharding = NamedSharding(mesh, P("i"))
 
     # Global shape (nproc, n): each process owns row `pid`, filled with pid+1,
     # so the expected sum is known without communication.
-    local = jax.device_put(np.full((1, n), pid + 1, np.float32), jax.local_devices()[0])
-    x = jax.make_array_from_single_device_arrays((nproc, n), sharding, [local])
+    def global_array(nbytes):
+        local = jax.device_put(np.full((1, nbytes // 4), pid + 1, np.float32), jax.local_devices()[0])
+        return jax.make_array_from_single_device_arrays((nproc, nbytes // 4), sharding, [local])
 
+    xs = [global_array(b) for b in leaf_bytes]
     psum = jax.jit(jax.shard_map(lambda a: jax.lax.psum(a, "i"), mesh=mesh,
                                  in_specs=P("i"), out_specs=P("i")))
 
     times = []
     for i in range(warmup + iters):
         # Start all processes together (like MPI Barrier), else we time skew.
-        multihost_utils.sync_global_devices(f"jbps_gloo_{nbytes}")
+        multihost_utils.sync_global_devices(f"jbps_gloo_{tag}")
         t0 = time.perf_counter()
-        y = psum(x).block_until_ready()
+        y = jax.block_until_ready(psum(xs))
         t1 = time.perf_counter()
         if i == 0:
-            got = np.asarray(y.addressable_shards[0].data)
-            expected = np.full((1, n), nproc * (nproc + 1) / 2, np.float32)
-            if not np.array_equal(got, expected):
-                raise RuntimeError(f"process {pid}: wrong psum result for {nbytes} bytes")
+            for leaf in y:
+                got = np.asarray(leaf.addressable_shards[0].data)
+                if not np.array_equal(got, np.full(got.shape, nproc * (nproc + 1) / 2, np.float32)):
+                    raise RuntimeError(f"process {pid}: wrong psum result for {tag}")
         if i >= warmup:
             times.append(t1 - t0)
         del y
@@ -69,6 +73,18 @@ def bench_size(mesh, nbytes, iters, warmup):
     all_times = multihost_utils.process_allgather(np.asarray(times))
     per_iter = np.max(np.asarray(all_times).reshape(nproc, -1), axis=0).tolist()
     return summarize(per_iter)
+
+
+def bench_size(mesh, nbytes, iters, warmup):
+    return timed_psum(mesh, [nbytes], iters, warmup, str(nbytes))
+
+
+def bench_tree(mesh, leaf_bytes, iters, warmup):
+    """G3's tree in one psum, against one buffer of the same total bytes."""
+    tree = timed_psum(mesh, leaf_bytes, iters, warmup, "g3_tree")
+    flat = timed_psum(mesh, [sum(leaf_bytes)], iters, warmup, "g3_flat")
+    return {"tool": TOOL, "leaves": len(leaf_bytes), "bytes": sum(leaf_bytes), "tree": tree, "flat": flat,
+            "tree_over_flat": tree["median_s"] / flat["median_s"]}
 
 
 def main(argv=None):
@@ -84,8 +100,12 @@ def main(argv=None):
         results = {}
         for nbytes in (int(s) for s in args.sizes.split(",") if s):
             results[str(nbytes)] = bench_size(mesh, nbytes, args.iters, args.warmup)
+        report = {"tool": TOOL, "results": results}
+        if args.tree_sizes:
+            report["g3"] = bench_tree(mesh, [int(s) for s in args.tree_sizes.split(",") if s],
+                                      args.tree_iters or args.iters, args.warmup)
         if jax.process_index() == 0:
-            print(json.dumps({"tool": TOOL, "results": results}), flush=True)
+            print(json.dumps(report), flush=True)
     finally:
         jax.distributed.shutdown()
 

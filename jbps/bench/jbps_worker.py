@@ -1,9 +1,13 @@
-"""Benchmark worker: jbps.psum of one float32 buffer, timed like the peer tools.
+"""Benchmark worker: jbps.psum of one float32 buffer, timed like the peer tools; optionally
+the many-small-tensors case (G3: a tree against one buffer of the same bytes) and the
+memory case (G4, see memory.py).
 
 Run as every worker of a jbps job (LocalCluster sets JBPS_SERVERS,
 JBPS_NUM_WORKERS and JBPS_WORKER_RANK), e.g.
-    python -m jbps.bench.jbps_worker --sizes 4194304,67108864 --iters 40,10 --warmup 2
-Rank 0 prints one JSON line: {"tool": ..., "results": {"<bytes>": {...}}}.
+    python -m jbps.bench.jbps_worker --sizes 4194304,67108864 --iters 40,10 --warmup 2 \
+        [--tree-sizes 4096,65536,... --tree-iters 20] [--memory 268435456,5,4194304,1000]
+Rank 0 prints one JSON line: {"tool": ..., "results": {"<bytes>": {...}}, "g3": {...}, "g4": {...}}.
+The memory case runs first, while the process holds nothing else.
 """
 
 import argparse
@@ -20,6 +24,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import jbps  # noqa: E402
+from jbps.bench import memory  # noqa: E402
 from jbps.bench.report import summarize  # noqa: E402
 
 TOOL = "jbps psum"
@@ -31,7 +36,17 @@ def parse_args(argv=None):
     p.add_argument("--iters", default="10",
                    help="timed calls: one number for every size, or one per size (comma-separated)")
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--tree-sizes", default="", help="G3: the tree's leaf sizes in bytes (comma-separated)")
+    p.add_argument("--tree-iters", type=int, default=20, help="G3: timed calls of the tree and of the flat buffer")
+    p.add_argument("--memory", default="",
+                   help="G4: PEAK_BYTES,PEAK_ROUNDS,ROUND_BYTES,ROUNDS (see jbps.bench.memory)")
+    p.add_argument("--server-pids", default="", help="G4: the servers' PIDs, read by worker 0")
     args = p.parse_args(argv)
+    args.tree_sizes = [int(s) for s in args.tree_sizes.split(",") if s]
+    args.memory = [int(s) for s in args.memory.split(",") if s]
+    if args.memory and len(args.memory) != 4:
+        p.error("--memory needs PEAK_BYTES,PEAK_ROUNDS,ROUND_BYTES,ROUNDS")
+    args.server_pids = [int(s) for s in args.server_pids.split(",") if s]
     args.sizes = [int(s) for s in args.sizes.split(",") if s]
     iters = [int(s) for s in args.iters.split(",") if s]
     if len(iters) == 1:
@@ -52,61 +67,101 @@ def barrier():
     _barrier(_ONE).block_until_ready()
 
 
-def gather_times(times, nbytes):
+def gather_times(times, tag):
     """Every worker's timings, as a (workers, iters) array, summed through jbps itself."""
     rows = np.zeros((jbps.size(), len(times)), np.float32)
     rows[jbps.rank()] = times
-    gather = jax.jit(lambda t: jbps.psum(t, name=f"bench.times.{nbytes}"))
+    gather = jax.jit(lambda t: jbps.psum(t, name=f"bench.times.{tag}"))
     return np.asarray(gather(jnp.asarray(rows)))
 
 
-def bench_size(nbytes, iters, warmup):
-    rank, world = jbps.rank(), jbps.size()
-    n = nbytes // 4
-    # Each worker contributes rank+1, so the sum is known without communication.
-    x = jnp.full((n,), rank + 1, jnp.float32)
-    f = jax.jit(lambda x: jbps.psum(x, name=f"bench.{nbytes}"))
+def check_sum(out, what):
+    """Every worker contributed rank+1 to every element: the sum is known without communication."""
+    world = jbps.size()
+    expected = world * (world + 1) / 2
+    for i, y in enumerate(jax.tree_util.tree_leaves(out)):
+        y = np.asarray(y)
+        if not np.array_equal(y, np.full(y.shape, expected, np.float32)):
+            bad = np.flatnonzero(y != expected)
+            raise RuntimeError(f"rank {jbps.rank()}: wrong psum result for {what} (leaf {i}): {bad.size} elements "
+                               f"differ, e.g. y[{bad[0]}] = {y.reshape(-1)[bad[0]]} (expected {expected})")
 
+
+def checked_call(f, x, what):
+    """One call whose result is checked; returns what the engine counted for it."""
+    before = jbps.engine_stats()
+    y = f(x)
+    jax.block_until_ready(y)
+    after = jbps.engine_stats()
+    check_sum(y, what)
+    return {k: after[k] - before.get(k, 0) for k in after if isinstance(after[k], (int, float))}
+
+
+def timed_call(f, x):
+    barrier()  # start all workers together; otherwise we time skew
+    t0 = time.perf_counter()
+    jax.block_until_ready(f(x))
+    return time.perf_counter() - t0
+
+
+def slowest(times, tag):
+    """The slowest worker's time per call: the sum is done only when all have it."""
+    return summarize(gather_times(times, tag).max(axis=0).tolist())
+
+
+def bench_size(nbytes, iters, warmup):
+    x = jnp.full((nbytes // 4,), jbps.rank() + 1, jnp.float32)
+    f = jax.jit(lambda x: jbps.psum(x, name=f"bench.{nbytes}"))
     for _ in range(warmup):
         f(x).block_until_ready()
-
     # One checked call, also measuring what a call sends (warm-up compiled it).
-    before = jbps.engine_stats()
-    y = np.asarray(f(x))
-    after = jbps.engine_stats()
-    expected = world * (world + 1) / 2
-    if not np.array_equal(y, np.full(n, expected, np.float32)):
-        bad = np.flatnonzero(y != expected)
-        raise RuntimeError(f"rank {rank}: wrong psum result for {nbytes} bytes: {bad.size} elements differ, "
-                           f"e.g. y[{bad[0]}] = {y[bad[0]]} (expected {expected})")
-    del y
+    engine = checked_call(f, x, f"{nbytes} bytes")
+    times = [timed_call(f, x) for _ in range(iters)]
+    return {**slowest(times, nbytes), "bytes_pushed_per_call": engine["bytes_pushed"],
+            "bytes_pulled_per_call": engine["bytes_pulled"], "engine_per_call": engine}
 
-    times = []
+
+def bench_tree(leaf_bytes, iters, warmup):
+    """G3: one psum of a tree of float32 leaves against one of a buffer of the same total bytes,
+    calls alternating so that both see the same machine."""
+    rank = jbps.rank()
+    tree = [jnp.full((b // 4,), rank + 1, jnp.float32) for b in leaf_bytes]
+    flat = jnp.full((sum(leaf_bytes) // 4,), rank + 1, jnp.float32)
+    cases = {"tree": (jax.jit(lambda t: jbps.psum(t, name="bench.g3.tree")), tree),
+             "flat": (jax.jit(lambda x: jbps.psum(x, name="bench.g3.flat")), flat)}
+    out = {}
+    for key, (f, x) in cases.items():
+        for _ in range(warmup):
+            jax.block_until_ready(f(x))
+        out[key] = {"engine_per_call": checked_call(f, x, f"the G3 {key}")}
+    times = {key: [] for key in cases}
     for _ in range(iters):
-        barrier()  # start all workers together; otherwise we time skew
-        t0 = time.perf_counter()
-        f(x).block_until_ready()
-        times.append(time.perf_counter() - t0)
-
-    # Report the slowest worker per iteration: the sum is done only when all have it.
-    per_iter = gather_times(times, nbytes).max(axis=0).tolist()
-    return {**summarize(per_iter),
-            "bytes_pushed_per_call": after["bytes_pushed"] - before["bytes_pushed"],
-            "bytes_pulled_per_call": after["bytes_pulled"] - before["bytes_pulled"]}
+        for key, (f, x) in cases.items():
+            times[key].append(timed_call(f, x))
+    for key in cases:
+        out[key].update(slowest(times[key], f"g3.{key}"))
+    return {"tool": TOOL, "leaves": len(leaf_bytes), "bytes": sum(leaf_bytes), **out,
+            "tree_over_flat": out["tree"]["median_s"] / out["flat"]["median_s"]}
 
 
 def main(argv=None):
     args = parse_args(argv)
     jbps.init()
     try:
+        report = {"tool": TOOL, "workers": jbps.size()}
+        if args.memory:
+            peak_bytes, peak_rounds, round_bytes, rounds = args.memory
+            report["g4"] = memory.run(peak_bytes, peak_rounds, round_bytes, rounds, barrier, check_sum,
+                                      args.server_pids if jbps.rank() == 0 else ())
         stats_before = jbps.engine_stats()
-        results = {}
-        for nbytes, iters in zip(args.sizes, args.iters):
-            results[str(nbytes)] = bench_size(nbytes, iters, args.warmup)
+        report["results"] = {str(nbytes): bench_size(nbytes, iters, args.warmup)
+                             for nbytes, iters in zip(args.sizes, args.iters)}
         stats_after = jbps.engine_stats()
+        report["engine_stats"] = {"before": stats_before, "after": stats_after}
+        if args.tree_sizes:
+            report["g3"] = bench_tree(args.tree_sizes, args.tree_iters, args.warmup)
         if jbps.rank() == 0:
-            print(json.dumps({"tool": TOOL, "workers": jbps.size(), "results": results,
-                              "engine_stats": {"before": stats_before, "after": stats_after}}), flush=True)
+            print(json.dumps(report), flush=True)
     finally:
         jbps.shutdown()
     return 0

@@ -1,8 +1,8 @@
 """Peer benchmark: MPI Allreduce (SUM) of one float32 buffer, via mpi4py.
 
 Run under mpiexec, e.g.
-    mpiexec -n 2 python -m jbps.bench.mpi_peer --sizes 4194304,67108864 --iters 10 --warmup 2
-Rank 0 prints one JSON line: {"tool": ..., "results": {"<bytes>": {...}}}.
+    mpiexec -n 2 python -m jbps.bench.mpi_peer --sizes 4194304,67108864 --iters 10 --warmup 2 [--tree-sizes ...]
+Rank 0 prints one JSON line: {"tool": ..., "results": {"<bytes>": {...}}[, "g3": {...}]}.
 """
 
 import argparse
@@ -16,6 +16,7 @@ from jbps.bench.report import summarize
 from mpi4py import MPI
 
 TOOL = "mpi4py Allreduce (MPICH)"
+TREE_TOOL = "mpi4py Allreduce per leaf"
 
 
 def parse_args(argv=None):
@@ -24,26 +25,29 @@ def parse_args(argv=None):
                    help="comma-separated buffer sizes in bytes")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--tree-sizes", default="", help="also G3: a tree of buffers of these sizes (comma-separated)")
+    p.add_argument("--tree-iters", type=int, default=None, help="timed calls of the tree (default --iters)")
     return p.parse_args(argv)
 
 
-def bench_size(comm, nbytes, iters, warmup):
+def timed_allreduce(comm, bufs, iters, warmup, what):
+    """Allreduce(SUM) of each buffer in turn, timed as one call; rank 0 gets the summary."""
     rank, world = comm.Get_rank(), comm.Get_size()
-    n = nbytes // 4
     # Each rank contributes rank+1, so the sum is known without communication.
     expected = world * (world + 1) / 2
-    buf = np.empty(n, dtype=np.float32)
 
     times = []
     for i in range(warmup + iters):
         # Refill outside the timed region so every call sums fresh inputs.
-        buf.fill(rank + 1)
+        for buf in bufs:
+            buf.fill(rank + 1)
         comm.Barrier()  # start all ranks together; otherwise we time skew
         t0 = time.perf_counter()
-        comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+        for buf in bufs:
+            comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
         t1 = time.perf_counter()
-        if i == 0 and not np.array_equal(buf, np.full(n, expected, np.float32)):
-            raise RuntimeError(f"rank {rank}: wrong Allreduce result for {nbytes} bytes")
+        if i == 0 and not all(np.array_equal(buf, np.full(buf.size, expected, np.float32)) for buf in bufs):
+            raise RuntimeError(f"rank {rank}: wrong Allreduce result for {what}")
         if i >= warmup:
             times.append(t1 - t0)
 
@@ -55,6 +59,22 @@ def bench_size(comm, nbytes, iters, warmup):
     return summarize(per_iter)
 
 
+def bench_size(comm, nbytes, iters, warmup):
+    return timed_allreduce(comm, [np.empty(nbytes // 4, dtype=np.float32)], iters, warmup, f"{nbytes} bytes")
+
+
+def bench_tree(comm, leaf_bytes, iters, warmup):
+    """G3's tree: MPI has no call for many buffers, so one Allreduce per leaf, against one
+    Allreduce of the same total bytes."""
+    leaves = [np.empty(b // 4, dtype=np.float32) for b in leaf_bytes]
+    tree = timed_allreduce(comm, leaves, iters, warmup, "the G3 tree")
+    flat = timed_allreduce(comm, [np.empty(sum(leaf_bytes) // 4, dtype=np.float32)], iters, warmup, "the G3 flat")
+    if tree is None:
+        return None
+    return {"tool": TREE_TOOL, "leaves": len(leaf_bytes), "bytes": sum(leaf_bytes), "tree": tree, "flat": flat,
+            "tree_over_flat": tree["median_s"] / flat["median_s"]}
+
+
 def main(argv=None):
     args = parse_args(argv)
     comm = MPI.COMM_WORLD
@@ -64,8 +84,12 @@ def main(argv=None):
         r = bench_size(comm, nbytes, args.iters, args.warmup)
         if r is not None:
             results[str(nbytes)] = r
+    report = {"tool": TOOL, "results": results}
+    if args.tree_sizes:
+        report["g3"] = bench_tree(comm, [int(s) for s in args.tree_sizes.split(",") if s],
+                                  args.tree_iters or args.iters, args.warmup)
     if comm.Get_rank() == 0:
-        print(json.dumps({"tool": TOOL, "results": results}), flush=True)
+        print(json.dumps(report), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Run peer tools (MPI Allreduce, JAX gloo psum) as 2 local processes and collect timings.
 
 Each runner returns {"tool": str, "results": {size_bytes: {"median_s", "min_s", "iters"}}}
-so the jbps benchmark can print them next to its own numbers.
+so the jbps benchmark can print them next to its own numbers; given tree_sizes, also
+"g3": the many-small-tensors case (a tree of buffers against one of the same bytes).
 """
 
 import importlib.util
@@ -41,9 +42,13 @@ def _child_env(extra=None):
     return env
 
 
-def _peer_args(sizes, iters, warmup):
-    return ["--sizes", ",".join(str(int(s)) for s in sizes),
+def _peer_args(sizes, iters, warmup, tree_sizes=(), tree_iters=None):
+    args = ["--sizes", ",".join(str(int(s)) for s in sizes),
             "--iters", str(int(iters)), "--warmup", str(int(warmup))]
+    if tree_sizes:
+        args += ["--tree-sizes", ",".join(str(int(s)) for s in tree_sizes),
+                 "--tree-iters", str(int(tree_iters or iters))]
+    return args
 
 
 def _run_group(cmds, env, timeout_s, what, grace_s=0.0):
@@ -95,8 +100,8 @@ def _find_mpiexec():
     return shutil.which("mpiexec")
 
 
-def run_mpi_allreduce(sizes: list[int], iters: int, warmup: int,
-                      timeout_s: float = 300) -> dict | None:
+def run_mpi_allreduce(sizes: list[int], iters: int, warmup: int, timeout_s: float = 300,
+                      tree_sizes=(), tree_iters=None) -> dict | None:
     """Time mpi4py Allreduce(SUM) across 2 local ranks; None if mpi4py is missing."""
     if importlib.util.find_spec("mpi4py") is None:
         logger.info("mpi4py not installed; skipping MPI peer")
@@ -105,14 +110,14 @@ def run_mpi_allreduce(sizes: list[int], iters: int, warmup: int,
     if mpiexec is None:
         raise RuntimeError("mpi4py is installed but no mpiexec was found")
     cmd = [mpiexec, "-n", str(NUM_PROCESSES), sys.executable, "-m", "jbps.bench.mpi_peer",
-           *_peer_args(sizes, iters, warmup)]
+           *_peer_args(sizes, iters, warmup, tree_sizes, tree_iters)]
     # SIGTERM grace: mpiexec then tears down its ranks, which sit in their own sessions.
     [out] = _run_group([cmd], _child_env(), timeout_s, "mpi_peer", grace_s=3.0)
     return parse_report(out, "mpi_peer")
 
 
-def run_gloo_psum(sizes: list[int], iters: int, warmup: int,
-                  timeout_s: float = 300) -> dict:
+def run_gloo_psum(sizes: list[int], iters: int, warmup: int, timeout_s: float = 300,
+                  tree_sizes=(), tree_iters=None) -> dict:
     """Time a JAX psum over gloo across 2 local processes with 1 CPU device each."""
     # One CPU device per process; appended so it wins over an inherited count.
     xla_flags = (os.environ.get("XLA_FLAGS", "") +
@@ -121,7 +126,7 @@ def run_gloo_psum(sizes: list[int], iters: int, warmup: int,
     coordinator = f"127.0.0.1:{free_port()}"
     cmds = [[sys.executable, "-m", "jbps.bench.gloo_peer", "--coordinator", coordinator,
              "--num-processes", str(NUM_PROCESSES), "--process-id", str(i),
-             *_peer_args(sizes, iters, warmup)]
+             *_peer_args(sizes, iters, warmup, tree_sizes, tree_iters)]
             for i in range(NUM_PROCESSES)]
     # No SIGTERM grace: JAX's distributed runtime catches SIGTERM (preemption).
     outputs = _run_group(cmds, env, timeout_s, "gloo_peer")

@@ -1,0 +1,160 @@
+"""Issue 6's goals G2-G4 as `jbps bench` checks them: the inputs of the many-small-tensors
+case (G3), the targets, the pass/fail list, and the table's lines for G3, G4 and the goals.
+
+The cases themselves run in the jbps workers (jbps_worker.py, memory.py) and the peers.
+Each goal is a ratio and a target: G2-G4's at most ("compare": "<="), G1's (the summation
+kernels, whose own goals the kernel result carries when it has them) at least (">="). A goal
+whose numbers this run did not measure (a size not benchmarked, a peer skipped or missing) is
+listed with pass None.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+MIB = 1 << 20
+# G2: jbps time / peer time at most, at each of these sizes.
+G2_SIZES = (64 * MIB, 256 * MIB)
+G2_TARGETS = (("mpi", "MPI", 1.0), ("gloo", "gloo", 0.5))
+# G3: a tree's psum time / the time of one buffer of the same bytes, at most.
+G3_TARGET = 1.5
+# G4: a worker's peak RSS beyond jax's buffers (its input and one output of M bytes), in M.
+G4_PEAK_TARGET = 1.0
+# G4: RSS growth over the rounds (1,000 rounds: from round 100 to 1,000), in units of the rounds'
+# buffer, each reading taken after malloc_trim (memory.trim: otherwise glibc keeps freed buffers
+# mapped, steps of megabytes). 1/16 of 4 MiB is 256 KiB over 900 rounds: a leak of 300 bytes a
+# round fails. Seen here without any leak: 0-16 KiB.
+G4_GROWTH_TARGET = 1 / 16
+
+
+def tree_leaf_sizes(leaves: int, lo: int, hi: int, seed: int) -> list[int]:
+    """Leaf sizes in bytes, log-uniform over [lo, hi], multiples of 4 (float32), from a fixed seed."""
+    rng = np.random.default_rng(seed)
+    raw = np.exp(rng.uniform(np.log(lo), np.log(hi), leaves))
+    return [int(min(hi, max(lo, 4 * round(b / 4)))) for b in raw]
+
+
+def _mib(nbytes) -> str:
+    return f"{nbytes / MIB:.1f} MiB"
+
+
+def _size(nbytes) -> str:
+    return f"{nbytes / MIB:g} MiB" if nbytes >= MIB else f"{nbytes / 1024:g} KiB"
+
+
+def _kib(nbytes) -> str:
+    return f"{nbytes / 1024:+,.0f} KiB"
+
+
+def _goal(goal: str, ratio, target: float) -> dict:
+    return {"goal": goal, "ratio": ratio, "target": target, "compare": "<=",
+            "pass": None if ratio is None else ratio <= target}
+
+
+def make_goals(doc: dict) -> list[dict]:
+    """G1 from the kernel result (if it has goals), G2 from the size rows, G3 and G4 from their
+    cases; see the targets above."""
+    kernel_goals = (doc.get("kernel") or {}).get("goals") or {}
+    goals = [{"goal": f"G1 {g.get('what', name)}", "ratio": g.get("ratio"), "target": g.get("target"),
+              "compare": ">=", "pass": g.get("passed")} for name, g in kernel_goals.items()]
+    rows = {row["bytes"]: row for row in doc["rows"]}
+    for nbytes in G2_SIZES:
+        for key, label, target in G2_TARGETS:
+            ratio = rows.get(nbytes, {}).get(f"jbps_over_{key}")
+            goals.append(_goal(f"G2 {nbytes // MIB} MiB vs {label}", ratio, target))
+    g3 = doc.get("g3")
+    if g3 is not None:
+        goals.append(_goal(f"G3 {g3['leaves']} leaves vs flat", (g3["jbps"] or {}).get("tree_over_flat"), G3_TARGET))
+    g4 = doc.get("g4")
+    if g4 is not None:
+        peak, rounds = g4["peak"], g4["rounds"]
+        goals.append(_goal(f"G4 peak extra RSS / M, M = {_size(peak['bytes'])}", peak["extra_over_m"],
+                           G4_PEAK_TARGET))
+        goals.append(_goal(f"G4 growth {rounds['from_round']}-{rounds['rounds']} / M, M = {_size(rounds['bytes'])}",
+                           rounds["growth_over_m"], G4_GROWTH_TARGET))
+    return goals
+
+
+def format_g3(g3: dict) -> list[str]:
+    lines = [f"G3 many small tensors: {g3['leaves']} float32 leaves of {g3['min_bytes'] // 1024}-"
+             f"{g3['max_bytes'] // 1024} KiB (log-uniform, seed {g3['seed']}; {_mib(g3['bytes'])} in all) in one "
+             "call vs one buffer of the same bytes; median of the slowest process per call.",
+             "  {:<30} {:>9} {:>9} {:>10}".format("tool", "tree ms", "flat ms", "tree/flat")]
+    for key in ("jbps", "mpi", "gloo"):
+        r = g3.get(key)
+        if r is None:
+            continue
+        lines.append("  {:<30} {:>9.2f} {:>9.2f} {:>10.2f}".format(
+            r["tool"], r["tree"]["median_s"] * 1e3, r["flat"]["median_s"] * 1e3, r["tree_over_flat"]))
+    return lines
+
+
+def _shares(delta: dict) -> str:
+    return ", ".join(f"{key} {_kib(delta[key])}" for key in ("RssAnon", "RssShmem") if key in delta)
+
+
+def format_g4(g4: dict) -> list[str]:
+    peak, rounds, m = g4["peak"], g4["rounds"], g4["peak"]["bytes"]
+    lines = [f"G4 memory of worker 0 (/proc/self/status; M = {_size(m)}): baseline RSS "
+             f"{_mib(peak['baseline']['VmRSS'])} holding jax's input and one output of M, the psum compiled "
+             "but never run.",
+             f"  psum of M, {peak['rounds']} rounds: peak RSS {_mib(peak['extra_bytes'])} beyond the baseline = "
+             f"{peak['extra_over_m']:.3g} x M (sampled peaks: {_shares(peak['sampled_extra'])}); "
+             f"still held after: {_mib(peak['held_bytes'])}."
+             + ("" if peak["hwm_reset"] else " (VmHWM could not be reset: the peak includes earlier use)"),
+             f"  {rounds['rounds']:,} rounds of {_size(rounds['bytes'])}, {rounds['median_s'] * 1e3:.2f} ms a round: "
+             f"RSS {_mib(rounds['rss_from'])} at round {rounds['from_round']:,}, {_mib(rounds['rss_to'])} at round "
+             f"{rounds['rounds']:,}: {_kib(rounds['growth_bytes'])} ({_shares(rounds['growth'])})"
+             + ("" if rounds["malloc_trim"] else "; no malloc_trim: freed memory glibc keeps counts too") + ".",
+             f"  KiB above round {rounds['from_round']:,}, every tenth: " + " ".join(
+                 f"{(rss - rounds['rss_from']) / 1024:.0f}" for i, rss in rounds["rss"].items()
+                 if int(i) % rounds["from_round"] == 0) + "."]
+    servers = g4.get("servers")
+    if servers:
+        lines.append(f"  servers ({len(servers['pids'])}, together): peak RSS {_mib(servers['peak_extra_bytes'])} "
+                     f"beyond their baseline = {servers['peak_extra_bytes'] / m:.3g} x M; "
+                     f"growth over the rounds {_kib(servers['growth_bytes'])}, of the floor (lowest reading of the "
+                     f"last quarter vs the first: what glibc keeps freed comes and goes above it) "
+                     f"{_kib(servers['floor_growth_bytes'])}.")
+    return lines
+
+
+_COUNTERS = ("bytes", "chunks", "calls", "busy")
+
+
+def format_engine(stats: dict | None) -> list[str]:
+    """Rank 0's engine counters over the size rows (G2), and which transport carried the bytes."""
+    if not stats:
+        return []
+    before, after = stats["before"], stats["after"]
+    # Counters (bytes_*, chunks_*, calls*, busy_*) as the rows' difference; any other key (a
+    # state such as how many servers shared memory reaches) as it stands after them.
+    delta = {k: after[k] - before.get(k, 0) if k.startswith(_COUNTERS) else after[k]
+             for k in after if isinstance(after[k], (int, float))}
+    counters = ", ".join(f"{k} {_mib(v)}" if k.startswith("bytes") else f"{k} {v:g}" for k, v in delta.items())
+    if "bytes_shm" not in after:
+        transport = "TCP (this engine counts no shared-memory bytes)"
+    else:
+        transport = "shared memory" if delta["bytes_shm"] > 0 else "TCP (no bytes through shared memory)"
+    return [f"transport: {transport}; rank 0's engine over the size rows: {counters}."]
+
+
+def format_goals(goals: list[dict]) -> list[str]:
+    lines = ["goals (issue 6): measured ratio, target, verdict"]
+    for g in goals:
+        verdict = {True: "PASS", False: "FAIL", None: "not measured"}[g["pass"]]
+        ratio = "-" if g["ratio"] is None else f"{g['ratio']:.2f}" if g["ratio"] >= 0.1 else f"{g['ratio']:.2g}"
+        lines.append(f"  {g['goal']:<40} {ratio:>7}  {g['compare']} {g['target']:<6g} {verdict}")
+    return lines
+
+
+def format_cases(doc: dict) -> list[str]:
+    """The lines after the size rows, kernel and priority case: G3, G4, the transport, the goals."""
+    lines = []
+    if doc.get("g3"):
+        lines += format_g3(doc["g3"])
+    if doc.get("g4"):
+        lines += format_g4(doc["g4"])
+    lines += format_engine((doc["tools"].get("jbps") or {}).get("engine_stats"))
+    lines += format_goals(doc["goals"])
+    return lines
