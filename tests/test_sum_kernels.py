@@ -179,3 +179,17 @@ def test_bench_summation_reports_every_case_and_goal():
     for goal in result["goals"].values():
         assert goal["ratio"] > 0 and isinstance(goal["passed"], bool)
     assert len(format_summation(result)) > 5
+
+
+@pytest.mark.parametrize("n", [0, 1, 31, 4096, 256 * 1024 - 1, 256 * 1024, 256 * 1024 + 77, 3 << 20])
+@pytest.mark.parametrize("misalign", [0, 1, 17, 31])
+def test_stream_copy_copies_every_byte(n, misalign):
+    # The engine's copy of a sum into XLA's output: non-temporal stores from 256 KiB up,
+    # with a head up to 32-byte alignment and a tail; every byte must arrive, none beyond.
+    rng = np.random.default_rng(n + misalign)
+    src = rng.integers(0, 256, n + misalign, dtype=np.uint8)[misalign:]
+    room = np.full(n + misalign + 64, 0xAB, np.uint8)
+    dst = room[misalign:misalign + n]
+    _core.stream_copy(dst, src)
+    np.testing.assert_array_equal(dst, src)
+    assert (room[:misalign] == 0xAB).all() and (room[misalign + n:] == 0xAB).all()

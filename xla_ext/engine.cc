@@ -17,6 +17,7 @@
 #include "net.h"
 #include "protocol.h"
 #include "shm.h"
+#include "stream_copy.h"
 
 namespace jbps {
 namespace {
@@ -817,7 +818,7 @@ void Engine::Impl::RecvLoop(ServerConn* sc) {
       if (wanted) {  // the transport's one copy out, scattered to the parts
         const char* src = sc->sum_region->data() + ref.offset;
         for (const Part& p : ch->parts) {
-          std::memcpy(static_cast<char*>(ch->call->spec.operands[p.op].out) + p.offset, src, p.nbytes);
+          StreamCopy(static_cast<char*>(ch->call->spec.operands[p.op].out) + p.offset, src, p.nbytes);
           src += p.nbytes;
         }
         bytes_shm += sum_bytes;

@@ -17,6 +17,7 @@
 #endif
 #include "dtype.h"
 #include "server.h"
+#include "stream_copy.h"
 #include "sum_kernels.h"
 
 namespace nb = nanobind;
@@ -299,6 +300,16 @@ NB_MODULE(_core, m) {
       },
       nb::arg("dtype"), nb::arg("acc"), nb::arg("a"), nb::arg("b"),
       "acc = widen(a) + widen(b): the server's AccumulatorInitSum (its first two pushes in one pass).");
+  // The engine's copy of a shared-memory sum into XLA's output, for the tests.
+  m.def(
+      "stream_copy",
+      [](nb::ndarray<uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu> dst,
+         nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu> src) {
+        if (dst.size() != src.size()) throw std::invalid_argument("stream_copy: dst and src differ in size");
+        nb::gil_scoped_release release;
+        jbps::StreamCopy(dst.data(), src.data(), dst.size());
+      },
+      nb::arg("dst"), nb::arg("src"));
   m.def("chunk_key", &jbps::ChunkKey, nb::arg("base_key"), nb::arg("shard"), nb::arg("chunk"));
 
   nb::class_<PyServer>(m, "Server")

@@ -168,6 +168,7 @@ std::string TreeDifference(uint32_t rank_a, const std::string& a, uint32_t rank_
 struct Pending {
   int fd = -1;
   bool shm = false;  // on the shared-memory socket: a kShmOffer, not a hello
+  bool parked = false;  // hello read, waiting for the rank's previous connection to end (AdmitHello)
   std::string peer;
   Clock::time_point deadline;
   FrameHeader hello;
@@ -324,6 +325,7 @@ struct SummationServer::Impl {
   void AcceptLoop();
   void Accept(std::list<Pending>* pending);
   void ReadHello(Pending& p, bool* done);
+  bool AdmitHello(Pending& p, bool last_try);
   void ReadShmOffer(Pending& p);
   Payload NewBlock(size_t n);
   Payload InArena(Payload p);
@@ -490,8 +492,8 @@ void SummationServer::Impl::AcceptLoop() {
     fds.push_back({shm_fd, static_cast<short>(shm_fd >= 0 ? POLLIN : 0), 0});  // poll ignores fd -1
     auto soonest = Clock::now() + std::chrono::seconds(1);
     for (auto& p : pending) {
-      fds.push_back({p.fd, POLLIN, 0});
-      soonest = std::min(soonest, p.deadline);
+      fds.push_back({p.fd, static_cast<short>(p.parked ? 0 : POLLIN), 0});
+      soonest = std::min(soonest, p.parked ? Clock::now() + std::chrono::milliseconds(2) : p.deadline);
     }
     int wait_ms = static_cast<int>(
         std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(soonest - Clock::now()).count()));
@@ -503,7 +505,13 @@ void SummationServer::Impl::AcceptLoop() {
     const auto now = Clock::now();
     for (auto it = pending.begin(); it != pending.end(); ++i) {
       bool done = false;
-      if (fds[i].revents && it->shm) {
+      if (it->parked && fds[i].revents) {  // closed (or erred) while parked
+        Refuse(it->peer, "closed while waiting to be admitted");
+        CloseFd(it->fd);
+        done = true;
+      } else if (it->parked) {
+        done = AdmitHello(*it, /*last_try=*/now >= it->deadline);
+      } else if (fds[i].revents && it->shm) {
         ReadShmOffer(*it);
         done = true;
       } else if (fds[i].revents) {
@@ -557,13 +565,22 @@ void SummationServer::Impl::ReadHello(Pending& p, bool* done) {
     *done = false;
     return;
   }
+  *done = AdmitHello(p, /*last_try=*/false);
+  p.parked = !*done;
+}
+
+// Admits (or refuses, saying why) a connection whose hello is complete.
+// Returns false to park it: on a keep-alive server, a worker of the next job
+// may reconnect before the server has read its previous connection's
+// goodbye; the acceptor tries again until its hello deadline.
+bool SummationServer::Impl::AdmitHello(Pending& p, bool last_try) {
   const FrameHeader& h = p.hello;
   std::string why = ValidateHeader(h, opt.token);
   if (why.empty() && h.type != static_cast<uint16_t>(MsgType::kHello)) why = "first message is not a hello";
   if (!why.empty()) {  // said to no one: the peer may not even hold the token
     Refuse(p.peer, why);
     CloseFd(p.fd);
-    return;
+    return true;
   }
   // From here on the peer has the job token, so it gets told why it is refused.
   auto c = std::make_shared<Conn>();
@@ -577,14 +594,17 @@ void SummationServer::Impl::ReadHello(Pending& p, bool* done) {
           " workers";
   } else {
     std::lock_guard<std::mutex> lock(mu);
-    if (connected[h.sender]) {
+    if (connected[h.sender] && opt.keep_alive && !last_try) {
+      return false;
+    } else if (connected[h.sender]) {
       why = "worker rank " + std::to_string(h.sender) + " is already connected";
     } else if (finished) {
       why = "this server's job has ended";
     } else {
       connected[h.sender] = true;
       c->rank = h.sender;
-      c->epoch = epoch;
+      // A worker that already said goodbye in this job is early for the next one.
+      c->epoch = opt.keep_alive && said_bye[h.sender] ? epoch + 1 : epoch;
     }
   }
   if (!why.empty()) {
@@ -596,7 +616,7 @@ void SummationServer::Impl::ReadHello(Pending& p, bool* done) {
     struct iovec iov[2] = {{&eh, sizeof(eh)}, {const_cast<char*>(why.data()), why.size()}};
     SendAll(p.fd, iov, 2, 1000);
     CloseFd(p.fd);
-    return;
+    return true;
   }
   SetLiveness(c->fd, opt.timeout_s);
   FrameHeader ok = MakeHeader(MsgType::kHelloOk, opt.token);
@@ -610,6 +630,7 @@ void SummationServer::Impl::ReadHello(Pending& p, bool* done) {
   conns.push_back(c);
   c->reader = std::thread([this, c] { ReaderLoop(c); });
   c->writer = std::thread([this, c] { WriterLoop(c); });
+  return true;
 }
 
 // A worker on this host offers its push region (a sealed memfd) on the
@@ -862,7 +883,7 @@ void SummationServer::Impl::ReaderLoop(ConnPtr c) {
   bool job_over = false;
   {
     std::lock_guard<std::mutex> lock(mu);
-    if (c->epoch == epoch) connected[c->rank] = false;
+    if (c->epoch >= epoch) connected[c->rank] = false;
     if (said_bye_here && c->epoch == epoch && !said_bye[c->rank]) {
       said_bye[c->rank] = true;
       if (++byes == opt.num_workers) {

@@ -87,21 +87,38 @@ def check_sum(out, what):
                                f"differ, e.g. y[{bad[0]}] = {y.reshape(-1)[bad[0]]} (expected {expected})")
 
 
+def in_place(name):
+    """The psum as a training step runs it: on buffers XLA can give up (dead gradients; here a
+    donated argument), so each sum lands in its own input's buffer (jbps's custom call aliases
+    them) and no fresh output is allocated. As MPI_IN_PLACE for the MPI peer, which reuses its
+    buffers too."""
+    return jax.jit(lambda t: jbps.psum(t, name=name), donate_argnums=0)
+
+
+# Untimed, before every call: each worker's contribution back to rank+1, in the same buffers.
+_refill = jax.jit(lambda t: jax.tree_util.tree_map(lambda a: jnp.full_like(a, jbps.rank() + 1), t),
+                  donate_argnums=0)
+
+
 def checked_call(f, x, what):
-    """One call whose result is checked; returns what the engine counted for it."""
+    """One call whose result is checked; returns what the engine counted for it, and the
+    buffers (the input was donated)."""
+    x = jax.block_until_ready(_refill(x))
     before = jbps.engine_stats()
     y = f(x)
     jax.block_until_ready(y)
     after = jbps.engine_stats()
     check_sum(y, what)
-    return {k: after[k] - before.get(k, 0) for k in after if isinstance(after[k], (int, float))}
+    return {k: after[k] - before.get(k, 0) for k in after if isinstance(after[k], (int, float))}, y
 
 
 def timed_call(f, x):
+    """Seconds of one call, and the buffers to use next (the input was donated)."""
+    x = jax.block_until_ready(_refill(x))
     barrier()  # start all workers together; otherwise we time skew
     t0 = time.perf_counter()
-    jax.block_until_ready(f(x))
-    return time.perf_counter() - t0
+    y = jax.block_until_ready(f(x))
+    return time.perf_counter() - t0, y
 
 
 def slowest(times, tag):
@@ -111,12 +128,15 @@ def slowest(times, tag):
 
 def bench_size(nbytes, iters, warmup):
     x = jnp.full((nbytes // 4,), jbps.rank() + 1, jnp.float32)
-    f = jax.jit(lambda x: jbps.psum(x, name=f"bench.{nbytes}"))
+    f = in_place(f"bench.{nbytes}")
     for _ in range(warmup):
-        f(x).block_until_ready()
+        x = f(_refill(x)).block_until_ready()
     # One checked call, also measuring what a call sends (warm-up compiled it).
-    engine = checked_call(f, x, f"{nbytes} bytes")
-    times = [timed_call(f, x) for _ in range(iters)]
+    engine, x = checked_call(f, x, f"{nbytes} bytes")
+    times = []
+    for _ in range(iters):
+        t, x = timed_call(f, x)
+        times.append(t)
     return {**slowest(times, nbytes), "bytes_pushed_per_call": engine["bytes_pushed"],
             "bytes_pulled_per_call": engine["bytes_pulled"], "engine_per_call": engine}
 
@@ -127,18 +147,20 @@ def bench_tree(leaf_bytes, iters, warmup):
     rank = jbps.rank()
     tree = [jnp.full((b // 4,), rank + 1, jnp.float32) for b in leaf_bytes]
     flat = jnp.full((sum(leaf_bytes) // 4,), rank + 1, jnp.float32)
-    cases = {"tree": (jax.jit(lambda t: jbps.psum(t, name="bench.g3.tree")), tree),
-             "flat": (jax.jit(lambda x: jbps.psum(x, name="bench.g3.flat")), flat)}
+    fns = {"tree": in_place("bench.g3.tree"), "flat": in_place("bench.g3.flat")}
+    bufs = {"tree": tree, "flat": flat}
     out = {}
-    for key, (f, x) in cases.items():
+    for key, f in fns.items():
         for _ in range(warmup):
-            jax.block_until_ready(f(x))
-        out[key] = {"engine_per_call": checked_call(f, x, f"the G3 {key}")}
-    times = {key: [] for key in cases}
+            bufs[key] = jax.block_until_ready(f(_refill(bufs[key])))
+        engine, bufs[key] = checked_call(f, bufs[key], f"the G3 {key}")
+        out[key] = {"engine_per_call": engine}
+    times = {key: [] for key in fns}
     for _ in range(iters):
-        for key, (f, x) in cases.items():
-            times[key].append(timed_call(f, x))
-    for key in cases:
+        for key, f in fns.items():
+            t, bufs[key] = timed_call(f, bufs[key])
+            times[key].append(t)
+    for key in fns:
         out[key].update(slowest(times[key], f"g3.{key}"))
     return {"tool": TOOL, "leaves": len(leaf_bytes), "bytes": sum(leaf_bytes), **out,
             "tree_over_flat": out["tree"]["median_s"] / out["flat"]["median_s"]}
