@@ -71,12 +71,14 @@ def test_in_process_psum_uses_shared_memory():
             x = np.arange(300_000, dtype=np.float32)
             tree = {"big": x, "small": [np.full(n, n, np.float32) for n in (1, 7, 1000)]}
             import jax
+            before = jbps.engine_stats()  # the process's counters: earlier tests' bytes are in them
             out = jax.jit(jbps.psum)(tree)
             np.testing.assert_array_equal(out["big"], x)
             for got, want in zip(out["small"], tree["small"]):
                 np.testing.assert_array_equal(got, want)
-            stats = jbps.engine_stats()
-            assert stats["shm_servers"] == 1 and stats["bytes_shm"] == 2 * stats["bytes_pushed"] > 0
+            after = jbps.engine_stats()
+            stats = {k: after[k] - before[k] for k in ("bytes_shm", "bytes_pushed")}
+            assert after["shm_servers"] == 1 and stats["bytes_shm"] == 2 * stats["bytes_pushed"] > 0, stats
             assert srv.stats()["shm_workers"] == 1
     finally:
         srv.stop()
