@@ -104,9 +104,11 @@ def test_connections_carry_the_stated_liveness_bound():
         with jbps.init(servers=[f"127.0.0.1:{srv.port}"], num_workers=1, worker_rank=0, timeout_s=8.0):
             checked = 0
             for fd in map(int, os.listdir("/proc/self/fd")):
+                copy = os.dup(fd)
                 try:
-                    s = socket.socket(fileno=os.dup(fd))
+                    s = socket.socket(fileno=copy)
                 except OSError:
+                    os.close(copy)  # not a socket (e.g. a shared-memory region)
                     continue
                 with s:
                     if s.type != socket.SOCK_STREAM or s.family != socket.AF_INET:

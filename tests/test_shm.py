@@ -84,18 +84,19 @@ def test_in_process_psum_uses_shared_memory():
         srv.stop()
 
 
-def _maps_of_pushes(pid="self"):
-    """This process's mappings and descriptors of workers' push regions."""
-    with open(f"/proc/{pid}/maps") as f:
-        maps = [line for line in f if "jbps-push" in line]
+def _maps_of_pushes(ignore=((), ())):
+    """This process's mappings and descriptors of push regions, less those in `ignore`
+    (what earlier tests' engines in this process may still hold)."""
+    with open("/proc/self/maps") as f:
+        maps = [line.split()[4] for line in f if "jbps-push" in line]  # inode of the memfd
     fds = []
-    for fd in os.listdir(f"/proc/{pid}/fd"):
+    for fd in os.listdir("/proc/self/fd"):
         try:
-            if "jbps-push" in os.readlink(f"/proc/{pid}/fd/{fd}"):
-                fds.append(fd)
+            if "jbps-push" in os.readlink(f"/proc/self/fd/{fd}"):
+                fds.append(os.stat(f"/proc/self/fd/{fd}").st_ino)
         except OSError:
             pass  # closed meanwhile
-    return maps, fds
+    return [m for m in maps if m not in ignore[0]], [f for f in fds if f not in ignore[1]]
 
 
 LOOPER = """
@@ -113,13 +114,14 @@ for _ in range(100000):
 def test_a_lost_workers_region_is_unmapped():
     srv = _core.Server("127.0.0.1:0", 2, token=TOKEN, keep_alive=True, timeout_s=20)
     procs = []
+    before = _maps_of_pushes()
     try:
         for rank in (0, 1):
             procs.append(subprocess.Popen([sys.executable, "-c", LOOPER, f"127.0.0.1:{srv.port}", str(rank),
                                            str(TOKEN)], env=job_free_env(), stdout=subprocess.PIPE,
                                           stderr=subprocess.PIPE, text=True))
         deadline = time.monotonic() + 60
-        while srv.stats()["shm_workers"] < 2 or len(_maps_of_pushes()[0]) < 2:
+        while srv.stats()["shm_workers"] < 2 or len(_maps_of_pushes(before)[0]) < 2:
             assert time.monotonic() < deadline, f"workers never attached: {srv.stats()}"
             assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
             time.sleep(0.05)
@@ -128,8 +130,8 @@ def test_a_lost_workers_region_is_unmapped():
         assert procs[0].wait(timeout=60) != 0
         procs[1].wait(timeout=10)
         deadline = time.monotonic() + 10
-        while _maps_of_pushes() != ([], []) or srv.stats()["shm_workers"] != 0:
-            assert time.monotonic() < deadline, f"still mapped after the job ended: {_maps_of_pushes()}"
+        while _maps_of_pushes(before) != ([], []) or srv.stats()["shm_workers"] != 0:
+            assert time.monotonic() < deadline, f"still mapped after the job ended: {_maps_of_pushes(before)}"
             time.sleep(0.05)
         assert not [n for n in os.listdir("/dev/shm") if n.startswith("jbps")]
     finally:

@@ -446,6 +446,7 @@ void SummationServer::Stop() {
     std::lock_guard<std::mutex> lock(s.holds_mu);
     s.holds.clear();
   }
+  s.arena.reset();  // its memfd goes once the last block does
   for (int& fd : s.wake_pipe) {
     CloseFd(fd);
     fd = -1;

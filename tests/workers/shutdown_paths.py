@@ -73,8 +73,14 @@ def main():
     if jbps.rank() == 1:
         return  # exits; its atexit shutdown says goodbye
     never = jax.jit(lambda v: jbps.psum(v, name="never"))
+    calls = jbps.engine_stats()["calls"]
     threading.Thread(target=lambda: never(jnp.ones(3)), daemon=True).start()
-    time.sleep(0.5)  # the psum is on the server, waiting for rank 1
+    # Until the engine has the psum (on the server, waiting for rank 1): a thread
+    # still compiling it at interpreter exit would be torn down inside jaxlib.
+    deadline = time.monotonic() + 60
+    while jbps.engine_stats()["calls"] == calls and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)
     print(f"exiting {time.time()}", flush=True)
 
 
