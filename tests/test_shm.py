@@ -119,7 +119,8 @@ def test_a_lost_workers_region_is_unmapped():
         for rank in (0, 1):
             procs.append(subprocess.Popen([sys.executable, "-c", LOOPER, f"127.0.0.1:{srv.port}", str(rank),
                                            str(TOKEN)], env=job_free_env(), stdout=subprocess.PIPE,
-                                          stderr=subprocess.PIPE, text=True))
+                                          stderr=subprocess.PIPE, text=True,
+                                          cwd="/"))  # -c puts the cwd first: not a source checkout
         deadline = time.monotonic() + 60
         while srv.stats()["shm_workers"] < 2 or len(_maps_of_pushes(before)[0]) < 2:
             assert time.monotonic() < deadline, f"workers never attached: {srv.stats()}"
