@@ -255,7 +255,7 @@ struct Engine::Impl {
   void Record(const Chunk& ch, double pulled);
   void ConnFailed(ServerConn* sc, const std::string& why);
   void SetFault(const std::string& msg);
-  void PopAcked(ServerConn* sc);
+  void DropSkipped(ServerConn* sc);
   bool Drain(int fd, uint64_t nbytes, std::vector<char>* scratch);
   void AttachShm(ServerConn* sc);
   std::vector<ChunkPtr> FuseSmallChunks(std::vector<ChunkPtr> chunks, size_t partition, uint32_t shard);
@@ -572,7 +572,7 @@ void Engine::Impl::DispatchLoop() {
   }
 }
 
-void Engine::Impl::PopAcked(ServerConn* sc) {
+void Engine::Impl::DropSkipped(ServerConn* sc) {
   // Never-sent chunks give their credit back (the deque is at most `credit` long).
   for (auto it = sc->unacked.begin(); it != sc->unacked.end();) {
     if ((*it)->skipped) {
@@ -610,7 +610,7 @@ void Engine::Impl::SendLoop(ServerConn* sc) {
       auto it = pending.find(RoundKey{ch->key, ch->round});
       if (it != pending.end() && it->second == ch) pending.erase(it);
       ch->skipped = true;
-      PopAcked(sc);
+      DropSkipped(sc);
       dispatch_cv.notify_one();
       continue;
     }
@@ -709,7 +709,7 @@ void Engine::Impl::RecvLoop(ServerConn* sc) {
         if (opt.trace) (*it)->times.acked = NowMicros();
         --inflight_chunks;
         sc->unacked.erase(it);
-        PopAcked(sc);
+        DropSkipped(sc);
       }
       dispatch_cv.notify_one();
       continue;
@@ -939,10 +939,11 @@ std::vector<ChunkPtr> Engine::Impl::FuseSmallChunks(std::vector<ChunkPtr> chunks
     if (it != open.end()) {
       ChunkPtr& g = it->second;
       if (dtype_of(g) == dtype_of(ch) && g->nbytes + ch->nbytes <= partition && g->parts.size() < kMaxFusedParts) {
-        if (g->parts.size() == 1) g->key = ChunkKey(SplitMix64(g->key), shard, 0xffffffffu);  // a fused chunk's own key
         g->parts.insert(g->parts.end(), ch->parts.begin(), ch->parts.end());
         g->nbytes += ch->nbytes;
-        g->key = SplitMix64(g->key ^ ch->key);  // names every member, in order
+        // A fused chunk's own key names every member, in order (0 marks connection-level errors).
+        g->key = SplitMix64(g->key ^ ChunkKey(ch->key, shard, 0xffffffffu));
+        if (g->key == 0) g->key = 1;
         absorbed[i] = true;
         ++fused;
         continue;
@@ -955,9 +956,7 @@ std::vector<ChunkPtr> Engine::Impl::FuseSmallChunks(std::vector<ChunkPtr> chunks
   std::vector<ChunkPtr> out;
   out.reserve(chunks.size() - fused);
   for (size_t i = 0; i < chunks.size(); ++i) {
-    if (absorbed[i]) continue;
-    if (chunks[i]->key == 0) chunks[i]->key = 1;  // key 0 marks connection-level errors
-    out.push_back(std::move(chunks[i]));
+    if (!absorbed[i]) out.push_back(std::move(chunks[i]));
   }
   return out;
 }

@@ -280,7 +280,7 @@ struct EngineThread {
   // Owned by `thread` alone: no lock needed.
   std::unordered_map<RoundKey, RoundState, RoundKeyHash> rounds;
   uint64_t epoch = 0;  // rounds of older jobs are dropped
-  uint64_t next_epoch = 0;  // guarded by mu: a job ended, drop its rounds now (PurgeHolds)
+  uint64_t next_epoch = 0;  // guarded by mu: a job ended, drop its rounds now (DropEndedJobs)
 };
 
 }  // namespace
@@ -330,7 +330,7 @@ struct SummationServer::Impl {
   Payload NewBlock(size_t n);
   Payload InArena(Payload p);
   void Release(const ConnPtr& c, const FrameHeader& h);
-  void PurgeHolds(uint64_t before_epoch);
+  void DropEndedJobs(uint64_t before_epoch);
   void Ack(const ConnPtr& c, uint64_t key, uint32_t round);
   void ReaderLoop(ConnPtr c);
   void WriterLoop(ConnPtr c);
@@ -734,7 +734,7 @@ void SummationServer::Impl::Release(const ConnPtr& c, const FrameHeader& h) {
 // A job ended (keep-alive servers go on): its sums still held for readers,
 // and its unfinished rounds with the pushes they read in place, go now, so
 // no departed worker's region stays mapped.
-void SummationServer::Impl::PurgeHolds(uint64_t before_epoch) {
+void SummationServer::Impl::DropEndedJobs(uint64_t before_epoch) {
   {
     std::lock_guard<std::mutex> lock(holds_mu);
     for (auto it = holds.begin(); it != holds.end();) it = it->first.epoch < before_epoch ? holds.erase(it) : std::next(it);
@@ -899,7 +899,7 @@ void SummationServer::Impl::ReaderLoop(ConnPtr c) {
       }
     }
   }
-  if (purge_before > 0) PurgeHolds(purge_before);
+  if (purge_before > 0) DropEndedJobs(purge_before);
   if (job_over) MarkFinished();
 }
 
@@ -927,7 +927,7 @@ void SummationServer::Impl::WorkerLost(const ConnPtr& c, const std::string& why)
     }
     new_epoch = epoch;
   }
-  if (opt.keep_alive) PurgeHolds(new_epoch);
+  if (opt.keep_alive) DropEndedJobs(new_epoch);
   FrameHeader h = MakeHeader(MsgType::kAbort, opt.token);
   h.nbytes = std::min<uint64_t>(msg.size(), kMaxErrorBytes);
   for (auto& o : others) o->Finish(OutMsg{h, nullptr, msg.substr(0, h.nbytes)});
