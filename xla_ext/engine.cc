@@ -899,7 +899,7 @@ void Engine::Impl::AttachShm(ServerConn* sc) {
     } else if (reply.type != static_cast<uint16_t>(MsgType::kShmAccept) || fd < 0) {
       err = "unexpected answer to the offer";
     } else {
-      arena = SharedRegion::Attach(fd, /*writable=*/false, &err);
+      arena = SharedRegion::Attach(fd, &err);
       fd = -1;
     }
     if (fd >= 0) CloseFd(fd);

@@ -584,9 +584,7 @@ bool SummationServer::Impl::AdmitHello(Pending& p, bool last_try) {
     return true;
   }
   // From here on the peer has the job token, so it gets told why it is refused.
-  auto c = std::make_shared<Conn>();
-  c->fd = p.fd;
-  c->peer = p.peer;
+  uint64_t conn_epoch = 0;
   if (h.key != static_cast<uint64_t>(opt.num_workers)) {
     why = "worker expects " + std::to_string(h.key) + " workers, this server was started with --num-workers " +
           std::to_string(opt.num_workers);
@@ -603,9 +601,8 @@ bool SummationServer::Impl::AdmitHello(Pending& p, bool last_try) {
       why = "this server's job has ended";
     } else {
       connected[h.sender] = true;
-      c->rank = h.sender;
       // A worker that already said goodbye in this job is early for the next one.
-      c->epoch = opt.keep_alive && said_bye[h.sender] ? epoch + 1 : epoch;
+      conn_epoch = opt.keep_alive && said_bye[h.sender] ? epoch + 1 : epoch;
     }
   }
   if (!why.empty()) {
@@ -619,6 +616,11 @@ bool SummationServer::Impl::AdmitHello(Pending& p, bool last_try) {
     CloseFd(p.fd);
     return true;
   }
+  auto c = std::make_shared<Conn>();
+  c->fd = p.fd;
+  c->peer = p.peer;
+  c->rank = h.sender;
+  c->epoch = conn_epoch;
   SetLiveness(c->fd, opt.timeout_s);
   FrameHeader ok = MakeHeader(MsgType::kHelloOk, opt.token);
   ok.key = static_cast<uint64_t>(opt.role);
@@ -673,7 +675,7 @@ void SummationServer::Impl::ReadShmOffer(Pending& p) {
   } else if (h.key < 4096 || h.key > opt.max_payload_bytes) {
     why = "push slots of " + std::to_string(h.key) + " bytes";
     CloseFd(fd);
-  } else if ((region = SharedRegion::Attach(fd, /*writable=*/false, &why)) == nullptr) {
+  } else if ((region = SharedRegion::Attach(fd, &why)) == nullptr) {
     // Attach closed fd and said why.
   } else {
     std::lock_guard<std::mutex> lock(conn->mu);

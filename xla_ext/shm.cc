@@ -61,7 +61,7 @@ std::shared_ptr<SharedRegion> SharedRegion::Create(size_t size, const char* what
   return std::shared_ptr<SharedRegion>(new SharedRegion(fd, static_cast<char*>(p), size));
 }
 
-std::shared_ptr<SharedRegion> SharedRegion::Attach(int fd, bool writable, std::string* err) {
+std::shared_ptr<SharedRegion> SharedRegion::Attach(int fd, std::string* err) {
   struct stat st;
   int seals = ::fcntl(fd, F_GET_SEALS);
   if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
@@ -75,7 +75,7 @@ std::shared_ptr<SharedRegion> SharedRegion::Attach(int fd, bool writable, std::s
     return nullptr;
   }
   const size_t size = static_cast<size_t>(st.st_size);
-  void* p = ::mmap(nullptr, size, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0);
+  void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) {
     *err = Errno("mmap of a peer's shared region");
     ::close(fd);
@@ -104,7 +104,6 @@ int64_t Arena::Allocate(size_t n) {
     free_.erase(it);
     if (rest > 0) free_[offset + len] = rest;
     used_[offset] = len;
-    in_use_ += len;
     return static_cast<int64_t>(offset);
   }
   return -1;
@@ -116,7 +115,6 @@ void Arena::Free(int64_t offset) {
   if (u == used_.end()) return;
   size_t start = u->first, len = u->second;
   used_.erase(u);
-  in_use_ -= len;
   auto next = free_.lower_bound(start);
   if (next != free_.end() && next->first == start + len) {  // merge with the block after
     len += next->second;
@@ -132,11 +130,6 @@ void Arena::Free(int64_t offset) {
   free_[start] = len;
 }
 
-size_t Arena::bytes_in_use() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return in_use_;
-}
-
 std::string ShmSocketName(uint64_t token, uint64_t instance) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), "jbps-%016llx-%016llx", static_cast<unsigned long long>(token),
@@ -144,46 +137,37 @@ std::string ShmSocketName(uint64_t token, uint64_t instance) {
   return buf;
 }
 
-int ListenShmSocket(const std::string& name, std::string* err) {
+namespace {
+
+// A SOCK_SEQPACKET socket bound and listening at, or connected to, the abstract name.
+int OpenShmSocket(const std::string& name, bool listen, std::string* err) {
   struct sockaddr_un addr;
   socklen_t len;
   if (!FillAddress(name, &addr, &len)) {
     *err = "shared-memory socket name too long";
     return -1;
   }
-  int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | (listen ? SOCK_NONBLOCK : 0), 0);
   if (fd < 0) {
     *err = Errno("unix socket");
     return -1;
   }
-  if (::bind(fd, reinterpret_cast<struct sockaddr*>(&addr), len) != 0 || ::listen(fd, 64) != 0) {
-    *err = Errno("binding the shared-memory socket @" + name);
+  const auto* sa = reinterpret_cast<struct sockaddr*>(&addr);
+  // A listening abstract socket answers a connect at once or not at all (it is local).
+  bool ok = listen ? ::bind(fd, sa, len) == 0 && ::listen(fd, 64) == 0 : ::connect(fd, sa, len) == 0;
+  if (!ok) {
+    *err = Errno(listen ? "binding the shared-memory socket @" + name : "no shared-memory socket @" + name);
     ::close(fd);
     return -1;
   }
   return fd;
 }
 
-int ConnectShmSocket(const std::string& name, std::string* err) {
-  struct sockaddr_un addr;
-  socklen_t len;
-  if (!FillAddress(name, &addr, &len)) {
-    *err = "shared-memory socket name too long";
-    return -1;
-  }
-  int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  if (fd < 0) {
-    *err = Errno("unix socket");
-    return -1;
-  }
-  // A listening abstract socket answers at once or not at all (it is local).
-  if (::connect(fd, reinterpret_cast<struct sockaddr*>(&addr), len) != 0) {
-    *err = Errno("no shared-memory socket @" + name);
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
+}  // namespace
+
+int ListenShmSocket(const std::string& name, std::string* err) { return OpenShmSocket(name, true, err); }
+
+int ConnectShmSocket(const std::string& name, std::string* err) { return OpenShmSocket(name, false, err); }
 
 bool SendWithFd(int sock, const void* buf, size_t n, int fd, int timeout_ms) {
   struct iovec iov = {const_cast<void*>(buf), n};

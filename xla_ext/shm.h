@@ -34,9 +34,10 @@ class SharedRegion {
  public:
   // A new zero-filled region of `size` bytes, mapped read-write.
   static std::shared_ptr<SharedRegion> Create(size_t size, const char* what, std::string* err);
-  // Maps a region another process created; takes ownership of fd. Refused
-  // unless the region is sealed against shrinking.
-  static std::shared_ptr<SharedRegion> Attach(int fd, bool writable, std::string* err);
+  // Maps a region another process created, read-only (only its creator
+  // writes it); takes ownership of fd. Refused unless the region is sealed
+  // against shrinking.
+  static std::shared_ptr<SharedRegion> Attach(int fd, std::string* err);
   ~SharedRegion();
   SharedRegion(const SharedRegion&) = delete;
   SharedRegion& operator=(const SharedRegion&) = delete;
@@ -63,14 +64,12 @@ class Arena {
   int64_t Allocate(size_t n);
   void Free(int64_t offset);
   const std::shared_ptr<SharedRegion>& region() const { return region_; }
-  size_t bytes_in_use() const;
 
  private:
   std::shared_ptr<SharedRegion> region_;
   mutable std::mutex mu_;
   std::map<size_t, size_t> free_;  // offset -> length, coalesced
   std::map<size_t, size_t> used_;  // offset -> length
-  size_t in_use_ = 0;
 };
 
 // The name of a server's shared-memory socket: its job's token and its own
