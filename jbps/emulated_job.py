@@ -28,7 +28,8 @@ from .procs import terminate
 
 _PKG_PARENT = str(Path(__file__).resolve().parent.parent)
 _SCHEDULER_LISTENING = re.compile(r"jbps\.scheduler listening on (\S+):(\d+)")
-_SERVER_DONE = re.compile(r"done: (\d+) pushes, ([\d.]+) MiB received")
+_SERVER_DONE = re.compile(r"done: (\d+) pushes, [\d.]+ MiB received \((\d+) bytes\)")
+_SERVER_LISTENING = re.compile(r"jbps\.server listening on (\S+:\d+) for \d+ workers \((\w+)")
 
 
 @dataclasses.dataclass
@@ -45,13 +46,16 @@ class JobResult:
     workers: list[ProcessOutput]
     servers: list[ProcessOutput]
 
-    def server_mib_received(self) -> dict[int, float]:
-        """MiB each server received, by host (from its exit line)."""
+    def servers_by_address(self) -> dict[str, dict]:
+        """{address: {"host", "role", "bytes_received"}} of every server, from
+        its listening line and its exit line (bytes None if it has none)."""
         out = {}
         for s in self.servers:
-            m = _SERVER_DONE.search(s.stderr)
-            if m:
-                out[s.host] = float(m.group(2))
+            listening = _SERVER_LISTENING.search(s.stdout)
+            if listening:
+                done = _SERVER_DONE.search(s.stderr)
+                out[listening.group(1)] = {"host": s.host, "role": listening.group(2),
+                                           "bytes_received": int(done.group(2)) if done else None}
         return out
 
 
@@ -74,18 +78,40 @@ def run_job(net: EmulatedNetwork, worker_hosts: Sequence[int], server_hosts: Seq
     worker_hosts[i]) with a server on each of `server_hosts`; returns when every
     worker has exited and the servers have. Raises JobFailed, with every
     process's output, when a worker fails or the job takes over `timeout_s`."""
-    with tempfile.TemporaryDirectory(prefix="jbps-emulated-job-") as tmp:
-        job = _Job(net, Path(tmp), python_env(env), python)
-        try:
-            return job.run(list(worker_hosts), list(server_hosts), list(argv), local_devices, timeout_s)
-        finally:
-            job.end()
+    with EmulatedJob(net, worker_hosts, server_hosts, argv, env=env, local_devices=local_devices,
+                     timeout_s=timeout_s, python=python) as job:
+        return job.wait()
 
 
-class _Job:
-    def __init__(self, net: EmulatedNetwork, folder: Path, env: dict[str, str], python: str):
-        self.net, self.dir, self.env, self.python = net, folder, env, python
+class EmulatedJob:
+    """A job started on enter (scheduler, servers, workers) and ended on exit:
+    every process it started, by PID. wait() collects it; in between, a test
+    may read the workers' output or cut a host's link."""
+
+    def __init__(self, net: EmulatedNetwork, worker_hosts: Sequence[int], server_hosts: Sequence[int],
+                 argv: Sequence[str], *, env: Mapping[str, str] | None = None, local_devices: int = 1,
+                 timeout_s: float = 300, python: str = sys.executable):
+        self.net, self.python = net, python
+        self.worker_hosts, self.server_hosts = list(worker_hosts), list(server_hosts)
+        self.argv, self.local_devices, self.timeout_s = list(argv), local_devices, timeout_s
+        self.env = python_env(env)
+        self._tmp = tempfile.TemporaryDirectory(prefix="jbps-emulated-job-")
+        self.dir = Path(self._tmp.name)
         self.procs: list[tuple[str, int, subprocess.Popen]] = []
+        self.workers: list[subprocess.Popen] = []
+        self.servers: list[subprocess.Popen] = []
+        self.deadline = 0.0
+
+    def __enter__(self) -> "EmulatedJob":
+        try:
+            self.start()
+        except BaseException:
+            self.end()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.end()
 
     def spawn(self, name: str, host: int, argv: list[str], env: Mapping[str, str]) -> subprocess.Popen:
         stem = name.replace(" ", "")
@@ -95,64 +121,68 @@ class _Job:
         self.procs.append((name, host, proc))
         return proc
 
-    def output(self, name: str, host: int, proc: subprocess.Popen) -> ProcessOutput:
+    def output(self, name: str) -> ProcessOutput:
+        host, proc = next((h, p) for n, h, p in self.procs if n == name)
         stem = name.replace(" ", "")
         read = lambda suffix: (self.dir / f"{stem}.{suffix}").read_text(errors="replace")  # noqa: E731
         return ProcessOutput(name, host, proc.poll(), read("out"), read("err"))
 
     def describe(self) -> str:
         parts = []
-        for name, host, proc in self.procs:
-            o = self.output(name, host, proc)
+        for name, host, _ in self.procs:
+            o = self.output(name)
             parts.append(f"--- {name} on host {host} (exit {o.returncode}):\n{o.stderr[-2500:]}")
         return "\n".join(parts)
 
-    def run(self, worker_hosts, server_hosts, argv, local_devices, timeout_s) -> JobResult:
-        deadline = time.monotonic() + timeout_s
-        n, s = len(worker_hosts), len(server_hosts)
-        timeout = self.env.get("JBPS_TIMEOUT_S") or str(max(30, int(timeout_s)))
+    def start(self) -> None:
+        self.deadline = time.monotonic() + self.timeout_s
+        n, s = len(self.worker_hosts), len(self.server_hosts)
+        timeout = self.env.get("JBPS_TIMEOUT_S") or str(max(30, int(self.timeout_s)))
         base = dict(self.env, JBPS_TIMEOUT_S=timeout, DMLC_NUM_WORKER=str(n), DMLC_NUM_SERVER=str(s))
-        scheduler_host = worker_hosts[0]
-        sched = self.spawn("scheduler", scheduler_host,
-                           [self.python, "-m", "jbps.scheduler", "--bind",
-                            f"{self.net.hosts[scheduler_host].address}:0"], dict(base, DMLC_ROLE="scheduler"))
+        first = self.worker_hosts[0]
+        address = self.net.hosts[first].address
+        sched = self.spawn("scheduler", first, [self.python, "-m", "jbps.scheduler", "--bind", f"{address}:0"],
+                           dict(base, DMLC_ROLE="scheduler"))
         port = None
         while port is None:
             m = _SCHEDULER_LISTENING.search((self.dir / "scheduler.out").read_text())
             if m:
                 port = m.group(2)
-            elif sched.poll() is not None or time.monotonic() > deadline:
+            elif sched.poll() is not None or time.monotonic() > self.deadline:
                 raise JobFailed(f"the scheduler did not start:\n{self.describe()}")
             else:
                 time.sleep(0.02)
-        base.update(DMLC_PS_ROOT_URI=self.net.hosts[scheduler_host].address, DMLC_PS_ROOT_PORT=port)
-        servers = [self.spawn(f"server {i}", host, [self.python, "-m", "jbps.server"], dict(base, DMLC_ROLE="server"))
-                   for i, host in enumerate(server_hosts)]
-        flags = f"{self.env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={local_devices}".strip()
-        workers = [self.spawn(f"worker {rank}", host, [self.python, *argv],
-                              dict(base, DMLC_ROLE="worker", DMLC_WORKER_ID=str(rank), JAX_PLATFORMS="cpu",
-                                   XLA_FLAGS=flags))
-                   for rank, host in enumerate(worker_hosts)]
-        while any(p.poll() is None for p in workers):
-            if any(p.poll() not in (None, 0) for p in workers):
+        base.update(DMLC_PS_ROOT_URI=address, DMLC_PS_ROOT_PORT=port)
+        self.servers = [self.spawn(f"server {i}", host, [self.python, "-m", "jbps.server"],
+                                   dict(base, DMLC_ROLE="server")) for i, host in enumerate(self.server_hosts)]
+        flags = f"{self.env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={self.local_devices}"
+        self.workers = [self.spawn(f"worker {rank}", host, [self.python, *self.argv],
+                                   dict(base, DMLC_ROLE="worker", DMLC_WORKER_ID=str(rank), JAX_PLATFORMS="cpu",
+                                        XLA_FLAGS=flags.strip()))
+                        for rank, host in enumerate(self.worker_hosts)]
+
+    def wait(self) -> JobResult:
+        """Every worker's and server's output once all have exited; JobFailed
+        when a worker fails or the job outlives its timeout."""
+        while any(p.poll() is None for p in self.workers):
+            if any(p.poll() not in (None, 0) for p in self.workers):
                 break
-            if time.monotonic() > deadline:
-                raise JobFailed(f"the job did not finish within {timeout_s:g} s:\n{self.describe()}")
+            if time.monotonic() > self.deadline:
+                raise JobFailed(f"the job did not finish within {self.timeout_s:g} s:\n{self.describe()}")
             time.sleep(0.05)
-        if any(p.returncode != 0 for p in workers):
+        if any(p.returncode != 0 for p in self.workers):
             time.sleep(1)  # let the others report what they saw
             raise JobFailed(f"a worker failed:\n{self.describe()}")
-        for p in servers:  # they exit once every worker said goodbye
+        for p in self.servers:  # they exit once every worker said goodbye
             try:
-                p.wait(timeout=max(1.0, min(30.0, deadline - time.monotonic())))
+                p.wait(timeout=max(1.0, min(30.0, self.deadline - time.monotonic())))
             except subprocess.TimeoutExpired:
                 raise JobFailed(f"a server did not exit after the job:\n{self.describe()}") from None
-        by_name = {name: (host, proc) for name, host, proc in self.procs}
-        return JobResult(
-            workers=[self.output(f"worker {r}", *by_name[f"worker {r}"]) for r in range(n)],
-            servers=[self.output(f"server {i}", *by_name[f"server {i}"]) for i in range(s)])
+        return JobResult(workers=[self.output(f"worker {r}") for r in range(len(self.workers))],
+                         servers=[self.output(f"server {i}") for i in range(len(self.servers))])
 
     def end(self) -> None:
         procs = [p for _, _, p in self.procs]
         terminate(procs, 0.0, "emulated job")
         self.net.procs = [p for p in self.net.procs if p not in procs]
+        self._tmp.cleanup()

@@ -146,6 +146,7 @@ struct ServerConn {
   std::condition_variable slot_cv;  // a slot came free
   // The sender's pushes and the receiver's releases share the socket.
   std::mutex write_mu;
+  std::atomic<uint64_t> bytes_pushed{0};
   // Guarded by Engine::Impl::mu.
   std::deque<ChunkPtr> sendq;
   std::deque<ChunkPtr> unacked;  // dispatched, in send order, awaiting kPushAck
@@ -270,6 +271,19 @@ Engine& Engine::Get() {
   return *engine;
 }
 
+bool Engine::SetCredit(int credit, std::string* err) {
+  if (credit < 1) {
+    *err = "credit must be >= 1";
+    return false;
+  }
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->opt.credit = credit;
+  }
+  impl_->dispatch_cv.notify_all();
+  return true;
+}
+
 bool Engine::running() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   return impl_->running;
@@ -291,7 +305,10 @@ EngineStats Engine::stats() const {
   s.bytes_shm = impl_->bytes_shm.load();
   s.chunks_fused = impl_->chunks_fused.load();
   std::lock_guard<std::mutex> lock(impl_->mu);
-  for (auto& c : impl_->conns) s.shm_servers += c->push_region != nullptr;
+  for (auto& c : impl_->conns) {
+    s.shm_servers += c->push_region != nullptr;
+    s.server_bytes_pushed.push_back(c->bytes_pushed.load());
+  }
   return s;
 }
 
@@ -669,6 +686,7 @@ void Engine::Impl::SendLoop(ServerConn* sc) {
     if (ch->tree) continue;
     ++chunks_pushed;
     bytes_pushed += ch->nbytes;
+    sc->bytes_pushed += ch->nbytes;
     if (ch->slot >= 0) bytes_shm += ch->nbytes;
   }
 }

@@ -46,6 +46,7 @@ struct EngineStats {
   uint64_t bytes_shm = 0;     // of bytes_pushed + bytes_pulled, those moved through shared memory
   uint64_t chunks_fused = 0;  // small chunks sent inside another message (see FuseSmallChunks)
   uint64_t shm_servers = 0;   // servers reached through shared memory
+  std::vector<uint64_t> server_bytes_pushed;  // of bytes_pushed, to each server in order
 };
 
 // One tensor shard of a call: `nbytes` read from `in`, the sum written to `out`.
@@ -104,6 +105,9 @@ class Engine {
 
   bool Start(const EngineOptions& options, std::string* err);
   void Stop();
+  // The credit window from now on (once the servers' roles, read at Start,
+  // have decided the default); false with *err unless credit >= 1.
+  bool SetCredit(int credit, std::string* err);
   bool running() const;
   // Why the job failed (a lost server, or a lost worker a server reported),
   // or empty. Set once; every pending and later call fails with it until Stop().

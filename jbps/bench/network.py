@@ -172,9 +172,9 @@ def bench_jbps(net: EmulatedNetwork, n: int, k: int, args, variant: dict) -> dic
     result = run_job(net, list(range(n)), list(range(n + k)), argv, env=env, timeout_s=args.timeout)
     report = parse_report(result.workers[0].stdout, "jbps worker 0")
     timing = report["results"][args.size]
-    received = result.server_mib_received()
+    received = {s["host"]: s["bytes_received"] for s in result.servers_by_address().values()}
     return {"median_s": timing["median_s"], "min_s": timing["min_s"], "iters": timing["iters"],
-            "server_mib_received": {str(h): mib for h, mib in sorted(received.items())},
+            "server_mib_received": {str(h): (b or 0) / 2**20 for h, b in sorted(received.items())},
             "engine_per_call": timing.get("engine_per_call", {})}
 
 

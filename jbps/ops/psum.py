@@ -60,8 +60,9 @@ def _axis_size(axes: tuple[AxisName, ...]) -> int:
 
 def _reduce_impl(leaves: tuple[jax.Array, ...], spec: _Spec) -> tuple[jax.Array, ...]:
     num_shards = _axis_size(spec.axes)
+    call_bytes = sum(x.size * x.dtype.itemsize for x in leaves)  # what this worker sends, over all its shards
     plan = make_plan(spec.name, spec.paths, [x.shape for x in leaves], [x.dtype for x in leaves], num_shards,
-                     partition_bytes=runtime.config().partition_bytes, server_fractions=runtime.server_fractions(),
+                     partition_bytes=runtime.partition_bytes(call_bytes), server_fractions=runtime.server_fractions(),
                      priorities=spec.priorities)
     plans = plan.leaves
     out = list(leaves)

@@ -99,7 +99,8 @@ def make_plan(name: str, paths: Sequence[str], shapes: Sequence[tuple[int, ...]]
                                shard_bytes=shard_bytes, chunk_bytes=part, num_chunks=-(-shard_bytes // part)))
     draft = CallPlan(name, tuple(leaves), num_shards, partition_bytes, ())
     chunks = list(draft.chunks())
-    order = [(leaves[i].key, shard, c) for shard, i, c, _ in chunks]
+    # The engine's send order: higher priority first, then leaf position, then chunk.
+    order = [(shard, -leaves[i].priority, i, c) for shard, i, c, _ in chunks]
     servers = assign_chunks([nbytes for *_, nbytes in chunks], order, server_fractions,
                             rotation=leaf_key(name, "") % max(1, len(server_fractions)))
     return dataclasses.replace(draft, chunk_servers=tuple(servers))

@@ -126,9 +126,9 @@ def main(argv=None) -> int:
         pass
     server.stop()
     stats = server.stats()
-    log.info("done: %d pushes, %.1f MiB received, %d sums sent, %d connections refused, %d workers lost",
-             stats["pushes"], stats["bytes_received"] / 2**20, stats["sums_sent"], stats["rejected"],
-             stats["workers_lost"])
+    log.info("done: %d pushes, %.1f MiB received (%d bytes), %d sums sent, %d connections refused, %d workers lost",
+             stats["pushes"], stats["bytes_received"] / 2**20, stats["bytes_received"], stats["sums_sent"],
+             stats["rejected"], stats["workers_lost"])
     if server.failure() and not stop.is_set():
         # Exit 0 all the same: the lost worker's own exit status tells launchers what failed.
         log.warning("the job ended early: %s", server.failure())
