@@ -4,7 +4,7 @@ Each host is a network namespace with one veth ("eth0") into a bridge that lives
 in a namespace of its own; a token-bucket filter (tc tbf) on both ends of every
 veth caps that host's NIC at `rate` in each direction, so a host's upload and
 download are separate links, as on a real full-duplex NIC. Addresses come from
-the loopback range (127.2.0.1, 127.2.0.2, ... with route_localnet on), so no
+the loopback range (127.2.0.1 to 127.2.0.254, with route_localnet on), so no
 packet can leave the machine, and each namespace's loopback keeps only
 127.0.0.1 (its usual 127.0.0.0/8 route would otherwise swallow its peers'
 addresses). `ip netns exec` mounts /etc/netns/NS/hosts over /etc/hosts: each
@@ -43,8 +43,8 @@ log = logging.getLogger(__name__)
 
 NETNS_ETC = Path("/etc/netns")
 FIRST_ADDRESS = ipaddress.IPv4Address("127.2.0.1")
-PREFIX_LEN = 16
-MAX_HOSTS = 2 ** (32 - PREFIX_LEN) - 2 - 1  # the subnet, less its network, broadcast and 127.2.0.0
+PREFIX_LEN = 24
+MAX_HOSTS = 2 ** (32 - PREFIX_LEN) - 2  # the subnet less its network and broadcast addresses
 # The queue in front of each rate cap, as time at the link's rate: what a
 # switch port or a NIC's ring holds before it drops.
 QUEUE_S = 0.020
@@ -107,18 +107,32 @@ def remove_stale() -> list[str]:
     gone (a run killed with SIGKILL cannot clean up). Only names this module
     makes, and only when the PID in the name is not alive."""
     proc = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30)
-    removed = []
+    stale = []
     for line in proc.stdout.splitlines():
         name = line.split()[0] if line.split() else ""
         m = _NAME.match(name)
-        if not m or _alive(int(m.group(1))):
-            continue
+        if m and not _alive(int(m.group(1))):
+            stale.append(name)
+    if not stale:
+        return []
+    # Their processes first (orphans of the dead run), found by the namespace they live in.
+    inodes = {}
+    for name in stale:
+        try:
+            inodes[os.stat(f"/run/netns/{name}").st_ino] = name
+        except OSError:
+            pass
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            if os.stat(f"/proc/{pid}/ns/net").st_ino in inodes:
+                os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    for name in stale:
         subprocess.run(["ip", "netns", "delete", name], capture_output=True, timeout=30)
         shutil.rmtree(NETNS_ETC / name, ignore_errors=True)
-        removed.append(name)
-    if removed:
-        log.info("removed %d namespaces of runs that no longer exist", len(removed))
-    return removed
+    log.warning("removed %d namespaces (and their processes) of an earlier run that no longer exists", len(stale))
+    return stale
 
 
 def _alive(pid: int) -> bool:
@@ -140,7 +154,8 @@ class EmulatedNetwork:
         if not isinstance(num_hosts, int) or num_hosts < 1:
             raise NetworkError(f"need at least one host, got {num_hosts!r}")
         if num_hosts > MAX_HOSTS:
-            raise NetworkError(f"{num_hosts} hosts, but the 127.2.0.0/{PREFIX_LEN} range gives at most {MAX_HOSTS}")
+            raise NetworkError(f"{num_hosts} hosts, but their address range {FIRST_ADDRESS - 1}/{PREFIX_LEN} has "
+                               f"{MAX_HOSTS} addresses")
         try:
             self.rate = parse_rate(rate) if isinstance(rate, str) else float(rate)
             if not self.rate >= 1e5:

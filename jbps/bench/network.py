@@ -56,16 +56,18 @@ _MPI_TCP_ENV = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp", "MPIR_CVAR_
                 "FI_TCP_IFACE": "eth0"}
 
 
-def parse_bytes(text: str) -> int:
-    """'32M' -> 33554432 (binary units); a plain number is bytes; a multiple of 4 (float32)."""
+def parse_bytes(text: str, multiple: int = 4) -> int:
+    """'32M' -> 33554432 (binary units); a plain number is bytes; a positive multiple of
+    `multiple` (4: whole float32 elements)."""
     import re
 
     m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:i?B)?\s*", text, re.IGNORECASE)
     if not m:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size like 4096, 256K, 32M or 1G")
     nbytes = int(m.group(1)) * _UNITS[m.group(2).upper()]
-    if nbytes < 4 or nbytes % 4:
-        raise argparse.ArgumentTypeError(f"{text!r}: a size must be a positive multiple of 4 bytes (float32)")
+    if nbytes < multiple or nbytes % multiple:
+        what = "a positive multiple of 4 bytes (float32)" if multiple == 4 else "positive"
+        raise argparse.ArgumentTypeError(f"{text!r}: a size must be {what}")
     return nbytes
 
 
@@ -129,7 +131,7 @@ def parse_args(argv=None, prog=None) -> argparse.Namespace:
     if args.iters < 1 or args.warmup < 0:
         p.error("--iters must be at least 1 and --warmup at least 0")
     try:
-        partitions = [parse_bytes(s) for s in args.partition.split(",") if s.strip()]
+        partitions = [parse_bytes(s, multiple=1) for s in args.partition.split(",") if s.strip()]
         credits = [int(s) for s in args.credit.split(",") if s.strip()]
     except (argparse.ArgumentTypeError, ValueError) as exc:
         p.error(f"--partition/--credit: {exc}")
@@ -374,6 +376,9 @@ def main(argv=None, prog=None) -> int:
     except KeyboardInterrupt:
         print("interrupted; everything it started is removed", file=sys.stderr)
         return 130
+    except SystemExit:  # SIGTERM (emulated_network turns it into SystemExit once hosts exist)
+        print("terminated; everything it started is removed", file=sys.stderr)
+        raise
     except RuntimeError as exc:
         print(f"{prog or 'jbps bench network'}: {exc}", file=sys.stderr)
         return 1
