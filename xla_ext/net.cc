@@ -189,14 +189,17 @@ IoStatus RecvAll(int fd, void* buf, size_t n, int timeout_ms, int stall_timeout_
   char* p = static_cast<char*>(buf);
   size_t got = 0;
   while (got < n) {
-    IoStatus w = WaitFd(fd, POLLIN, got == 0 ? timeout_ms : stall_timeout_ms);
-    if (w != IoStatus::kOk) return w;
-    ssize_t r = ::recv(fd, p + got, n - got, 0);
+    // Read first, wait only when nothing is there: bytes usually are, and
+    // every poll saved is a syscall per message.
+    ssize_t r = ::recv(fd, p + got, n - got, MSG_DONTWAIT);
     if (r > 0) {
       got += static_cast<size_t>(r);
     } else if (r == 0) {
       return IoStatus::kClosed;
-    } else if (errno != EINTR && errno != EAGAIN) {
+    } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      IoStatus w = WaitFd(fd, POLLIN, got == 0 ? timeout_ms : stall_timeout_ms);
+      if (w != IoStatus::kOk) return w;
+    } else if (errno != EINTR) {
       return errno == ECONNRESET ? IoStatus::kClosed : IoStatus::kError;
     }
   }
