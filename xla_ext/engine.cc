@@ -18,6 +18,7 @@
 #include "protocol.h"
 #include "shm.h"
 #include "stream_copy.h"
+#include "thread_name.h"
 
 namespace jbps {
 namespace {
@@ -182,6 +183,7 @@ class Completer {
 
  private:
   void Loop() {
+    NameThisThread("jbps-complete");
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
       cv_.wait(lock, [&] { return stop_ || !q_.empty(); });
@@ -565,6 +567,7 @@ void Engine::Submit(CallSpec spec, DoneFn done) {
 }
 
 void Engine::Impl::DispatchLoop() {
+  NameThisThread("jbps-dispatch");
   std::unique_lock<std::mutex> lock(mu);
   for (;;) {
     // The credit window bounds chunks on the wire, so a high-priority chunk
@@ -602,6 +605,7 @@ void Engine::Impl::DropSkipped(ServerConn* sc) {
 }
 
 void Engine::Impl::SendLoop(ServerConn* sc) {
+  NameThisThread("jbps-push");
   for (;;) {
     ChunkPtr ch;
     {
@@ -702,6 +706,7 @@ bool Engine::Impl::Drain(int fd, uint64_t nbytes, std::vector<char>* scratch) {
 }
 
 void Engine::Impl::RecvLoop(ServerConn* sc) {
+  NameThisThread("jbps-pull");
   std::vector<char> scratch;
   const std::string server = sc->addr.ToString();
   for (;;) {
@@ -1010,6 +1015,7 @@ std::string Engine::Impl::TimeoutMessage(const CallPtr& c) {
 }
 
 void Engine::Impl::WatchdogLoop() {
+  NameThisThread("jbps-watchdog");
   std::unique_lock<std::mutex> lock(mu);
   for (;;) {
     if (stopping) return;

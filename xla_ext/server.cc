@@ -25,6 +25,7 @@
 #include "protocol.h"
 #include "shm.h"
 #include "sum_kernels.h"
+#include "thread_name.h"
 
 namespace jbps {
 namespace {
@@ -485,6 +486,7 @@ void SummationServer::Impl::Refuse(const std::string& peer, const std::string& w
 // The acceptor: one poll over the listening socket and every connection that
 // has not said hello yet. Only an authenticated connection gets threads.
 void SummationServer::Impl::AcceptLoop() {
+  NameThisThread("jbps-accept");
   std::list<Pending> pending;
   const double hello_s = std::min(opt.timeout_s, kMaxHelloSeconds);
   std::vector<struct pollfd> fds;
@@ -798,6 +800,7 @@ Payload SummationServer::Impl::RecvPayload(const ConnPtr& c, uint64_t nbytes, st
 }
 
 void SummationServer::Impl::ReaderLoop(ConnPtr c) {
+  NameThisThread("jbps-read");
   bool said_bye_here = false;
   uint64_t purge_before = 0;  // a finished job's sums still held for readers that left
   std::string lost;  // why the worker is gone, if it did not say goodbye
@@ -946,6 +949,7 @@ void SummationServer::Impl::WorkerLost(const ConnPtr& c, const std::string& why)
 // Sends what is queued in one syscall: acknowledgements first, since a
 // worker's credit window waits on them while sums only fill its output.
 void SummationServer::Impl::WriterLoop(ConnPtr c) {
+  NameThisThread("jbps-write");
   std::vector<OutMsg> batch;
   std::vector<struct iovec> iov;
   for (;;) {
@@ -1004,6 +1008,7 @@ EngineThread* SummationServer::Impl::ThreadFor(uint64_t key, uint64_t nbytes) {
 }
 
 void SummationServer::Impl::EngineLoop(EngineThread* e) {
+  NameThisThread("jbps-sum");
   for (;;) {
     Task t;
     {

@@ -232,6 +232,62 @@ def bench_mpi(net: EmulatedNetwork, n: int, args) -> dict | None:
             return parse_report(out.read(), "MPI peer")["results"][args.size]
 
 
+# The link check: every host streams to the next (a ring, so every NIC sends and
+# receives at once) for a few seconds with plain TCP.
+_SINK = """
+import socket, sys, time
+server = socket.create_server((sys.argv[1], int(sys.argv[2])))
+conn, _ = server.accept()
+got, start = 0, None
+while True:
+    data = conn.recv(1 << 20)
+    if not data:
+        break
+    start = start or time.monotonic()
+    got += len(data)
+print(got / (time.monotonic() - start) if start else 0.0)
+"""
+_SOURCE = """
+import socket, sys, time
+conn = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=30)
+data, end = bytes(1 << 20), time.monotonic() + float(sys.argv[3])
+while time.monotonic() < end:
+    conn.sendall(data)
+conn.close()
+"""
+LINK_CHECK_S = 3.0
+LINK_CHECK_MACHINE_BOUND = 0.90
+LINK_CHECK_PORT = 5399
+
+
+def link_check(net: EmulatedNetwork, hosts: int, seconds: float = LINK_CHECK_S) -> dict:
+    """What plain TCP gets through every emulated link at once, as a share of the cap, and
+    how busy the machine's CPUs were. TCP/IP headers take ~4.4% at MTU 1500; well below
+    that ceiling the machine, not the links, is the limit at this rate and host count."""
+    sinks = [net.run(i, [sys.executable, "-c", _SINK, net.hosts[i].address, str(LINK_CHECK_PORT)],
+                     stdout=subprocess.PIPE) for i in range(hosts)]
+    time.sleep(0.5)
+    before = _cpu_times()
+    sources = [net.run(i, [sys.executable, "-c", _SOURCE, net.hosts[(i + 1) % hosts].address,
+                           str(LINK_CHECK_PORT), str(seconds)]) for i in range(hosts)]
+    try:
+        for p in sources:
+            p.wait(timeout=seconds + 30)
+        after = _cpu_times()
+        rates = [float(p.communicate(timeout=30)[0] or 0) for p in sinks]
+    finally:
+        terminate(sinks + sources, 0.0, "link check")
+    delta = [b - a for a, b in zip(before, after)]
+    idle = delta[3] + delta[4]  # idle, iowait
+    return {"hosts": hosts, "share_of_cap_min": min(rates) * 8 / net.rate,
+            "share_of_cap_mean": sum(rates) / len(rates) * 8 / net.rate, "cpu_busy": 1 - idle / max(1, sum(delta))}
+
+
+def _cpu_times() -> list[int]:
+    with open("/proc/stat") as f:
+        return [int(x) for x in f.readline().split()[1:]]
+
+
 def _wait_all(procs, files, timeout_s, what, grace_s=0.0):
     deadline = time.monotonic() + timeout_s
     while True:
@@ -253,7 +309,8 @@ def run(args) -> dict:
     doc = {"workers": n, "bytes": args.size, "rate_bits_per_s": args.rate, "iters": args.iters,
            "variants": [v["name"] for v in args.variants], "cases": [], "peers": {}}
     with EmulatedNetwork(n + max(ks), args.rate) as net:
-        log.info("%d emulated hosts at %s", len(net.hosts), format_rate(args.rate))
+        log.info("%d emulated hosts at %s; link check ...", len(net.hosts), format_rate(args.rate))
+        doc["link_check"] = link_check(net, len(net.hosts))
         for k in ks:
             split = optimal_split(n, k)
             case = {"k": k, "formula_s": split.time_s(args.size, bandwidth), "jbps": {}}
@@ -317,6 +374,13 @@ def format_table(doc: dict) -> str:
     for r in [head] + rows:
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip())
     lines.append("(jbps: time per psum, and its ratio to the formula)")
+    check = doc.get("link_check")
+    if check:
+        lines.append(f"Link check: plain TCP through all {check['hosts']} hosts' links at once carried "
+                     f"{check['share_of_cap_mean']:.2f} of the cap (slowest link {check['share_of_cap_min']:.2f}; "
+                     f"TCP/IP headers leave at most ~0.95 at MTU 1500) with the CPUs {check['cpu_busy']:.0%} busy"
+                     + ("; below 0.90 this machine, not the links, limits every tool at this rate" if
+                        check["share_of_cap_min"] < LINK_CHECK_MACHINE_BOUND else ""))
     if gloo or mpi:
         lines.append("")
         ideal = doc.get("allreduce_ideal_s")
