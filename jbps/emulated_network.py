@@ -45,13 +45,18 @@ NETNS_ETC = Path("/etc/netns")
 FIRST_ADDRESS = ipaddress.IPv4Address("127.2.0.1")
 PREFIX_LEN = 24
 MAX_HOSTS = 2 ** (32 - PREFIX_LEN) - 2  # the subnet less its network and broadcast addresses
-# The queue in front of each rate cap, as time at the link's rate: what a
-# switch port or a NIC's ring holds before it drops.
+# The queue in front of each rate cap: what a NIC's queue or a switch port
+# holds before it drops. 20 ms at the link's rate, and never less than
+# Linux's default NIC queue (txqueuelen 1000 full-size frames): with less, a
+# host sending to many peers at once drops its own packets at a slow rate.
 QUEUE_S = 0.020
+MIN_QUEUE_BYTES = 1000 * 1514
 # Bytes the cap lets through at once: a couple of milliseconds of the link,
-# and never below a 64 KiB TSO segment (tbf would have to split each).
+# and never below two 64 KiB TSO segments with their headers: tbf splits a
+# segment larger than its burst into packets, each timed on its own, which
+# at slow rates costs more CPU than the machine has.
 BURST_S = 0.002
-MIN_BURST_BYTES = 64 << 10
+MIN_BURST_BYTES = 160 << 10
 _NAME = re.compile(r"^jbps-(\d+)-[0-9a-f]{6}-")
 
 
@@ -195,7 +200,8 @@ class EmulatedNetwork:
     def _tbf(self) -> list[str]:
         rate_bytes = self.rate / 8
         burst = max(MIN_BURST_BYTES, int(rate_bytes * BURST_S))
-        return ["tbf", "rate", f"{int(self.rate)}bit", "burst", str(burst), "latency", f"{int(self.queue_s * 1e6)}us"]
+        limit = max(MIN_QUEUE_BYTES, int(rate_bytes * self.queue_s))
+        return ["tbf", "rate", f"{int(self.rate)}bit", "burst", str(burst), "limit", str(limit)]
 
     def _make(self) -> None:
         _run(["ip", "netns", "add", self.bridge_ns], "creating the bridge namespace")
