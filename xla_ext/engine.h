@@ -3,9 +3,10 @@
 // their servers in priority order under a credit window, and receives each
 // chunk's sum straight into the call's output buffer.
 //
-// Threads: a dispatcher (priority queue -> per-server send queues, bounded by
-// credits), a sender and a receiver per server connection, a watchdog that
-// fails calls past their deadline, and per-device completion threads.
+// Threads: a sender and a receiver per server connection, a watchdog that
+// fails calls past their deadline, and per-device completion threads. Chunks
+// move from the priority queue to the per-server send queues (bounded by
+// credits) on whichever thread queued them or freed a credit.
 #pragma once
 
 #include <cstddef>

@@ -194,6 +194,9 @@ struct Conn {
   std::mutex mu;
   std::condition_variable cv;
   std::deque<OutMsg> out;
+  // Held while bytes go onto the socket: by the writer, or by a thread that
+  // writes an acknowledgement itself while the writer is idle (Ack).
+  std::mutex write_mu;
   bool closing = false;
   bool finishing = false;         // close once `out` is sent
   std::atomic<bool> aborted{false};  // closed by the server because the job failed
@@ -728,6 +731,22 @@ void SummationServer::Impl::Ack(const ConnPtr& c, uint64_t key, uint32_t round) 
   FrameHeader ack = MakeHeader(MsgType::kPushAck, opt.token);
   ack.key = key;
   ack.round = round;
+  // An acknowledgement is on the worker's credit loop: written here when the
+  // writer is idle (nothing queued, nothing being sent), without waking it.
+  std::unique_lock<std::mutex> writing(c->write_mu, std::try_to_lock);
+  if (writing.owns_lock()) {
+    bool idle;
+    {
+      std::lock_guard<std::mutex> lock(c->mu);
+      idle = c->out.empty() && !c->closing && !c->finishing;
+    }
+    if (idle) {
+      struct iovec iov = {&ack, sizeof(ack)};
+      if (SendAll(c->fd, &iov, 1, stall_ms) != IoStatus::kOk) c->Close();
+      return;
+    }
+    writing.unlock();
+  }
   c->Send(OutMsg{ack, nullptr, {}});
 }
 
@@ -977,7 +996,12 @@ void SummationServer::Impl::WriterLoop(ConnPtr c) {
         iov.push_back({const_cast<char*>(m.text.data()), m.text.size()});
       }
     }
-    if (SendAll(c->fd, iov.data(), static_cast<int>(iov.size()), stall_ms) != IoStatus::kOk || last) {
+    IoStatus st;
+    {
+      std::lock_guard<std::mutex> writing(c->write_mu);
+      st = SendAll(c->fd, iov.data(), static_cast<int>(iov.size()), stall_ms);
+    }
+    if (st != IoStatus::kOk || last) {
       c->Close();
       break;
     }
