@@ -24,6 +24,7 @@ from typing import Any, Callable, Hashable, Sequence
 
 from jax._src import config as jax_config
 from jax._src import core
+from jax._src import mesh as mesh_lib
 
 AxisName = Hashable
 
@@ -67,10 +68,17 @@ def with_varying(aval: Any, names: frozenset) -> Any:
     return aval
 
 
+def _typed_axes(axes: Sequence[AxisName]) -> tuple[AxisName, ...]:
+    """The axes among `axes` that avals type: the mesh's manual axes, not
+    vmap axes (where the mesh does not say, all of them)."""
+    manual = getattr(mesh_lib.get_abstract_mesh(), "manual_axes", None)
+    return tuple(axes) if manual is None else tuple(a for a in axes if a in manual)
+
+
 def pvary(x: Any, axes: Sequence[AxisName]) -> Any:
     """x typed as varying along `axes` too (the value is unchanged): what a
     psum's transpose is where replication is typed."""
-    missing = tuple(a for a in axes if a not in varying(aval_of(x)))
+    missing = tuple(a for a in _typed_axes(axes) if a not in varying(aval_of(x)))
     if not missing:
         return x
     if hasattr(core, "pvary"):
