@@ -128,13 +128,14 @@ class PmapCase:
     inputs: Callable  # rng, worker -> args; leaves mapped (in_axes 0) lead with `devices`
     in_axes: Any = 0
     jit: bool = False
+    inner: int = 1  # devices of each nested pmap inside body (nested pmap takes every device at the top)
 
     def _pmap(self, body, devices):
         f = jax.pmap(body, axis_name="i", in_axes=self.in_axes, devices=devices)
         return jax.jit(f) if self.jit else f
 
     def run_jbps(self, job, args):
-        return self._pmap(partial(self.body, jbps_psum), job.devices[:self.devices])(*args)
+        return self._pmap(partial(self.body, jbps_psum), job.devices[:self.devices * self.inner])(*args)
 
     def run_reference(self, job, all_args):
         L = self.devices
@@ -154,7 +155,7 @@ class PmapCase:
         # are the same on every worker (the inputs make them so).
         args = [jax.tree_util.tree_map(lambda *xs: np.concatenate(xs), *[a[k] for a in all_args]) if ax == 0
                 else all_args[0][k] for k, ax in enumerate(in_axes)]
-        return self._pmap(partial(self.body, psum), job.devices[:job.workers * L])(*args)
+        return self._pmap(partial(self.body, psum), job.devices[:job.workers * L * self.inner])(*args)
 
     def mine(self, job, reference):
         return jax.tree_util.tree_map(lambda a: a[job.rank * self.devices:(job.rank + 1) * self.devices], reference)
@@ -214,6 +215,16 @@ def cond_body(psum, axes):
 def tree_with_empty_leaves(rng, lead):
     return {"w": ints(rng, lead + (5,)), "empty": np.zeros(lead + (0, 3), np.float32), "scalar": ints(rng, lead),
             "nested": [ints(rng, lead + (2, 3)), {}, ()]}
+
+
+def nested_pmap_works():
+    """Whether this jax runs pmap inside pmap (recent ones, running pmap on
+    shard_map, do not, lax.psum or not)."""
+    try:
+        jax.pmap(jax.pmap(lambda v: v + 1), devices=jax.local_devices()[:4])(np.zeros((2, 2)))
+        return True
+    except ValueError:
+        return False
 
 
 MESH_2D = {"a": 2, "b": 2}
@@ -313,6 +324,19 @@ def cases():
                   lambda psum, v: jax.vmap(jax.vmap(lambda r: psum(r, "o"), axis_name="n"), axis_name="o")(v),
                   lambda rng, w: (ints(rng, (2, 3, 4)),)),
     ]
+    if nested_pmap_works():
+        out += [
+            PmapCase("nested pmap, psum over the inner axis", 2,
+                     lambda psum, v: jax.pmap(lambda u: psum(u, "j"), axis_name="j")(v),
+                     lambda rng, w: (ints(rng, (2, 2, 5)),), inner=2),
+            PmapCase("nested pmap, psum over both axes", 2,
+                     lambda psum, v: jax.pmap(lambda u: psum(u, ("i", "j")), axis_name="j")(v),
+                     lambda rng, w: (ints(rng, (2, 2, 5)),), inner=2),
+            Refusal("nested pmap without axis_name is refused, naming both axes",
+                    lambda job: jax.pmap(jax.pmap(lambda v: jbps.psum(v), axis_name="j"), axis_name="i",
+                                         devices=job.devices[:4])(np.ones((2, 2, 3))),
+                    ValueError, ("without axis_name", "'i', 'j'")),
+        ]
     devices2 = lambda job: job.devices[:2]  # noqa: E731
     mesh2d = lambda job: Mesh(np.array(job.devices[:4]).reshape(2, 2), ("a", "b"))  # noqa: E731
     no_axis = ("without axis_name", "axis_name=()")
