@@ -32,7 +32,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 import jbps  # noqa: E402
 
 shard_map = getattr(jax, "shard_map", None)
-if shard_map is None:  # jax before 0.7
+if shard_map is None:  # older jax (0.5) has it in jax.experimental
     from jax.experimental.shard_map import shard_map
 
 # How each parameter is split: hidden units over "model", nothing over "data".

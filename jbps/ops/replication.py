@@ -4,7 +4,7 @@ A psum's result is the same on every device of the axes it reduced over, and
 shard_map proves `out_specs` from that: an output may leave out a mesh axis
 only if it is replicated over it. The mechanism changed across jax versions:
 
-- jax with `check_vma` (shard_map's default from about 0.6.1; 0.10 here):
+- jax with `check_vma` (shard_map's check in newer versions; 0.10 here):
   avals carry the axes a value varies over. lax.psum takes a value varying over
   its axes (pvary-ing one that is not) and returns one invariant over them, and
   its transpose is a pvary: no communication. 0.10 keeps the set in
@@ -39,7 +39,7 @@ except ImportError:  # pragma: no cover - every supported jax has the module
     _CHECK_RULES = _REWRITE_RULES = _PBROADCAST = None
 
 
-# The abstract value of a concrete or traced array (core.get_aval before 0.6).
+# The abstract value of a concrete or traced array (core.get_aval in older jax, 0.5 among them).
 aval_of: Callable[[Any], Any] = getattr(core, "typeof", None) or core.get_aval
 
 

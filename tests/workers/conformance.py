@@ -40,7 +40,7 @@ import jbps
 shard_map = getattr(jax, "shard_map", None)
 if shard_map is None:
     from jax.experimental.shard_map import shard_map
-# shard_map's replication check: check_vma from about jax 0.6.1, check_rep before.
+# shard_map's replication check: check_vma in newer jax, check_rep in older (0.5).
 CHECK = "check_vma" if "check_vma" in inspect.signature(shard_map).parameters else "check_rep"
 
 
