@@ -16,7 +16,7 @@ import uuid
 import pytest
 
 from conftest import job_free_env, last_json, worker_script
-from leftovers import assert_nothing_left, listening, processes_with
+from leftovers import MpichSegments, assert_nothing_left, listening, processes_with
 from jbps.procs import terminate
 
 PYTHON = sys.executable
@@ -245,8 +245,52 @@ def test_two_jobs_at_once_on_one_host():
 def test_mpirun_rank_that_never_joins_aborts_the_job_within_the_timeout():
     env = base_env(JBPS_TIMEOUT_S="3")
     t0 = time.monotonic()
-    proc, out, err = run([MPIEXEC, "-n", "2", PYTHON, worker_script("mpi_absent_rank.py")], env, timeout=60)
+    with MpichSegments(env) as segments:
+        proc, out, err = run([MPIEXEC, "-n", "2", PYTHON, worker_script("mpi_absent_rank.py")], env, timeout=60)
     assert proc.returncode != 0
     assert time.monotonic() - t0 < 30
-    assert "waited 3 s (JBPS_TIMEOUT_S) for the other ranks to join" in out + err
+    assert "waited 3 s (JBPS_TIMEOUT_S) for the other ranks to join; rank 1 never did" in out + err, err[-2000:]
     assert_nothing_left(env)
+    segments.assert_none_left()  # MPI_Abort skips MPI_Finalize, where MPICH removes its file
+
+
+@needs_mpi
+def test_mpirun_rank_that_ends_before_joining_ends_the_job_naming_it():
+    # MPI_Init waits for every rank, holding Python's lock: a rank that ended
+    # before MPI started (here: at once; in real life a failed import) used to
+    # leave the others spinning in MPI_Init forever.
+    env = base_env(JBPS_TIMEOUT_S="5")
+    t0 = time.monotonic()
+    with MpichSegments(env) as segments:
+        proc, out, err = run([MPIEXEC, "-n", "2", PYTHON, worker_script("launch_probe.py"), ":",
+                              "-n", "1", PYTHON, "-c", "raise SystemExit('this rank ends before it joins')"],
+                             env, timeout=90)
+    assert proc.returncode != 0
+    assert time.monotonic() - t0 < 30
+    assert "waited 5 s (JBPS_TIMEOUT_S) for MPI to start in every rank; rank 2 is no longer running" in out + err, \
+        err[-2000:]
+    assert_nothing_left(env)
+    segments.assert_none_left()
+
+
+@needs_mpi
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=lambda s: s.name)
+def test_a_killed_mpirun_job_leaves_nothing(sig):
+    # Killed ranks never reach MPI_Finalize, where MPICH removes its file; each
+    # rank's guard removes it once no process of the job maps it.
+    env = base_env(JBPS_TIMEOUT_S="60")
+    with MpichSegments(env) as segments:
+        proc = subprocess.Popen([MPIEXEC, "-n", "2", PYTHON, worker_script("launch_probe.py"), "--sleep", "120"],
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True, cwd="/")
+        try:
+            ready, deadline = 0, time.monotonic() + 120
+            while ready < 2 and time.monotonic() < deadline:
+                ready += proc.stdout.readline().startswith("ready ")
+            assert ready == 2, "the ranks never got ready"
+            proc.send_signal(sig)
+            proc.wait(timeout=30)
+        finally:
+            terminate([proc], grace_s=3)
+        assert_nothing_left(env)
+    segments.assert_none_left()
