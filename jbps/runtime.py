@@ -8,14 +8,10 @@ import threading
 
 import jax
 
-try:
-    from . import _core
-except ImportError as exc:  # a source checkout without the built extension
-    raise ImportError(
-        "jbps's C++ extension (jbps._core) is missing: install the package with `pip install .` and run "
-        "from outside the source tree (`pytest tests` works from the checkout; `python -m pytest` would put "
-        f"the unbuilt sources first on sys.path): {exc}") from None
-from . import bootstrap, trace
+from .extension import load_core
+
+_core = load_core()
+from . import bootstrap, trace  # noqa: E402 (after the extension, whose absence is explained above)
 from .config import Config
 from .errors import JbpsError
 from .partition import server_fractions as _fractions_for_roles
