@@ -6,6 +6,7 @@ ended by PID and checked gone."""
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -187,15 +188,35 @@ def test_jbps_run_job_with_prefixed_output():
     assert proc.returncode == 0, err[-3000:]
     check_reports(per_rank_reports(out), 2, 3)
     assert "[worker 0] {" in out and "[worker 1] {" in out and "[server 0] jbps.server listening" in out
+    assert "[jbps.scheduler]" not in err and "[jbps.run] scheduler on" not in err, err[-3000:]  # quiet unless -v
     assert_nothing_left(env)
 
 
 def test_jbps_run_propagates_a_crash_and_leaves_nothing():
     env = base_env()
-    proc, out, err = jbps_run(["-n", "3", "--servers", "2", "--timeout", "30", PYTHON,
+    proc, out, err = jbps_run(["-n", "3", "--servers", "2", "--timeout", "30", "--verbose", PYTHON,
                                worker_script("launch_probe.py"), "--crash-rank", "1", "--sleep", "5"], env)
     assert proc.returncode == 3, err[-3000:]
-    assert "worker 1 exited with 3" in err
+    assert "worker 1 exited with 3: jbps run is ending the job" in err
+    assert err.count("[jbps.scheduler] worker registered") == 3, err[-3000:]  # --verbose tells the rendezvous
+    assert_nothing_left(env)
+
+
+def test_jbps_run_names_the_worker_that_raised_not_the_one_it_ended():
+    # Worker 1's own code raises at step 20; worker 0 is healthy. Worker 1's
+    # goodbye carries the exception, so the servers end the job naming it,
+    # and worker 0 (ended by the job's failure, or by jbps run) is blamed nowhere.
+    env = base_env()
+    proc, out, err = jbps_run(["-n", "2", PYTHON, worker_script("raise_at_step.py"), "--raise-rank", "1",
+                               "--raise-step", "20"], env)
+    assert proc.returncode == 1, err[-3000:]
+    cause = ("jbps: worker 1 (127.0.0.1:", ") left the job: it exited with an uncaught exception: ValueError: a bug in "
+             "worker 1's own code at step 20; seen by summation server")
+    blamed = [line for line in err.splitlines() if line.startswith("[server") and "jbps: worker" in line
+              and "ended early" not in line]
+    assert blamed and all(cause[0] in line and cause[1] in line for line in blamed), err[-3000:]
+    assert "jbps: worker 0 " not in err and "was lost" not in err, err[-3000:]
+    assert re.search(r"\[jbps\.run\] worker [01] exited with 1: jbps run is ending the job", err), err[-3000:]
     assert_nothing_left(env)
 
 
@@ -218,8 +239,27 @@ def test_jbps_run_listens_on_loopback_only_and_ctrl_c_ends_everything():
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=30)
         assert proc.returncode == 128 + signal.SIGINT
+        err = proc.stderr.read()
     finally:
         terminate([proc], grace_s=3)
+    assert_nothing_left(env)
+    # The launcher says it ends the job, and no server blames a worker the launcher ended.
+    assert "[jbps.run] SIGINT: jbps run is ending the job" in err, err[-3000:]
+    assert "was lost" not in err, err[-3000:]
+
+
+def test_jbps_run_names_a_bad_environment_variable_in_one_line():
+    env = base_env(JBPS_TIMEOUT_S="-1")
+    proc, out, err = jbps_run(["-n", "2", PYTHON, worker_script("launch_probe.py")], env, timeout=60)
+    assert proc.returncode == 2
+    assert err.strip() == "jbps run: JBPS_TIMEOUT_S='-1': must be positive", err  # no --timeout, no usage
+
+
+def test_jbps_run_says_in_one_line_that_the_command_is_not_found():
+    env = base_env()
+    proc, out, err = jbps_run(["-n", "2", "pythn", "x.py"], env, timeout=60)
+    assert proc.returncode == 127
+    assert err.strip() == "jbps run: pythn: command not found (not on PATH, or not executable)", err
     assert_nothing_left(env)
 
 

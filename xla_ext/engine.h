@@ -103,7 +103,9 @@ class Engine {
   static Engine& Get();
 
   bool Start(const EngineOptions& options, std::string* err);
-  void Stop();
+  // `reason`: why this worker leaves, sent with its goodbye; empty for a
+  // clean end. Servers end the job for the other workers when it is not.
+  void Stop(const std::string& reason = "");
   bool running() const;
   // Why the job failed (a lost server, or a lost worker a server reported),
   // or empty. Set once; every pending and later call fails with it until Stop().

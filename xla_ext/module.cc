@@ -223,10 +223,13 @@ NB_MODULE(_core, m) {
       nb::arg("timeout_s"), nb::arg("trace") = false, nb::arg("shm") = true,
       nb::arg("shm_slot_bytes") = size_t{4} << 20);
 
-  m.def("engine_stop", [] {
-    nb::gil_scoped_release release;
-    jbps::Engine::Get().Stop();
-  });
+  m.def(
+      "engine_stop",
+      [](const std::string& reason) {
+        nb::gil_scoped_release release;
+        jbps::Engine::Get().Stop(reason);
+      },
+      nb::arg("reason") = "");
   m.def("engine_server_roles", [] {
     std::vector<std::string> out;
     for (auto r : jbps::Engine::Get().server_roles())
