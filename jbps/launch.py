@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 
-from .config import argparse_type, env_value
+from .config import argparse_type, env_value, exit_for_environment
 from .errors import JbpsError
 from .procs import signal_group, terminate
 from .scheduler.rendezvous import Scheduler
@@ -193,9 +193,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     if args.timeout is None:
         try:
             args.timeout = env_value("timeout_s")
-        except JbpsError as exc:  # the environment's fault, not the command line's: no usage
-            print(f"{prog}: {exc}", file=sys.stderr)
-            return 2
+        except JbpsError as exc:
+            exit_for_environment(prog, exc)
     if shutil.which(args.command[0]) is None:
         print(f"{prog}: {args.command[0]}: command not found (not on PATH, or not executable)", file=sys.stderr)
         return 127  # as a shell says of a command it cannot find
