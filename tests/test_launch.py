@@ -263,6 +263,20 @@ def test_jbps_run_says_in_one_line_that_the_command_is_not_found():
     assert_nothing_left(env)
 
 
+def test_communication_share_is_the_jobs_not_a_workers_waits():
+    # Worker 1 computes 0.1 s longer per step: worker 0's psums wait for it, so
+    # its own busy share is large, worker 1's small. The communication share is
+    # worker 1's on both; worker 0's excess is waiting, not communication.
+    env = base_env()
+    proc, out, err = jbps_run(["-n", "2", PYTHON, worker_script("communication_share.py")], env)
+    assert proc.returncode == 0, err[-3000:]
+    fast, slow = per_rank_reports(out)
+    assert fast["own"] > 0.5 and slow["own"] < fast["own"] / 2, (fast, slow)
+    assert fast["communication"] == slow["communication"] == pytest.approx(slow["own"], abs=1e-6), (fast, slow)
+    assert fast["waiting"] == pytest.approx(fast["own"] - slow["own"], abs=1e-6) and slow["waiting"] == 0
+    assert_nothing_left(env)
+
+
 def test_two_jobs_at_once_on_one_host():
     envs = [base_env(), base_env()]
     procs = [subprocess.Popen([PYTHON, "-m", "jbps.cli", "run", "-n", "2", PYTHON, worker_script("random_trees.py"),
