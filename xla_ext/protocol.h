@@ -48,8 +48,8 @@ constexpr uint64_t kMaxErrorBytes = 64 * 1024;
 // A call's tree description; longer ones are sent as a digest (jbps/ops/psum.py).
 constexpr uint64_t kMaxTreeBytes = 1 << 20;
 
-// Where a server runs, which decides its share of the bytes (DESIGN.md, "The
-// optimal split"): on a worker's machine, or on a CPU-only machine.
+// Where a server runs, which decides its share of the bytes (docs/design.md,
+// "Sharing the bytes"): on a worker's machine, or on a CPU-only machine.
 enum class ServerRole : uint8_t { kColocated = 0, kDedicated = 1 };
 
 enum class MsgType : uint16_t {
