@@ -109,12 +109,14 @@ def main():
         state, loss = step(state, images, labels)
     jax.block_until_ready(loss)
     elapsed = time.perf_counter() - start
-    comm = jbps.engine_stats()["busy_seconds"] - busy
+    # Job-wide: a worker's own busy time also counts its waits for slower workers.
+    share = jbps.communication_share(jbps.engine_stats()["busy_seconds"] - busy, elapsed)
 
     per_worker = args.steps * devices * args.batch_size / elapsed
     count = sum(x.size for x in jax.tree_util.tree_leaves(variables["params"]))
     print(f"worker {rank}: {per_worker:.1f} images/s on {devices} device(s); "
-          f"communication {100 * comm / elapsed:.0f}% of step time", flush=True)
+          f"communication {share.communication:.0%} of step time, waiting for slower workers {share.waiting:.0%}",
+          flush=True)
     if rank == 0:
         print(f"total: {per_worker * workers:.1f} images/s over {workers} worker(s) "
               f"({count:,} parameters, {args.steps} steps, final loss {float(loss[0]):.3f})")

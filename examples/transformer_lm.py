@@ -128,10 +128,10 @@ def main():
         elif step % args.log_every == 0 or step == args.steps:
             loss = float(loss)
             elapsed = time.perf_counter() - start
-            comm = jbps.engine_stats()["busy_seconds"] - busy
+            share = jbps.communication_share(jbps.engine_stats()["busy_seconds"] - busy, elapsed)  # every worker
             if rank == 0:
                 print(f"step {step:4d}  loss {loss:.3f}  {tokens * (step - 1) / elapsed:,.0f} tokens/s over "
-                      f"the job  communication {100 * comm / elapsed:.0f}% of step time", flush=True)
+                      f"the job  communication {share.communication:.0%} of step time", flush=True)
     if rank == 0:
         print(f"loss {first_loss:.3f} -> {loss:.3f}")
     jbps.shutdown()

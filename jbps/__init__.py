@@ -16,6 +16,7 @@ from .ops import broadcast, broadcast_parameters, pmean, psum
 from .partition import forward_order, optimal_split
 from .runtime import (Session, check, config, engine_stats, has_cuda_support, init, is_initialized, local_rank,
                       local_size, rank, shutdown, size)
+from .timing import CommunicationShare, communication_share
 
 __version__ = "0.1.0"
 
@@ -27,6 +28,8 @@ __all__ = [
     "broadcast",
     "broadcast_parameters",
     "check",
+    "CommunicationShare",
+    "communication_share",
     "config",
     "errors",
     "engine_stats",

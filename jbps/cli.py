@@ -49,7 +49,7 @@ def _scheduler(argv: list[str]) -> int:
 def _server(argv: list[str]) -> int:
     from .server.__main__ import main
 
-    return main(argv)
+    return main(argv, prog="jbps server")
 
 
 _COMMANDS = {

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Callable, Mapping
+import sys
+from typing import Any, Callable, Mapping, NoReturn
 
 from .errors import JbpsError
+from .sizes import parse_bytes
 
 ROLES = ("worker", "server", "scheduler")
 
@@ -38,29 +40,46 @@ def _servers(text: str) -> tuple[str, ...]:
     return items
 
 
+def _int(text: str) -> int:
+    try:
+        return int(text, 0)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a whole number") from None
+
+
 def _positive_int(text: str) -> int:
-    value = int(text, 0)
+    value = _int(text)
     if value < 1:
         raise ValueError("must be at least 1")
     return value
 
 
 def _non_negative_int(text: str) -> int:
-    value = int(text, 0)
+    value = _int(text)
     if value < 0:
         raise ValueError("must not be negative")
     return value
 
 
+def _positive_bytes(text: str) -> int:
+    value = parse_bytes(text)
+    if value < 1:
+        raise ValueError("must be at least 1 byte")
+    return value
+
+
 def _positive_float(text: str) -> float:
-    value = float(text)
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number (of seconds, e.g. 60 or 2.5)") from None
     if not value > 0:
         raise ValueError("must be positive")
     return value
 
 
 def _token(text: str) -> int:
-    value = int(text, 0)
+    value = _int(text)
     if not 0 <= value < 1 << 64:
         raise ValueError("must be an integer in [0, 2**64)")
     return value
@@ -88,7 +107,7 @@ def _role(text: str) -> str:
 
 
 def _port(text: str) -> int:
-    value = int(text)
+    value = _int(text)
     if not 0 < value < 65536:
         raise ValueError("must be a port number, 1 to 65535")
     return value
@@ -122,9 +141,9 @@ OPTIONS = (
            "port of the scheduler (environment bootstrap)"),
     Option("colocated_servers", ("JBPS_COLOCATED_SERVERS",), _non_negative_int, 1,
            "under mpirun: summation servers jbps starts inside the first worker of each host"),
-    Option("partition_bytes", ("JBPS_PARTITION_BYTES", "BYTEPS_PARTITION_BYTES"), _positive_int,
-           None, "largest chunk of a tensor sent as one message; default 4 MiB on one host, and across hosts "
-                 "sized to each psum (see jbps/partition/defaults.py)"),
+    Option("partition_bytes", ("JBPS_PARTITION_BYTES", "BYTEPS_PARTITION_BYTES"), _positive_bytes,
+           None, "largest chunk of a tensor sent as one message (bytes, or e.g. 4M); default 4 MiB on one host, "
+                 "and across hosts sized to each psum (see jbps/partition/defaults.py)"),
     Option("scheduling_credit", ("JBPS_SCHEDULING_CREDIT", "BYTEPS_SCHEDULING_CREDIT"), _positive_int,
            None, "chunks pushed and not yet acknowledged, per worker (the credit window); default "
                  "max(4, 2 x servers) on one host, across hosts the servers that get bytes + 2"),
@@ -172,6 +191,13 @@ def deterministic_sums(environ: Mapping[str, str] | None = None) -> bool:
     """JBPS_DETERMINISTIC=1: servers add pushes in worker-rank order."""
     environ = os.environ if environ is None else environ
     return environ.get("JBPS_DETERMINISTIC", "0").strip() not in ("", "0")
+
+
+def exit_for_environment(prog: str, exc: JbpsError) -> NoReturn:
+    """Ends a command whose environment holds a bad setting: one line naming
+    the variable (exit 2, as argparse), no usage block, since no flag was wrong."""
+    print(f"{prog}: {exc}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def parse_option(name: str, text: str) -> Any:

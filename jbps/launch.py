@@ -17,14 +17,17 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import queue
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
 
+from .config import argparse_type, env_value, exit_for_environment
 from .errors import JbpsError
-from .procs import terminate
+from .procs import signal_group, terminate
 from .scheduler.rendezvous import Scheduler
 
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -61,6 +64,8 @@ class Job:
         self.children: list[tuple[str, subprocess.Popen]] = []
         self.outputs: list[_Output] = []
         self.scheduler_error: str | None = None
+        self.stop_signal: int | None = None  # the signal that ends the job, if one does
+        self.ending = False
 
     def _env(self, scheduler: Scheduler, role: str, extra: dict) -> dict:
         env = {k: v for k, v in os.environ.items() if k not in _CLEARED}
@@ -96,7 +101,7 @@ class Job:
         try:
             for i in range(self.servers):
                 # `-m` puts the working directory first on sys.path: from a source
-                # checkout that would be the unbuilt package. Servers run from the
+                # checkout that would be the checkout's package. Servers run from the
                 # folder holding the jbps this launcher imported, so they get the same.
                 self._spawn(f"server {i}", [sys.executable, "-m", "jbps.server"], self._env(scheduler, "server", {}),
                             cwd=_PACKAGE_PARENT)
@@ -104,40 +109,80 @@ class Job:
                 self._spawn(f"worker {rank}", self.command,
                             self._env(scheduler, "worker", {"DMLC_WORKER_ID": str(rank)}))
             return self._wait()
+        except OSError as exc:  # the command cannot be started (main checks it is there; it may still not run)
+            log.error("cannot start %s: %s", " ".join(self.command), exc)
+            return 126
+        except KeyboardInterrupt:  # SIGINT or SIGTERM (main): said before the ending, so the log reads in order
+            signum = self.stop_signal or signal.SIGINT
+            others = [n for n, p in self.children if p.poll() is None]
+            log.error("%s: jbps run is ending the job%s", signal.Signals(signum).name,
+                      f" (stopping {', '.join(others)})" if others else "")
+            return 128 + signum
         finally:
-            terminate([p for _, p in self.children], grace_s=2.0, what="jbps run")
+            self.ending = True
+            self._end()
             for out in self.outputs:
                 out.thread.join(timeout=5)
 
     def _wait(self) -> int:
-        workers = [p for name, p in self.children if name.startswith("worker")]
+        """Waits for the job; returns its exit code: the first child to fail
+        ends it (each child is waited on by a thread of its own, so the first
+        is known exactly), and its code becomes ours."""
+        exits: queue.Queue = queue.Queue()
+        for name, proc in self.children:
+            threading.Thread(target=lambda n=name, p=proc: exits.put((n, p.wait())), daemon=True).start()
+        workers = {name for name, _ in self.children if name.startswith("worker")}
+        succeeded: set[str] = set()
         servers_done_by = None
         while True:
-            for name, proc in self.children:
-                code = proc.poll()
-                if code not in (None, 0):
-                    log.error("%s exited with %d; ending the job", name, code)
-                    return code if code > 0 else 128 - code  # killed by a signal: 128 + its number
-            if all(p.poll() == 0 for p in workers):
-                # Servers exit once every worker said goodbye; give them a moment.
-                servers_done_by = servers_done_by or time.monotonic() + 10
-                if all(p.poll() is not None for _, p in self.children) or time.monotonic() > servers_done_by:
+            try:
+                name, code = exits.get(timeout=0.2)
+            except queue.Empty:
+                if servers_done_by is not None and time.monotonic() > servers_done_by:
                     return 0
-            time.sleep(0.05)
+                continue
+            if code != 0:
+                others = [n for n, p in self.children if n != name and p.poll() is None]
+                log.error("%s exited with %d: jbps run is ending the job%s", name, code,
+                          f" (stopping {', '.join(others)})" if others else "")
+                return code if code > 0 else 128 - code  # killed by a signal: 128 + its number
+            succeeded.add(name)
+            if len(succeeded) == len(self.children):
+                return 0
+            if workers <= succeeded and servers_done_by is None:
+                # Servers exit once every worker said goodbye; give them a moment.
+                servers_done_by = time.monotonic() + 10
+
+    def _end(self) -> None:
+        """Ends what is still running. A worker killed first would close its
+        connections without a goodbye, and its servers would report it lost,
+        blaming a worker that did nothing wrong: workers are frozen (SIGSTOP),
+        the servers stopped while nothing moves, then the workers ended."""
+        workers = [p for name, p in self.children if name.startswith("worker") and p.poll() is None]
+        servers = [p for name, p in self.children if name.startswith("server") and p.poll() is None]
+        for p in workers:
+            signal_group(p, signal.SIGSTOP)
+        terminate(servers, grace_s=2.0, what="jbps run")
+        for p in workers:
+            signal_group(p, signal.SIGTERM)  # delivered as soon as it runs again
+            signal_group(p, signal.SIGCONT)
+        terminate(workers, grace_s=2.0, what="jbps run")
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
-    p = argparse.ArgumentParser(prog=prog or "python -m jbps.launch", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    prog = prog or "python -m jbps.launch"
+    p = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-n", "--workers", type=int, required=True, help="worker processes")
     p.add_argument("--servers", type=int, default=None, help="summation server processes (default: as many as workers)")
     p.add_argument("--local-devices", type=int, default=None,
                    help="CPU devices per worker (sets --xla_force_host_platform_device_count)")
-    p.add_argument("--timeout", type=float, default=float(os.environ.get("JBPS_TIMEOUT_S", 60)),
-                   help="seconds for the job to assemble, and for each psum (JBPS_TIMEOUT_S; default 60)")
+    p.add_argument("--timeout", type=argparse_type("timeout_s"), default=None,
+                   help="seconds for the job to assemble, and for each psum (default: JBPS_TIMEOUT_S, else 60)")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="say how the job assembles: the scheduler's address, each member registering")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the worker command, e.g. python train.py")
     args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="[%(name)s] %(message)s")
     if args.command and args.command[0] == "--":
         args.command = args.command[1:]
     if not args.command:
@@ -145,24 +190,25 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     servers = args.servers if args.servers is not None else args.workers
     if args.workers < 1 or servers < 1 or (args.local_devices is not None and args.local_devices < 1):
         p.error("--workers, --servers and --local-devices must be at least 1")
-    if not args.timeout > 0:
-        p.error("--timeout must be positive")
+    if args.timeout is None:
+        try:
+            args.timeout = env_value("timeout_s")
+        except JbpsError as exc:
+            exit_for_environment(prog, exc)
+    if shutil.which(args.command[0]) is None:
+        print(f"{prog}: {args.command[0]}: command not found (not on PATH, or not executable)", file=sys.stderr)
+        return 127  # as a shell says of a command it cannot find
 
     job = Job(args.command, args.workers, servers, args.local_devices, args.timeout)
-    stop = {"signal": None}
 
     def on_signal(signum, _frame):
-        stop["signal"] = signum
-        raise KeyboardInterrupt
+        if not job.ending:  # a second Ctrl-C must not cut the ending short
+            job.stop_signal = signum
+            raise KeyboardInterrupt
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, on_signal)
-    try:
-        return job.run()
-    except KeyboardInterrupt:
-        signum = stop["signal"] or signal.SIGINT
-        log.error("%s: ending the job", signal.Signals(signum).name)
-        return 128 + signum
+    return job.run()
 
 
 if __name__ == "__main__":

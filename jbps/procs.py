@@ -5,6 +5,10 @@ group signal reaches what they fork. mpiexec's proxies and ranks call setsid
 and leave that group, so before signalling we snapshot every descendant from
 /proc and afterwards kill the ones still alive, matching PID *and* start time
 so a recycled PID is never hit. Nothing here ever signals a process by name.
+
+An MPI job killed this way never reaches MPI_Finalize, where MPICH removes its
+shared-memory file (/dev/shm/mpich_shm_*): the files the family maps are noted
+before the kill and removed after it, once no process maps them.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import signal
 import subprocess
 import time
 from typing import Iterable, Sequence
+
+from .bootstrap.mpi_guard import mapped_segments, remove_unmapped
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +66,7 @@ def terminate(procs: Sequence[subprocess.Popen], grace_s: float = 0.0, what: str
     the snapshot, then reap the children."""
     live = [p for p in procs if p.poll() is None]
     family = descendants(p.pid for p in live) if live else {}
+    segments = mapped_segments([*family, *(p.pid for p in live)])
     if grace_s > 0:
         for p in live:
             signal_group(p, signal.SIGTERM)
@@ -82,3 +89,4 @@ def terminate(procs: Sequence[subprocess.Popen], grace_s: float = 0.0, what: str
             p.wait(timeout=10)
         except subprocess.TimeoutExpired:
             log.warning("%s: pid %d did not exit after SIGKILL", what, p.pid)
+    remove_unmapped(segments)

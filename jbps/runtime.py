@@ -5,24 +5,23 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import itertools
+import sys
 import threading
 
 import jax
 
-try:
-    from . import _core
-except ImportError as exc:  # a source checkout without the built extension
-    raise ImportError(
-        "jbps's C++ extension (jbps._core) is missing: install the package with `pip install .` and run "
-        "from outside the source tree (`pytest tests` works from the checkout; `python -m pytest` would put "
-        f"the unbuilt sources first on sys.path): {exc}") from None
-from . import bootstrap, trace
+from .extension import load_core
+
+_core = load_core()
+from . import bootstrap, trace  # noqa: E402 (after the extension, whose absence is explained above)
 from .config import Config
 from .errors import JbpsError
 from .partition import defaults
 from .partition import server_fractions as _fractions_for_roles
 
 FFI_TARGET = "jbps_psum"
+# The start of an uncaught exception's message that a goodbye carries to the servers.
+_REASON_CHARS = 300
 
 _lock = threading.Lock()
 _config: Config | None = None
@@ -108,7 +107,7 @@ def init(**overrides) -> Session:
             config = dataclasses.replace(config, scheduling_credit=credit)
         _config, _requested, _hosted = config, requested, hosted
         if not _atexit_registered:
-            atexit.register(shutdown)
+            atexit.register(_shutdown_at_exit)
             _atexit_registered = True
         return Session(config)
 
@@ -116,11 +115,38 @@ def init(**overrides) -> Session:
 def shutdown() -> None:
     """Stops the engine; pending psums fail with an error. Writes the trace
     when tracing (JBPS_TRACE_DIR). Safe to call twice."""
+    _shutdown("")
+
+
+def _uncaught_exception() -> str:
+    """Why the interpreter is exiting, if an uncaught exception ends it:
+    Python keeps it in sys.last_exc (sys.last_value before 3.12) after
+    printing its traceback, before the exit handlers run."""
+    exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    if exc is None or _core.engine_fault():
+        # After a job fault the exception is most likely its consequence: the
+        # servers heard the cause from whoever caused it, and a plain goodbye
+        # keeps them from blaming this worker instead.
+        return ""
+    text = str(exc).strip().splitlines()
+    first = text[0] if text else ""
+    if len(first) > _REASON_CHARS:
+        first = first[:_REASON_CHARS] + "..."
+    return f"it exited with an uncaught exception: {type(exc).__name__}" + (f": {first}" if first else "")
+
+
+def _shutdown_at_exit() -> None:
+    # The servers hear why this worker leaves, and tell the other workers at
+    # once, naming it, instead of leaving them to time out in their next psum.
+    _shutdown(_uncaught_exception())
+
+
+def _shutdown(reason: str) -> None:
     global _config, _requested, _hosted
     with _lock:
         if _config is None:
             return
-        _core.engine_stop()
+        _core.engine_stop(reason)
         if _config.trace_dir is not None:
             trace.write_trace(_core.engine_take_trace(), _config.trace_dir, _config.worker_rank)
         # Servers this process hosts serve the other workers until they are

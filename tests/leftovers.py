@@ -1,10 +1,14 @@
 """What a job leaves behind, read from /proc: processes carrying a marker in
-their environment, and the TCP sockets a process holds (Linux only)."""
+their environment, the TCP sockets a process holds, and the shared-memory
+files MPICH made for the job (Linux only)."""
 
 import os
 import socket
 import struct
+import threading
 import time
+
+from jbps.bootstrap.mpi_guard import mapped_segments
 
 LISTEN = "0A"  # the TCP state code of a listening socket in /proc/net/tcp
 
@@ -28,6 +32,37 @@ def assert_nothing_left(env):
     while processes_with(env["JBPS_TEST_MARKER"]) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert processes_with(env["JBPS_TEST_MARKER"]) == []
+
+
+class MpichSegments:
+    """While open, notes every MPICH shared-memory file (/dev/shm/mpich_shm_*)
+    that a process of the marked job maps: the job's own, not other jobs'."""
+
+    def __init__(self, env):
+        self.marker, self.seen = env["JBPS_TEST_MARKER"], set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self):
+        while not self._stop.wait(0.05):
+            self.seen |= mapped_segments(processes_with(self.marker))
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def assert_none_left(self):
+        """The job mapped at least one file (else there was nothing to check)
+        and every one is gone (within 10 s: the job's clean-up runs as it ends)."""
+        assert self.seen, "the job mapped no MPICH shared-memory file: nothing was checked"
+        deadline = time.monotonic() + 10
+        while any(map(os.path.exists, self.seen)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [p for p in self.seen if os.path.exists(p)] == []
 
 
 def _address(hex_addr):

@@ -131,17 +131,52 @@ def test_bad_configuration_names_the_variable(monkeypatch):
 @pytest.mark.parametrize("argv,env,needle", [
     (["--num-workers", "0"], {}, "--num-workers"),
     (["--num-workers", "1", "--token", str(1 << 65)], {}, "--token"),
-    (["--num-workers", "1"], {"JBPS_TIMEOUT_S": "-3"}, "JBPS_TIMEOUT_S"),
-    ([], {"DMLC_NUM_WORKER": "many"}, "DMLC_NUM_WORKER"),
     ([], {}, "--num-workers is required"),
 ])
-def test_server_command_line_names_the_bad_setting(argv, env, needle):
+def test_server_command_line_names_the_bad_flag(argv, env, needle):
     import subprocess
     import sys
     out = subprocess.run([sys.executable, "-m", "jbps.server", *argv], env=job_free_env(**env), cwd="/",
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2, out.stderr
     assert needle in out.stderr
+
+
+@pytest.mark.parametrize("module,argv,env,line", [
+    ("jbps.server", ["--num-workers", "1"], {"JBPS_TIMEOUT_S": "-3"}, "JBPS_TIMEOUT_S='-3': must be positive"),
+    ("jbps.server", [], {"DMLC_NUM_WORKER": "many"}, "DMLC_NUM_WORKER='many': 'many' is not a whole number"),
+    ("jbps.server", ["--num-workers", "1"], {"JBPS_SERVER_ENGINE_THREADS": "lots"},
+     "JBPS_SERVER_ENGINE_THREADS='lots': must be a whole number of threads (0: min(4, cores))"),
+    ("jbps.server", ["--num-workers", "1"], {"JBPS_SERVER_ROLE": "boss"},
+     "JBPS_SERVER_ROLE='boss': expected one of colocated, dedicated"),
+    ("jbps.scheduler", [], {"JBPS_TIMEOUT_S": "soon"},
+     "JBPS_TIMEOUT_S='soon': 'soon' is not a number (of seconds, e.g. 60 or 2.5)"),
+])
+def test_a_bad_environment_variable_is_one_line_naming_it_without_usage(module, argv, env, line):
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-m", module, *argv], env=job_free_env(**env), cwd="/",
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip() == f"python -m {module}: {line}", out.stderr  # no flag was wrong: no usage
+
+
+@pytest.mark.parametrize("text,nbytes", [("4194304", 4 << 20), ("4M", 4 << 20), ("4MiB", 4 << 20),
+                                         ("4 MiB", 4 << 20), ("64K", 64 << 10), ("1g", 1 << 30)])
+def test_sizes_are_written_with_units(text, nbytes):
+    env = {"JBPS_PARTITION_BYTES": text}
+    assert jbps.Config.resolve({}, env).partition_bytes == nbytes
+    assert jbps.Config.resolve({"partition_bytes": text}, {}).partition_bytes == nbytes
+    assert jbps.Config.resolve({}, {"BYTEPS_PARTITION_BYTES": text}).partition_bytes == nbytes
+
+
+@pytest.mark.parametrize("text", ["4X", "four", "-1", "1.5M", "0"])
+def test_a_bad_size_says_the_accepted_form(text):
+    with pytest.raises(jbps.JbpsError) as info:
+        jbps.Config.resolve({}, {"JBPS_PARTITION_BYTES": text})
+    message = str(info.value)
+    assert message.startswith(f"JBPS_PARTITION_BYTES={text!r}: "), message
+    assert "64K, 4M, 1G" in message or message.endswith("must be at least 1 byte"), message
 
 
 def test_bad_priority_is_an_error_at_trace_time_naming_the_leaf(session):

@@ -6,6 +6,7 @@ ended by PID and checked gone."""
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -16,7 +17,7 @@ import uuid
 import pytest
 
 from conftest import job_free_env, last_json, worker_script
-from leftovers import assert_nothing_left, listening, processes_with
+from leftovers import MpichSegments, assert_nothing_left, listening, processes_with
 from jbps.procs import terminate
 
 PYTHON = sys.executable
@@ -189,15 +190,35 @@ def test_jbps_run_job_with_prefixed_output():
     assert proc.returncode == 0, err[-3000:]
     check_reports(per_rank_reports(out), 2, 3)
     assert "[worker 0] {" in out and "[worker 1] {" in out and "[server 0] jbps.server listening" in out
+    assert "[jbps.scheduler]" not in err and "[jbps.run] scheduler on" not in err, err[-3000:]  # quiet unless -v
     assert_nothing_left(env)
 
 
 def test_jbps_run_propagates_a_crash_and_leaves_nothing():
     env = base_env()
-    proc, out, err = jbps_run(["-n", "3", "--servers", "2", "--timeout", "30", PYTHON,
+    proc, out, err = jbps_run(["-n", "3", "--servers", "2", "--timeout", "30", "--verbose", PYTHON,
                                worker_script("launch_probe.py"), "--crash-rank", "1", "--sleep", "5"], env)
     assert proc.returncode == 3, err[-3000:]
-    assert "worker 1 exited with 3" in err
+    assert "worker 1 exited with 3: jbps run is ending the job" in err
+    assert err.count("[jbps.scheduler] worker registered") == 3, err[-3000:]  # --verbose tells the rendezvous
+    assert_nothing_left(env)
+
+
+def test_jbps_run_names_the_worker_that_raised_not_the_one_it_ended():
+    # Worker 1's own code raises at step 20; worker 0 is healthy. Worker 1's
+    # goodbye carries the exception, so the servers end the job naming it,
+    # and worker 0 (ended by the job's failure, or by jbps run) is blamed nowhere.
+    env = base_env()
+    proc, out, err = jbps_run(["-n", "2", PYTHON, worker_script("raise_at_step.py"), "--raise-rank", "1",
+                               "--raise-step", "20"], env)
+    assert proc.returncode == 1, err[-3000:]
+    cause = ("jbps: worker 1 (127.0.0.1:", ") left the job: it exited with an uncaught exception: ValueError: a bug in "
+             "worker 1's own code at step 20; seen by summation server")
+    blamed = [line for line in err.splitlines() if line.startswith("[server") and "jbps: worker" in line
+              and "ended early" not in line]
+    assert blamed and all(cause[0] in line and cause[1] in line for line in blamed), err[-3000:]
+    assert "jbps: worker 0 " not in err and "was lost" not in err, err[-3000:]
+    assert re.search(r"\[jbps\.run\] worker [01] exited with 1: jbps run is ending the job", err), err[-3000:]
     assert_nothing_left(env)
 
 
@@ -220,8 +241,41 @@ def test_jbps_run_listens_on_loopback_only_and_ctrl_c_ends_everything():
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=30)
         assert proc.returncode == 128 + signal.SIGINT
+        err = proc.stderr.read()
     finally:
         terminate([proc], grace_s=3)
+    assert_nothing_left(env)
+    # The launcher says it ends the job, and no server blames a worker the launcher ended.
+    assert "[jbps.run] SIGINT: jbps run is ending the job" in err, err[-3000:]
+    assert "was lost" not in err, err[-3000:]
+
+
+def test_jbps_run_names_a_bad_environment_variable_in_one_line():
+    env = base_env(JBPS_TIMEOUT_S="-1")
+    proc, out, err = jbps_run(["-n", "2", PYTHON, worker_script("launch_probe.py")], env, timeout=60)
+    assert proc.returncode == 2
+    assert err.strip() == "jbps run: JBPS_TIMEOUT_S='-1': must be positive", err  # no --timeout, no usage
+
+
+def test_jbps_run_says_in_one_line_that_the_command_is_not_found():
+    env = base_env()
+    proc, out, err = jbps_run(["-n", "2", "pythn", "x.py"], env, timeout=60)
+    assert proc.returncode == 127
+    assert err.strip() == "jbps run: pythn: command not found (not on PATH, or not executable)", err
+    assert_nothing_left(env)
+
+
+def test_communication_share_is_the_jobs_not_a_workers_waits():
+    # Worker 1 computes 0.1 s longer per step: worker 0's psums wait for it, so
+    # its own busy share is large, worker 1's small. The communication share is
+    # worker 1's on both; worker 0's excess is waiting, not communication.
+    env = base_env()
+    proc, out, err = jbps_run(["-n", "2", PYTHON, worker_script("communication_share.py")], env)
+    assert proc.returncode == 0, err[-3000:]
+    fast, slow = per_rank_reports(out)
+    assert fast["own"] > 0.5 and slow["own"] < fast["own"] / 2, (fast, slow)
+    assert fast["communication"] == slow["communication"] == pytest.approx(slow["own"], abs=1e-6), (fast, slow)
+    assert fast["waiting"] == pytest.approx(fast["own"] - slow["own"], abs=1e-6) and slow["waiting"] == 0
     assert_nothing_left(env)
 
 
@@ -247,8 +301,57 @@ def test_two_jobs_at_once_on_one_host():
 def test_mpirun_rank_that_never_joins_aborts_the_job_within_the_timeout():
     env = base_env(JBPS_TIMEOUT_S="3")
     t0 = time.monotonic()
-    proc, out, err = run([MPIEXEC, "-n", "2", PYTHON, worker_script("mpi_absent_rank.py")], env, timeout=60)
+    with MpichSegments(env) as segments:
+        proc, out, err = run([MPIEXEC, "-n", "2", PYTHON, worker_script("mpi_absent_rank.py")], env, timeout=60)
     assert proc.returncode != 0
     assert time.monotonic() - t0 < 30
-    assert "waited 3 s (JBPS_TIMEOUT_S) for the other ranks to join" in out + err
+    assert "waited 3 s (JBPS_TIMEOUT_S) for the other ranks to join; rank 1 never did" in out + err, err[-2000:]
     assert_nothing_left(env)
+    segments.assert_none_left()  # MPI_Abort skips MPI_Finalize, where MPICH removes its file
+
+
+@needs_mpi
+def test_mpirun_rank_that_ends_before_joining_ends_the_job_naming_it():
+    # MPI_Init waits for every rank, holding Python's lock: a rank that ended
+    # before MPI started (here: at once; in real life a failed import) used to
+    # leave the others spinning in MPI_Init forever.
+    env = base_env(JBPS_TIMEOUT_S="5")
+    t0 = time.monotonic()
+    with MpichSegments(env) as segments:
+        proc, out, err = run([MPIEXEC, "-n", "2", PYTHON, worker_script("launch_probe.py"), ":",
+                              "-n", "1", PYTHON, "-c", "raise SystemExit('this rank ends before it joins')"],
+                             env, timeout=90)
+    assert proc.returncode != 0
+    assert time.monotonic() - t0 < 30
+    assert "waited 5 s (JBPS_TIMEOUT_S) for MPI to start in every rank; rank 2 is no longer running" in out + err, \
+        err[-2000:]
+    assert_nothing_left(env)
+    segments.assert_none_left()
+
+
+@needs_mpi
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=lambda s: s.name)
+def test_a_killed_mpirun_job_leaves_nothing(sig):
+    # Killed ranks never reach MPI_Finalize, where MPICH removes its file; each
+    # rank's guard removes it once no process of the job maps it.
+    env = base_env(JBPS_TIMEOUT_S="60")
+    with MpichSegments(env) as segments:
+        proc = subprocess.Popen([MPIEXEC, "-n", "2", PYTHON, worker_script("launch_probe.py"), "--sleep", "120"],
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True, cwd="/")
+        try:
+            # mpiexec forwards the ranks' output in whatever pieces it reads: look for both
+            # ranks' words anywhere in it, not one per line.
+            output, deadline = "", time.monotonic() + 120
+            while len(set(re.findall(r"ready (\d+)", output))) < 2 and time.monotonic() < deadline:
+                line = proc.stdout.readline()
+                if not line:
+                    break
+                output += line
+            assert set(re.findall(r"ready (\d+)", output)) == {"0", "1"}, output[-3000:]
+            proc.send_signal(sig)
+            proc.wait(timeout=30)
+        finally:
+            terminate([proc], grace_s=3)
+        assert_nothing_left(env)
+    segments.assert_none_left()

@@ -218,6 +218,7 @@ struct Engine::Impl {
   std::condition_variable watchdog_cv;
   bool running = false;
   bool stopping = false;
+  std::string bye_reason;  // sent with the goodbyes (Stop)
   std::string fault;  // first job-wide failure; see Engine::fault()
   std::priority_queue<ChunkPtr, std::vector<ChunkPtr>, ChunkOrder> queue;
   int inflight_chunks = 0;  // dispatched, not yet acknowledged: bounded by opt.credit
@@ -432,13 +433,14 @@ bool Engine::Start(const EngineOptions& options, std::string* err) {
   return true;
 }
 
-void Engine::Stop() {
+void Engine::Stop(const std::string& reason) {
   Impl& s = *impl_;
   std::vector<CallPtr> victims;
   {
     std::lock_guard<std::mutex> lock(s.mu);
     if (!s.running || s.stopping) return;
     s.stopping = true;
+    s.bye_reason = reason.substr(0, kMaxErrorBytes);
     for (auto& kv : s.active) victims.push_back(kv.second);
   }
   s.watchdog_cv.notify_all();
@@ -632,8 +634,9 @@ void Engine::Impl::SendLoop(ServerConn* sc) {
     if (!ch) {  // asked to stop and nothing left to send
       FrameHeader bye = MakeHeader(MsgType::kBye, opt.token);
       bye.sender = opt.rank;
-      struct iovec iov = {&bye, sizeof(bye)};
-      SendAll(sc->fd, &iov, 1, 1000);
+      bye.nbytes = bye_reason.size();
+      struct iovec iov[2] = {{&bye, sizeof(bye)}, {const_cast<char*>(bye_reason.data()), bye_reason.size()}};
+      SendAll(sc->fd, iov, bye_reason.empty() ? 1 : 2, 1000);
       return;
     }
     Call* call = ch->call.get();

@@ -105,7 +105,9 @@ class Engine {
   static Engine& Get();
 
   bool Start(const EngineOptions& options, std::string* err);
-  void Stop();
+  // `reason`: why this worker leaves, sent with its goodbye; empty for a
+  // clean end. Servers end the job for the other workers when it is not.
+  void Stop(const std::string& reason = "");
   // The credit window from now on (once the servers' roles, read at Start,
   // have decided the default); false with *err unless credit >= 1.
   bool SetCredit(int credit, std::string* err);

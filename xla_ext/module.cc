@@ -230,10 +230,13 @@ NB_MODULE(_core, m) {
         if (!jbps::Engine::Get().SetCredit(credit, &err)) throw std::runtime_error(err);
       },
       nb::arg("credit"));
-  m.def("engine_stop", [] {
-    nb::gil_scoped_release release;
-    jbps::Engine::Get().Stop();
-  });
+  m.def(
+      "engine_stop",
+      [](const std::string& reason) {
+        nb::gil_scoped_release release;
+        jbps::Engine::Get().Stop(reason);
+      },
+      nb::arg("reason") = "");
   m.def("engine_server_roles", [] {
     std::vector<std::string> out;
     for (auto r : jbps::Engine::Get().server_roles())

@@ -10,7 +10,8 @@
 //   server -> worker  kPushAck  key, round                       (payload received: frees a credit)
 //   server -> worker  kSum      key, round, dtype, payload       (all workers pushed: the sum)
 //   server -> worker  kError    key, round, payload = message    (this key/round failed)
-//   worker -> server  kBye                                       (clean end of the job)
+//   worker -> server  kBye      payload = why the worker leaves:  empty for a clean end; else (an
+//                               uncaught exception) the server ends the job naming the worker
 //   worker -> server  kTree     key, round, payload = the call's tree (leaf paths, dtypes, shapes)
 //                               answered by kSum with no payload when every worker sent the same
 //                               tree, else kError naming the first leaf that differs
@@ -47,8 +48,8 @@ constexpr uint64_t kMaxErrorBytes = 64 * 1024;
 // A call's tree description; longer ones are sent as a digest (jbps/ops/psum.py).
 constexpr uint64_t kMaxTreeBytes = 1 << 20;
 
-// Where a server runs, which decides its share of the bytes (DESIGN.md, "The
-// optimal split"): on a worker's machine, or on a CPU-only machine.
+// Where a server runs, which decides its share of the bytes (docs/design.md,
+// "Sharing the bytes"): on a worker's machine, or on a CPU-only machine.
 enum class ServerRole : uint8_t { kColocated = 0, kDedicated = 1 };
 
 enum class MsgType : uint16_t {
@@ -130,7 +131,8 @@ inline std::string ValidateHeader(const FrameHeader& h, uint64_t token) {
              h.type == static_cast<uint16_t>(MsgType::kSumShm)) {
     if (!DTypeValid(h.dtype)) return "unknown dtype code " + std::to_string(h.dtype);
     if (h.nbytes != sizeof(ShmRef)) return "shared-memory reference of the wrong length";
-  } else if (h.type == static_cast<uint16_t>(MsgType::kError) || h.type == static_cast<uint16_t>(MsgType::kAbort)) {
+  } else if (h.type == static_cast<uint16_t>(MsgType::kError) || h.type == static_cast<uint16_t>(MsgType::kAbort) ||
+             h.type == static_cast<uint16_t>(MsgType::kBye)) {
     if (h.nbytes > kMaxErrorBytes) return "error message too long";
   } else if (h.type == static_cast<uint16_t>(MsgType::kTree)) {
     if (h.nbytes > kMaxTreeBytes) return "tree description length " + std::to_string(h.nbytes) + " too large";

@@ -342,7 +342,7 @@ struct SummationServer::Impl {
   void WriterLoop(ConnPtr c);
   void EngineLoop(EngineThread* e);
   void Refuse(const std::string& peer, const std::string& why);
-  void WorkerLost(const ConnPtr& c, const std::string& why);
+  void WorkerLost(const ConnPtr& c, const std::string& what);
   Payload RecvPayload(const ConnPtr& c, uint64_t nbytes, std::string* why);
   void Process(Task& t, EngineThread* e);
   void Fold(RoundState& st, DType dtype);
@@ -827,13 +827,17 @@ void SummationServer::Impl::ReaderLoop(ConnPtr c) {
     FrameHeader h;
     IoStatus st = RecvAll(c->fd, &h, sizeof(h), -1, stall_ms);
     if (st != IoStatus::kOk) {
-      lost = st == IoStatus::kClosed ? "its connection closed without a goodbye (killed or crashed?)"
-                                     : std::string("its connection failed: ") + IoStatusName(st);
+      lost = st == IoStatus::kClosed ? "was lost: its connection closed without a goodbye (killed or crashed?)"
+                                     : std::string("was lost: its connection failed: ") + IoStatusName(st);
       break;
     }
     std::string why = ValidateHeader(h, opt.token);
     if (why.empty() && h.type == static_cast<uint16_t>(MsgType::kBye)) {
-      said_bye_here = true;
+      std::string reason(h.nbytes, '\0');
+      if (h.nbytes > 0 && RecvAll(c->fd, reason.data(), reason.size(), stall_ms, stall_ms) != IoStatus::kOk)
+        reason = "(its reason did not arrive)";
+      said_bye_here = reason.empty();
+      lost = "left the job: " + reason;  // a goodbye with a reason: it failed, and the others must hear why
       break;
     }
     const bool tree = h.type == static_cast<uint16_t>(MsgType::kTree);
@@ -870,7 +874,7 @@ void SummationServer::Impl::ReaderLoop(ConnPtr c) {
     }
     if (!why.empty()) {
       Refuse(c->peer, "worker " + std::to_string(c->rank) + ": " + why);
-      lost = "it sent a bad message: " + why;
+      lost = "was lost: it sent a bad message: " + why;
       break;
     }
     const uint64_t nbytes = data->size();
@@ -929,11 +933,12 @@ void SummationServer::Impl::ReaderLoop(ConnPtr c) {
   if (job_over) MarkFinished();
 }
 
-// A worker is gone without a goodbye: no round it was part of can finish, so
-// every other worker is told (naming it) and disconnected. A keep-alive
-// server then waits for a new job; otherwise the job is over.
-void SummationServer::Impl::WorkerLost(const ConnPtr& c, const std::string& why) {
-  const std::string msg = "jbps: worker " + std::to_string(c->rank) + " (" + c->peer + ") was lost: " + why +
+// A worker is gone without a goodbye, or said one with a reason (it failed):
+// no round it was part of can finish, so every other worker is told (naming
+// it) and disconnected. A keep-alive server then waits for a new job;
+// otherwise the job is over. `what` follows "worker N (peer) ".
+void SummationServer::Impl::WorkerLost(const ConnPtr& c, const std::string& what) {
+  const std::string msg = "jbps: worker " + std::to_string(c->rank) + " (" + c->peer + ") " + what +
                           "; seen by summation server " + Name();
   ++workers_lost;
   LogWarning("%s", msg.c_str());

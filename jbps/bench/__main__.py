@@ -3,25 +3,30 @@
     python -m jbps.bench [--sizes 4M,64M,256M] [--iters N] [--warmup N]
                          [--workers 2] [--servers 2] [--json] [--skip-peers] [--plot out.png]
                          [--priority-model resnet50] [--credits 1,2,4,8,16] [--skip-priority]
-                         [--skip-g3] [--g3-leaves 200] [--g3-min 4K] [--g3-max 256K] [--g3-seed 0]
-                         [--skip-g4] [--g4-bytes M] [--g4-peak-rounds 5] [--g4-round-bytes 4M] [--g4-rounds 1000]
+                         [--skip-small-tensors] [--tree-leaves 200] [--tree-min 4K] [--tree-max 256K]
+                         [--tree-seed 0] [--skip-memory] [--memory-bytes M] [--memory-peak-rounds 5]
+                         [--memory-round-bytes 4M] [--memory-rounds 1000]
 
-One invocation runs: jbps psum (a LocalCluster of CPU summation servers and
-worker processes), mpi4py Allreduce and JAX gloo psum (2 processes each), and
-the servers' summation kernels (float32, bfloat16, float16) against numpy and a
-copy, with goal G1's ratios (jbps/bench/summation.py). Every collective time
-is the median over the timed calls of the slowest process. Then the priority
-case: a model's gradients in one psum, under each credit window, first leaf
-first (jbps's default) and last leaf first (FIFO in backprop order, i.e. no
-priority): how soon the first layer's sum is back, from the engine's trace.
+One invocation measures, on this machine:
 
-The jbps workers also run issue 6's cases G3 and G4. G3, many small tensors: one psum
-of a tree of float32 leaves of log-uniform sizes (fixed seed) against one psum of a
-buffer of the same total bytes (the peers: an Allreduce per leaf, a gloo psum of the
-tree). G4, memory: worker 0's peak RSS during psums of M bytes beyond jax's own buffers,
-in units of M, and its RSS growth over many rounds of a smaller buffer (the servers'
-too). A last section lists every goal with the measured ratio, its target and PASS/FAIL.
-Progress goes to stderr; the table (or, with --json, one JSON document) goes to stdout.
+- psum time per size: jbps psum (CPU summation servers and worker processes
+  started here) beside mpi4py Allreduce and JAX's gloo psum (2 processes each),
+  each the median over the timed calls of the slowest process;
+- the servers' summation kernels (float32, bfloat16, float16) beside numpy's
+  add and a plain copy (jbps/bench/summation.py);
+- priority: a model's gradients in one psum under each credit window, first
+  leaf first (jbps's default) and last leaf first (what FIFO gives in backprop
+  order): how soon the first layer's sum is back, from the engine's trace;
+- many small tensors: one psum of a tree of float32 leaves of log-uniform sizes
+  (fixed seed) beside one psum of a buffer of the same bytes (the peers: an
+  Allreduce per leaf, a gloo psum of the tree);
+- memory: worker 0's peak RSS during psums of M bytes beyond jax's own buffers,
+  in units of M, and its RSS growth over many rounds of a smaller buffer (the
+  servers' too).
+
+It ends with every ratio, jbps against the reference it names, beside the value
+the design aims at. Progress goes to stderr; the table (or, with --json, one
+JSON document) goes to stdout.
 """
 
 from __future__ import annotations
@@ -108,19 +113,34 @@ def parse_args(argv=None, prog=None) -> argparse.Namespace:
     p.add_argument("--credits", default="1,2,4,8,16",
                    help="credit windows (chunks in flight) the priority case tries (default 1,2,4,8,16)")
     p.add_argument("--skip-priority", action="store_true", help="do not run the priority case")
-    p.add_argument("--skip-g3", action="store_true", help="do not run the many-small-tensors case (G3)")
-    p.add_argument("--g3-leaves", type=int, default=200, help="G3: leaves in the tree (default 200)")
-    p.add_argument("--g3-min", type=parse_size, default=parse_size("4K"), help="G3: smallest leaf (default 4K)")
-    p.add_argument("--g3-max", type=parse_size, default=parse_size("256K"), help="G3: largest leaf (default 256K)")
-    p.add_argument("--g3-seed", type=int, default=0, help="G3: seed of the leaf sizes (default 0)")
-    p.add_argument("--skip-g4", action="store_true", help="do not run the memory case (G4)")
-    p.add_argument("--g4-bytes", type=parse_size, default=None,
-                   help="G4: M, the psum whose peak memory is measured (default the largest of --sizes)")
-    p.add_argument("--g4-peak-rounds", type=int, default=5, help="G4: psums of M while the peak is taken (default 5)")
-    p.add_argument("--g4-round-bytes", type=parse_size, default=parse_size("4M"),
-                   help="G4: the buffer of the growth rounds (default 4M)")
-    p.add_argument("--g4-rounds", type=int, default=1000,
-                   help="G4: growth rounds; RSS growth from the 10th percent of them to the last (default 1000)")
+    # Each case's options under the name of what it measures; the earlier --g3-*/--g4-*
+    # spellings still work, unlisted.
+    def option(name, old, **kwargs):
+        dest = old[2:].replace("-", "_")
+        if "action" not in kwargs:
+            kwargs["metavar"] = name[2:].upper().replace("-", "_")
+        p.add_argument(name, dest=dest, **kwargs)
+        p.add_argument(old, dest=dest, help=argparse.SUPPRESS,
+                       **{k: v for k, v in kwargs.items() if k not in ("help", "default")})
+
+    option("--skip-small-tensors", "--skip-g3", action="store_true", help="do not run the many-small-tensors case")
+    option("--tree-leaves", "--g3-leaves", type=int, default=200,
+           help="many small tensors: leaves in the tree (default 200)")
+    option("--tree-min", "--g3-min", type=parse_size, default=parse_size("4K"),
+           help="many small tensors: smallest leaf (default 4K)")
+    option("--tree-max", "--g3-max", type=parse_size, default=parse_size("256K"),
+           help="many small tensors: largest leaf (default 256K)")
+    option("--tree-seed", "--g3-seed", type=int, default=0,
+           help="many small tensors: seed of the leaf sizes (default 0)")
+    option("--skip-memory", "--skip-g4", action="store_true", help="do not run the memory case")
+    option("--memory-bytes", "--g4-bytes", type=parse_size, default=None,
+           help="memory: M, the psum whose peak memory is measured (default the largest of --sizes)")
+    option("--memory-peak-rounds", "--g4-peak-rounds", type=int, default=5,
+           help="memory: psums of M while the peak is taken (default 5)")
+    option("--memory-round-bytes", "--g4-round-bytes", type=parse_size, default=parse_size("4M"),
+           help="memory: the buffer of the growth rounds (default 4M)")
+    option("--memory-rounds", "--g4-rounds", type=int, default=1000,
+           help="memory: growth rounds; RSS growth from the 10th percent of them to the last (default 1000)")
     args = p.parse_args(argv)
     try:
         args.credits = [int(c) for c in args.credits.split(",") if c.strip()]
@@ -135,15 +155,16 @@ def parse_args(argv=None, prog=None) -> argparse.Namespace:
     if args.workers < 1 or args.servers < 1:
         p.error("--workers and --servers must be at least 1")
     if args.g3_leaves < 1 or args.g3_min > args.g3_max:
-        p.error("G3 needs --g3-leaves >= 1 and --g3-min <= --g3-max")
+        p.error("many small tensors: --tree-leaves must be at least 1, and --tree-min at most --tree-max")
     if args.g4_peak_rounds < 1 or args.g4_rounds < 10:
-        p.error("G4 needs --g4-peak-rounds >= 1 and --g4-rounds >= 10")
+        p.error("memory: --memory-peak-rounds must be at least 1, and --memory-rounds at least 10")
     args.g4_bytes = args.g4_bytes or args.sizes[-1]
     return args
 
 
 def run_jbps(sizes, iters, warmup, workers, servers, timeout_s, cases=()) -> dict:
-    """The size rows, and the worker's G3/G4 cases given as its arguments in `cases`."""
+    """The size rows, and the worker's many-small-tensors and memory cases given as its
+    arguments in `cases`."""
     from ..local_cluster import LocalCluster
 
     argv = [*_WORKER, "--sizes", ",".join(map(str, sizes)), "--iters", ",".join(str(iters[s]) for s in sizes),
@@ -197,7 +218,7 @@ def format_priority(prio: dict, cfg: dict) -> list[str]:
 
 def run_peer(runner, sizes, iters, warmup, timeout_s, tree_sizes=(), tree_iters=None) -> dict | None:
     """One peer tool over every size; sizes with different iteration counts run as separate jobs
-    because the peer scripts take one count for all their sizes. The G3 tree, if given, runs with
+    because the peer scripts take one count for all their sizes. The small tensors' tree, if given, runs with
     the first job."""
     merged = None
     for count in sorted(set(iters[s] for s in sizes)):
@@ -260,7 +281,7 @@ def _cell(value, fmt: str) -> str:
 def format_table(doc: dict) -> str:
     cfg = doc["config"]
     header = ("size", "jbps ms", "jbps GB/s", "MPI ms", "gloo ms", "jbps/MPI", "jbps/gloo")
-    lines = [f"G2 jbps psum: {_count(cfg['workers'], 'worker')} x 1 CPU device, {_count(cfg['servers'], 'server')}; "
+    lines = [f"jbps psum: {_count(cfg['workers'], 'worker')} x 1 CPU device, {_count(cfg['servers'], 'server')}; "
              f"peers: {_count(cfg['peer_processes'], 'process')}. Median of the slowest process per call; "
              "GB/s = bytes / time (algorithm bandwidth); jbps/X = time ratio, < 1 means jbps is faster.",
              "{:>9} {:>9} {:>10} {:>9} {:>9} {:>9} {:>10}".format(*header)]
@@ -296,11 +317,11 @@ def plot(doc: dict, path: str) -> None:
         [line] = ax.plot(sizes, [s / tool["results"][s]["median_s"] / 1e9 for s in sizes], marker="o",
                          label=tool["tool"])
         colors[key] = line.get_color()
-    # G3: the tree's bandwidth (total bytes / time) at its total size, in its tool's colour.
+    # Many small tensors: the tree's bandwidth (total bytes / time) at its total size, in its tool's colour.
     for key, r in (doc.get("g3") or {}).items():
         if isinstance(r, dict) and "tree" in r:
             ax.plot([r["bytes"]], [r["bytes"] / r["tree"]["median_s"] / 1e9], marker="x", markersize=9,
-                    linestyle="none", color=colors.get(key), label=f"{r['tool']}: G3, {r['leaves']} leaves")
+                    linestyle="none", color=colors.get(key), label=f"{r['tool']}: tree of {r['leaves']} leaves")
     ax.set_xscale("log", base=2)
     ax.set_xticks(doc["config"]["sizes"], [format_size(s) for s in doc["config"]["sizes"]])
     ax.minorticks_off()
@@ -350,8 +371,8 @@ def main(argv=None, prog=None) -> int:
     if not args.skip_g4:
         cases += ["--memory", f"{args.g4_bytes},{args.g4_peak_rounds},{args.g4_round_bytes},{args.g4_rounds}"]
     t0 = time.monotonic()
-    log.info("jbps psum%s ...", "".join(f", {c}" for c, skip in (("G3", args.skip_g3), ("G4", args.skip_g4))
-                                        if not skip))
+    log.info("jbps psum%s ...", "".join(f", {c}" for c, skip in (("many small tensors", args.skip_g3),
+                                                                  ("memory", args.skip_g4)) if not skip))
     try:
         tools["jbps"] = run_jbps(sizes, iters, args.warmup, args.workers, args.servers, timeout, cases)
     except (RuntimeError, TimeoutError) as exc:
@@ -383,7 +404,8 @@ def main(argv=None, prog=None) -> int:
     kernel = bench_summation(sizes[-1])
     log.info("done in %.0f s", time.monotonic() - t0)
 
-    # The G3/G4 results travel in the tools' reports; the document keeps them apart.
+    # The small-tensor and memory results travel in the tools' reports; the document keeps them
+    # apart (under "g3" and "g4": the keys of earlier documents).
     g3 = None
     if tree_sizes:
         g3 = {"leaves": len(tree_sizes), "distribution": "log-uniform", "min_bytes": args.g3_min,

@@ -29,6 +29,7 @@ import jax.numpy as jnp  # noqa: E402
 
 import jbps  # noqa: E402
 from jbps import _core  # noqa: E402
+from jbps.sizes import parse_bytes  # noqa: E402
 
 
 def median_seconds(fn, arg, iters: int) -> float:
@@ -77,15 +78,17 @@ def flax_step_seconds(use_jbps: bool, iters: int) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sizes", default="4M,64M", help="tensor sizes, K/M suffixes")
+    p.add_argument("--sizes", default="4M,64M", help="comma-separated tensor sizes: bytes, or 64K, 4M, 1G")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--out", help="also write the JSON here")
     args = p.parse_args()
     if not jbps.has_cuda_support():
         raise SystemExit("jbps was built without the CUDA handler (see JBPS_CUDA in the README)")
     gpu, cpu = jax.devices("gpu")[0], jax.devices("cpu")[0]
-    sizes = [int(s[:-1]) * {"K": 1 << 10, "M": 1 << 20}[s[-1]] if s[-1] in "KM" else int(s)
-             for s in args.sizes.split(",")]
+    try:
+        sizes = [parse_bytes(s) for s in args.sizes.split(",")]
+    except ValueError as exc:
+        p.error(f"--sizes: {exc}")
     report = {"device": gpu.device_kind, "jax": jax.__version__, "iters": args.iters, "staging": []}
     with jbps.init():
         for nbytes in sizes:

@@ -28,6 +28,7 @@ from .models import BUILTIN_MODELS, builtin_model, load_model_spec
 from .plan import make_plan
 from .split import allreduce_time_s, optimal_split, ps_time_s
 from .traffic import busiest_nic_bytes, standard_placement
+from ..sizes import parse_bytes
 
 log = logging.getLogger("jbps.plan")
 MiB = 2**20
@@ -51,8 +52,8 @@ def _positive(kind):
     def parse(text: str):
         try:
             value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc) if kind is parse_bytes else f"{text!r} is not a number") from None
         if not value > 0:
             raise argparse.ArgumentTypeError(f"{text!r} must be positive")
         return value
@@ -164,7 +165,8 @@ def main(argv=None, prog: str | None = None) -> int:
     p.add_argument("--cpu-servers", "-k", type=_counts, default=None,
                    help="CPU-only machines k: a range 0-4 or a list 0,2,8 (default 0..n)")
     p.add_argument("--bandwidth", type=_positive(float), default=100.0, help="Gbit/s per NIC (default 100)")
-    p.add_argument("--partition-bytes", type=_positive(int), default=4 * MiB, help="chunk size (default 4 MiB)")
+    p.add_argument("--partition-bytes", type=_positive(parse_bytes), default=4 * MiB,
+                   help="chunk size: bytes, or e.g. 4M (default 4 MiB)")
     p.add_argument("--local-devices", type=_positive(int), default=1,
                    help="devices per worker: each tensor is split into this many shards (default 1)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")

@@ -6,7 +6,7 @@ owns a fraction x of the bytes, a server on a worker machine ("colocated") a
 fraction y, with k·x + n·y = 1. A worker machine's NIC carries, each way,
 M·(1 - y) of its own pushes to other machines plus (n - 1)·y·M of sums its
 colocated server returns to the other workers; a CPU machine's NIC carries
-n·x·M. Equalising the two (DESIGN.md, "The optimal split") gives, for k ≤ n:
+n·x·M. Equalising the two (docs/design.md derives it) gives, for k ≤ n:
 
     x = 2(n-1) / (n² + kn - 2k)      y = (n-k) / (n² + kn - 2k)
     T = 2n(n-1)·M / ((n² + kn - 2k)·B)
@@ -39,7 +39,7 @@ class Split:
 
 
 def optimal_split(num_workers: int, num_cpu_servers: int) -> Split:
-    """x and y of DESIGN.md for n = num_workers, k = num_cpu_servers."""
+    """x and y of the optimal split (docs/design.md) for n = num_workers, k = num_cpu_servers."""
     n, k = num_workers, num_cpu_servers
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"num_workers must be a positive integer, got {n!r}")

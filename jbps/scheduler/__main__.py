@@ -17,7 +17,7 @@ import argparse
 import logging
 import sys
 
-from ..config import Config, argparse_type
+from ..config import Config, argparse_type, exit_for_environment
 from ..errors import JbpsError
 from .rendezvous import Scheduler
 
@@ -30,8 +30,8 @@ def main(argv=None, prog: str | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     try:
         env = Config.resolve({})
-    except JbpsError as exc:
-        p.error(str(exc))
+    except JbpsError as exc:  # the environment's fault: one line, no usage
+        exit_for_environment(p.prog, exc)
     default_bind = f"{env.scheduler_host or '127.0.0.1'}:{env.scheduler_port or 0}"
     p.add_argument("--bind", default=default_bind,
                    help="host:port to listen on (default DMLC_PS_ROOT_URI:DMLC_PS_ROOT_PORT, or JBPS_SCHEDULER_*)")

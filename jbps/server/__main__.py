@@ -27,11 +27,13 @@ import sys
 import threading
 
 from ..bootstrap.mpi import under_mpirun
-from ..config import Config, argparse_type, deterministic_sums, env_value
+from ..config import Config, argparse_type, deterministic_sums, env_value, exit_for_environment
 from ..errors import JbpsError
 from ..partition.assign import COLOCATED, ROLES
 
 log = logging.getLogger("jbps.server")
+
+_ENGINE_THREADS = ("JBPS_SERVER_ENGINE_THREADS", "BYTEPS_SERVER_ENGINE_THREAD")
 
 
 def _env(*names: str, default=None):
@@ -39,14 +41,32 @@ def _env(*names: str, default=None):
     return next((os.environ[n] for n in names if os.environ.get(n, "").strip()), default)
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m jbps.server", description="jbps summation server")
+def _engine_threads_from_env() -> int:
+    name = next((n for n in _ENGINE_THREADS if os.environ.get(n, "").strip()), None)
+    if name is None:
+        return 0
+    value = os.environ[name].strip()
+    if not value.isdigit():
+        raise JbpsError(f"{name}={value!r}: must be a whole number of threads (0: min(4, cores))")
+    return int(value)
+
+
+def parse_args(argv=None, prog: str = "python -m jbps.server") -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog=prog, description="jbps summation server")
+    # Settings from the environment are checked first, and a bad one is named
+    # in one line: no flag was wrong, so no usage block.
     try:
         token = env_value("job_token")
         timeout_s = env_value("timeout_s")
         shm = env_value("shm")
+        engine_threads = _engine_threads_from_env()
+        scheduler = Config.resolve({}).scheduler
+        env_num_workers = env_value("num_workers", default=None)
+        role = _env("JBPS_SERVER_ROLE", default=COLOCATED)
+        if role not in ROLES:
+            raise JbpsError(f"JBPS_SERVER_ROLE={role!r}: expected one of {', '.join(ROLES)}")
     except JbpsError as exc:
-        p.error(str(exc))
+        exit_for_environment(prog, exc)
     p.add_argument("--bind", default=_env("JBPS_SERVER_BIND", default="127.0.0.1:0"),
                    help="host:port to listen on (default 127.0.0.1:0, a free loopback port; env JBPS_SERVER_BIND). "
                         "Under a scheduler only the port counts (e.g. :9000 for a firewall): the host is the address "
@@ -54,15 +74,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--num-workers", type=argparse_type("num_workers"), default=None,
                    help="worker processes in the job (else the scheduler or mpirun tells; else env "
                         "JBPS_NUM_WORKERS / DMLC_NUM_WORKER)")
-    p.add_argument("--engine-threads", type=int,
-                   default=int(_env("JBPS_SERVER_ENGINE_THREADS", "BYTEPS_SERVER_ENGINE_THREAD", default=0)),
+    p.add_argument("--engine-threads", type=int, default=engine_threads,
                    help="summation threads (default: min(4, cores); env JBPS_SERVER_ENGINE_THREADS / "
                         "BYTEPS_SERVER_ENGINE_THREAD)")
     p.add_argument("--token", type=argparse_type("job_token"), default=token,
                    help="job token workers must present (env JBPS_JOB_TOKEN)")
     p.add_argument("--timeout", type=argparse_type("timeout_s"), default=timeout_s,
                    help="seconds a half-received message or a blocked send may stall (env JBPS_TIMEOUT_S)")
-    p.add_argument("--role", choices=ROLES, default=_env("JBPS_SERVER_ROLE", default=COLOCATED),
+    p.add_argument("--role", choices=ROLES, default=role,
                    help="colocated: on a worker's machine (the default); dedicated: on a CPU-only machine. "
                         "Workers give each role its share of the bytes by the optimal split (env JBPS_SERVER_ROLE)")
     p.add_argument("--deterministic", action="store_true",
@@ -74,13 +93,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--keep-alive", action="store_true",
                    help="keep serving after every worker said goodbye (for a following job)")
     args = p.parse_args(argv)
-    if args.role not in ROLES:
-        p.error(f"JBPS_SERVER_ROLE={args.role!r}: expected one of {', '.join(ROLES)}")
-    try:
-        args.scheduler = Config.resolve({}).scheduler
-        args.env_num_workers = env_value("num_workers", default=None)
-    except JbpsError as exc:
-        p.error(str(exc))
+    args.scheduler, args.env_num_workers = scheduler, env_num_workers
     port = args.bind.rpartition(":")[2]
     if not port.isdigit() or int(port) > 65535:
         p.error(f"--bind {args.bind!r}: the port must be a number from 0 to 65535 (0: any free port)")
@@ -113,9 +126,9 @@ def start(args):
     return make(args.bind, num_workers, args.token, args.role), args.bind.rpartition(":")[0], num_workers, args.role
 
 
-def main(argv=None) -> int:
+def main(argv=None, prog: str = "python -m jbps.server") -> int:
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
-    args = parse_args(argv)
+    args = parse_args(argv, prog)
     try:
         server, host, num_workers, role = start(args)
     except (RuntimeError, ValueError, JbpsError) as exc:
