@@ -17,6 +17,7 @@
 #include "net.h"
 #include "protocol.h"
 #include "shm.h"
+#include "steady_clock.h"
 #include "stream_copy.h"
 #include "thread_name.h"
 
@@ -25,6 +26,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr size_t kMaxTraceRecords = 1 << 21;
+constexpr size_t kMaxStageRecords = 1 << 16;
 // Fusion (FuseSmallChunks): chunks up to a quarter of the partition are
 // small; a fused message holds at most a partition and this many of them
 // (an iovec each on TCP, well under IOV_MAX).
@@ -75,6 +77,9 @@ struct Call {
   // trees differ, the check's message (both workers' shapes) is the one to give.
   bool tree_pending = false;
   std::string deferred;
+  // Stage stamps (Engine::SetStageTiming), guarded by mu.
+  bool timed = false;
+  StageRecord stage;
 
   bool TryAcquire() {
     std::lock_guard<std::mutex> lock(mu);
@@ -238,6 +243,10 @@ struct Engine::Impl {
   std::mutex trace_mu;
   std::vector<TraceRecord> trace;
 
+  std::atomic<bool> stage_timing{false};
+  std::mutex stages_mu;
+  std::vector<StageRecord> stages;
+
   std::mutex completer_mu;
   std::unordered_map<uint32_t, std::unique_ptr<Completer>> completers;
 
@@ -260,6 +269,7 @@ struct Engine::Impl {
   void FailCall(const CallPtr& c, const std::string& msg);
   void Complete(Call* c);
   void Record(const Chunk& ch, double pulled);
+  void StampSum(Call* c, const FrameHeader& h, int64_t header_read);
   void ConnFailed(ServerConn* sc, const std::string& why);
   void SetFault(const std::string& msg);
   void DropSkipped(ServerConn* sc);
@@ -474,12 +484,28 @@ void Engine::Stop() {
   s.stopping = false;
 }
 
+void Engine::SetStageTiming(bool on) { impl_->stage_timing = on; }
+
+std::vector<StageRecord> Engine::TakeStages() {
+  std::lock_guard<std::mutex> lock(impl_->stages_mu);
+  std::vector<StageRecord> out;
+  out.swap(impl_->stages);
+  return out;
+}
+
 void Engine::Submit(CallSpec spec, DoneFn done) {
   Impl& s = *impl_;
+  const int64_t submitted = s.stage_timing.load(std::memory_order_relaxed) ? SteadyNs() : 0;
   auto call = std::make_shared<Call>();
   call->engine = &s;
   call->spec = std::move(spec);
   call->done = std::move(done);
+  if (submitted != 0) {
+    call->timed = true;
+    call->stage.submitted = submitted;
+    call->stage.name = call->TensorName(0);
+    for (const Operand& op : call->spec.operands) call->stage.bytes += op.nbytes;
+  }
   std::vector<ChunkPtr> chunks;
   const size_t partition = std::max<size_t>(call->spec.partition_bytes, 1);
   const double now = s.opt.trace ? NowMicros() : 0;
@@ -655,6 +681,7 @@ void Engine::Impl::SendLoop(ServerConn* sc) {
     h.round = ch->round;
     h.sender = opt.rank;
     h.nbytes = ch->nbytes;
+    if (call->timed) h.flags |= kFlagTimed;
     ShmRef ref;
     std::vector<struct iovec> iov(1, {&h, sizeof(h)});
     if (ch->tree) {
@@ -697,6 +724,11 @@ void Engine::Impl::SendLoop(ServerConn* sc) {
       std::lock_guard<std::mutex> lock(sc->write_mu);
       st = SendAll(sc->fd, iov.data(), static_cast<int>(iov.size()), stall_ms);
     }
+    if (call->timed && !ch->tree && st == IoStatus::kOk) {
+      const int64_t now = SteadyNs();
+      std::lock_guard<std::mutex> lock(call->mu);
+      call->stage.pushed = std::max(call->stage.pushed, now);
+    }
     ReleaseIo(call);
     if (st != IoStatus::kOk) {
       ConnFailed(sc, std::string("send failed: ") + IoStatusName(st));
@@ -731,6 +763,7 @@ void Engine::Impl::RecvLoop(ServerConn* sc) {
       ConnFailed(sc, IoStatusName(st));
       return;
     }
+    const int64_t header_read = stage_timing.load(std::memory_order_relaxed) ? SteadyNs() : 0;
     std::string why = ValidateHeader(h, opt.token);
     if (!why.empty()) {
       ConnFailed(sc, "protocol error: " + why);
@@ -832,6 +865,7 @@ void Engine::Impl::RecvLoop(ServerConn* sc) {
         std::lock_guard<std::mutex> lock(ch->call->mu);
         ch->call->tree_pending = false;
         deferred = ch->call->deferred;
+        if (ch->call->timed) ch->call->stage.tree_checked = header_read;
       }
       if (deferred.empty()) {
         ChunkDone(ch->call.get());
@@ -888,6 +922,7 @@ void Engine::Impl::RecvLoop(ServerConn* sc) {
     if (st == IoStatus::kOk) {
       bytes_pulled += ch->nbytes;
       if (opt.trace) Record(*ch, NowMicros());
+      if (ch->call->timed) StampSum(ch->call.get(), h, header_read);
       ChunkDone(ch->call.get());
     }
     ReleaseIo(ch->call.get());
@@ -1112,11 +1147,42 @@ void Engine::Impl::Complete(Call* c) {
     EraseActive(c->id);
   }
   if (c->failed) ++calls_failed;
-  std::function<void()> fn = [done = std::move(c->done), error = c->error] { done(error); };
+  std::function<void()> fn;
+  if (c->timed) {
+    StageRecord stage;
+    {
+      std::lock_guard<std::mutex> lock(c->mu);
+      stage = c->stage;
+    }
+    stage.failed = c->failed;
+    fn = [this, done = std::move(c->done), error = c->error, stage = std::move(stage)]() mutable {
+      stage.done = SteadyNs();
+      {
+        std::lock_guard<std::mutex> lock(stages_mu);
+        if (stages.size() < kMaxStageRecords) stages.push_back(std::move(stage));
+      }
+      done(error);
+    };
+  } else {
+    fn = [done = std::move(c->done), error = c->error] { done(error); };
+  }
   std::lock_guard<std::mutex> lock(completer_mu);
   auto& completer = completers[c->spec.shard];
   if (!completer) completer = std::make_unique<Completer>();
   completer->Post(std::move(fn));
+}
+
+// A data sum of a timed call is in its output: the call's stages follow its
+// latest sum, with the server's own timings when it sent them.
+void Engine::Impl::StampSum(Call* c, const FrameHeader& h, int64_t header_read) {
+  const int64_t now = SteadyNs();
+  std::lock_guard<std::mutex> lock(c->mu);
+  if (header_read < c->stage.sum_arrived) return;
+  c->stage.sum_arrived = header_read;
+  c->stage.pulled = now;
+  const bool timed = (h.flags & kFlagTimed) != 0;
+  c->stage.server_ns = timed ? static_cast<int64_t>(h.aux) * kTimedUnitNs : 0;
+  c->stage.peer_wait_ns = timed ? static_cast<int64_t>(h.sender) * kTimedUnitNs : 0;
 }
 
 // One record per part: a fused message shows up under each tensor it carried,

@@ -96,6 +96,23 @@ struct TraceRecord {
   ChunkTimes times;
 };
 
+// When one call went through each stage (SetStageTiming), for the
+// benchmark's latency breakdown: SteadyNs() stamps, 0 where a stage did not
+// happen. A call's last data chunk decides pushed, sum_arrived and pulled.
+struct StageRecord {
+  std::string name;           // the call's first tensor
+  uint64_t bytes = 0;         // of all its operands
+  int64_t submitted = 0;      // the handler handed the call to the engine
+  int64_t pushed = 0;         // the push was written to its socket
+  int64_t sum_arrived = 0;    // the sum's header was read
+  int64_t pulled = 0;         // the sum is in the output
+  int64_t tree_checked = 0;   // the tree check's answer was read
+  int64_t done = 0;           // the completion callback is about to run
+  int64_t server_ns = 0;      // on the sum's server: the round's last push read -> the sum written
+  int64_t peer_wait_ns = 0;   // on that server: this worker's push read -> the last push read
+  bool failed = false;
+};
+
 // Called exactly once, with an empty string on success or the error.
 using DoneFn = std::function<void(const std::string& error)>;
 
@@ -117,6 +134,11 @@ class Engine {
   std::vector<ServerRole> server_roles() const;
   // Chunks completed since the last call (empty unless options.trace).
   std::vector<TraceRecord> TakeTrace();
+  // Stamps every call submitted from now on (and asks the servers to time
+  // its rounds) until turned off; TakeStages returns the calls completed
+  // since its last call (at most 65,536 kept).
+  void SetStageTiming(bool on);
+  std::vector<StageRecord> TakeStages();
   // Bytes of every chunk but an operand's last: the partition size rounded
   // down to whole elements (at least one). jbps/partition/plan.py's
   // chunk_size is the same rule; the FFI handler checks the two agree.

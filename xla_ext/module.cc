@@ -256,6 +256,34 @@ NB_MODULE(_core, m) {
                                 r.times.pulled));
     return out;
   });
+  m.def(
+      "engine_set_stage_timing", [](bool on) { jbps::Engine::Get().SetStageTiming(on); }, nb::arg("on"));
+  // Calls completed with stage timing on since the last call: dicts of the
+  // StageRecord fields, times in nanoseconds of time.perf_counter_ns()'s clock.
+  m.def("engine_take_stages", [] {
+    std::vector<jbps::StageRecord> records;
+    {
+      nb::gil_scoped_release release;
+      records = jbps::Engine::Get().TakeStages();
+    }
+    nb::list out;
+    for (auto& r : records) {
+      nb::dict d;
+      d["name"] = r.name;
+      d["bytes"] = r.bytes;
+      d["submitted"] = r.submitted;
+      d["pushed"] = r.pushed;
+      d["sum_arrived"] = r.sum_arrived;
+      d["pulled"] = r.pulled;
+      d["tree_checked"] = r.tree_checked;
+      d["done"] = r.done;
+      d["server_ns"] = r.server_ns;
+      d["peer_wait_ns"] = r.peer_wait_ns;
+      d["failed"] = r.failed;
+      out.append(d);
+    }
+    return out;
+  });
   m.def("engine_running", [] { return jbps::Engine::Get().running(); });
   m.def("engine_fault", [] { return jbps::Engine::Get().fault(); });
   m.def("engine_stats", [] {

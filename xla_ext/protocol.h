@@ -83,12 +83,21 @@ struct FrameHeader {
   uint64_t key = 0;
   uint32_t round = 0;
   uint8_t dtype = 0;
-  uint8_t reserved[3] = {0, 0, 0};
-  uint32_t sender = 0;  // worker rank
-  uint32_t reserved2 = 0;
+  uint8_t flags = 0;  // kFlag* bits
+  uint8_t reserved[2] = {0, 0};
+  uint32_t sender = 0;  // worker rank; on a timed sum, see kFlagTimed
+  uint32_t aux = 0;     // see kFlagTimed
   uint64_t nbytes = 0;  // payload bytes that follow
 };
 static_assert(sizeof(FrameHeader) == 48, "wire header must stay 48 bytes");
+
+// A push with kFlagTimed asks its server to time the round (the benchmark's
+// latency breakdown): the round's sum then carries kFlagTimed, with `aux` the
+// server's time from the round's last push read to the sum written, and
+// `sender` this worker's wait on the server for the other workers' pushes
+// (from its push read to the last one read), both in units of 100 ns.
+constexpr uint8_t kFlagTimed = 1;
+constexpr uint64_t kTimedUnitNs = 100;
 
 // One sum on a server: a key in one round. Rounds keep a fast worker's next
 // step apart from a slow worker's current one.

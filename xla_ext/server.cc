@@ -24,6 +24,7 @@
 #include "net.h"
 #include "protocol.h"
 #include "shm.h"
+#include "steady_clock.h"
 #include "sum_kernels.h"
 #include "thread_name.h"
 
@@ -182,7 +183,22 @@ struct OutMsg {
   FrameHeader header;
   Payload payload;   // shared by every worker receiving the same sum
   std::string text;  // error messages
+  // A timed round's sum (kFlagTimed): its last push and this worker's push
+  // read (SteadyNs), stamped into the header when it is written.
+  int64_t last_read_ns = 0;
+  int64_t own_read_ns = 0;
 };
+
+// Fills a timed sum's header just before it goes onto the socket.
+void StampTimedSum(OutMsg& m) {
+  if (m.last_read_ns == 0) return;
+  auto units = [](int64_t ns) {
+    return static_cast<uint32_t>(std::min<int64_t>(std::max<int64_t>(ns, 0) / kTimedUnitNs, UINT32_MAX));
+  };
+  m.header.flags |= kFlagTimed;
+  m.header.aux = units(SteadyNs() - m.last_read_ns);
+  m.header.sender = units(m.last_read_ns - m.own_read_ns);
+}
 
 // One worker's connection. The reader owns the receive side; the writer
 // drains `out` so engine threads never block on a slow socket.
@@ -242,6 +258,7 @@ struct Task {
   ConnPtr conn;
   bool tree = false;  // a tree description to compare, not data to add
   bool ack_after = false;  // a shared-memory push: acknowledged once added, which frees its slot
+  int64_t read_ns = 0;     // a timed push (kFlagTimed): when its header was read
 };
 
 // A sum in the arena that shared-memory workers are still copying out.
@@ -275,6 +292,9 @@ struct RoundState {
   std::vector<ConnPtr> waiters;
   std::string error;
   bool tree = false;
+  // Timed pushes (kFlagTimed): each waiter's read time, and the latest.
+  std::vector<int64_t> read_ns;
+  int64_t last_read_ns = 0;
 };
 
 struct EngineThread {
@@ -826,6 +846,7 @@ void SummationServer::Impl::ReaderLoop(ConnPtr c) {
   for (;;) {
     FrameHeader h;
     IoStatus st = RecvAll(c->fd, &h, sizeof(h), -1, stall_ms);
+    const int64_t read_ns = (h.flags & kFlagTimed) ? SteadyNs() : 0;
     if (st != IoStatus::kOk) {
       lost = st == IoStatus::kClosed ? "its connection closed without a goodbye (killed or crashed?)"
                                      : std::string("its connection failed: ") + IoStatusName(st);
@@ -893,6 +914,7 @@ void SummationServer::Impl::ReaderLoop(ConnPtr c) {
       std::lock_guard<std::mutex> lock(e->mu);
       Task t{h.key, h.round, static_cast<DType>(h.dtype), c->rank, std::move(data), c, tree, shm_push};
       if (tree) t.dtype = DType::kF32;  // unused for trees
+      if (h.flags & kFlagTimed) t.read_ns = read_ns;
       e->queue.push_back(std::move(t));
     }
     e->cv.notify_one();
@@ -989,6 +1011,7 @@ void SummationServer::Impl::WriterLoop(ConnPtr c) {
     });
     iov.clear();
     for (OutMsg& m : batch) {
+      StampTimedSum(m);
       iov.push_back({&m.header, sizeof(m.header)});
       if (m.payload && m.header.nbytes > 0) {
         iov.push_back({m.payload->data(), m.header.nbytes});
@@ -1127,6 +1150,8 @@ void SummationServer::Impl::Process(Task& t, EngineThread* e) {
   st.pushed[t.rank] = true;
   ++st.pushes;
   st.waiters.push_back(t.conn);
+  st.read_ns.push_back(t.read_ns);
+  st.last_read_ns = std::max(st.last_read_ns, t.read_ns);
 
   if (st.error.empty() && t.tree != st.tree) {
     st.error = "worker " + std::to_string(t.rank) + " used a tree check's key for data, or the reverse";
@@ -1200,13 +1225,20 @@ void SummationServer::Impl::Process(Task& t, EngineThread* e) {
     ref.offset = shared ? static_cast<uint64_t>(result->arena_offset()) : 0;
     ref.nbytes = st.nbytes;
     const std::string ref_bytes(reinterpret_cast<const char*>(&ref), sizeof(ref));
-    for (auto& w : st.waiters) {
+    for (size_t i = 0; i < st.waiters.size(); ++i) {
+      auto& w = st.waiters[i];
+      OutMsg m;
       if (shared && w->shm.load(std::memory_order_acquire)) {
-        w->Send(OutMsg{hs, nullptr, ref_bytes});
+        m = OutMsg{hs, nullptr, ref_bytes};
         bytes_shm += st.nbytes;
       } else {
-        w->Send(OutMsg{h, result, {}});
+        m = OutMsg{h, result, {}};
       }
+      if (st.read_ns[i] != 0) {
+        m.last_read_ns = st.last_read_ns;
+        m.own_read_ns = st.read_ns[i];
+      }
+      w->Send(std::move(m));
       ++sums_sent;
     }
   }
