@@ -123,7 +123,7 @@ OPTIONS = (
     Option("colocated_servers", ("JBPS_COLOCATED_SERVERS",), _non_negative_int, 1,
            "under mpirun: summation servers jbps starts inside the first worker of each host"),
     Option("partition_bytes", ("JBPS_PARTITION_BYTES", "BYTEPS_PARTITION_BYTES"), _positive_int,
-           None, "largest chunk of a tensor sent as one message; default 4 MiB on one host, and across hosts "
+           None, "largest chunk of a tensor sent as one message; default 1 MiB on one host, and across hosts "
                  "sized to each psum (see jbps/partition/defaults.py)"),
     Option("scheduling_credit", ("JBPS_SCHEDULING_CREDIT", "BYTEPS_SCHEDULING_CREDIT"), _positive_int,
            None, "chunks pushed and not yet acknowledged, per worker (the credit window); default "
@@ -138,6 +138,10 @@ OPTIONS = (
     Option("trace_dir", ("JBPS_TRACE_DIR",), _text, None,
            "write a Chrome/Perfetto trace of every chunk to DIR/<rank>/comm.json at shutdown",
            fallback=_byteps_trace_dir),
+    Option("reuse_freed_memory", ("JBPS_REUSE_FREED_MEMORY",), _switch, True,
+           "at init(), set the worker's malloc to keep freed memory for reuse (glibc: one arena, no mmap for "
+           "large blocks, the heap's top given back only past 1 GiB free), so a psum's fresh output buffer "
+           "reuses pages instead of faulting new ones in; 0 leaves malloc's defaults"),
 )
 
 
@@ -209,6 +213,7 @@ class Config:
     shm: bool
     job_token: int
     trace_dir: str | None
+    reuse_freed_memory: bool
 
     @property
     def scheduler(self) -> str | None:

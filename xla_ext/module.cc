@@ -10,6 +10,7 @@
 #include <string>
 
 #include "engine.h"
+#include "malloc_policy.h"
 #include "ffi_cpu.h"
 #ifdef JBPS_HAVE_CUDA
 #include "cuda_copy_bench.h"
@@ -283,6 +284,11 @@ NB_MODULE(_core, m) {
       out.append(d);
     }
     return out;
+  });
+  // The worker's malloc policy (malloc_policy.h); raises where it cannot be applied.
+  m.def("keep_freed_memory", [] {
+    std::string why;
+    if (!jbps::KeepFreedMemory(&why)) throw std::runtime_error(why);
   });
   m.def("engine_running", [] { return jbps::Engine::Get().running(); });
   m.def("engine_fault", [] { return jbps::Engine::Get().fault(); });

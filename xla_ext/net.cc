@@ -15,6 +15,10 @@
 #include <cstring>
 #include <thread>
 
+#include <sched.h>
+
+#include "steady_clock.h"
+
 namespace jbps {
 namespace {
 
@@ -222,6 +226,15 @@ IoStatus RecvAll(int fd, void* buf, size_t n, int timeout_ms, int stall_timeout_
     ::setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &one, sizeof(one));
   }
   return status;
+}
+
+bool SpinUntilReadable(int fd, int64_t until_ns) {
+  struct pollfd p = {fd, POLLIN, 0};
+  for (;;) {
+    if (::poll(&p, 1, 0) > 0) return true;  // readable, or an error the next read reports
+    if (SteadyNs() >= until_ns) return false;
+    ::sched_yield();
+  }
 }
 
 IoStatus SendAll(int fd, struct iovec* iov, int iovcnt, int timeout_ms) {

@@ -6,14 +6,16 @@
 //
 //   worker -> server  kHello    sender=rank, key=num_workers     (first message)
 //   server -> worker  kHelloOk  key=role (ServerRole)            (or kError + close)
-//   worker -> server  kPush     key, round, dtype, payload       (a chunk of a shard)
+//   worker -> server  kPush     key, round, dtype, aux = tree digest, payload (a chunk of a shard)
 //   server -> worker  kPushAck  key, round                       (payload received: frees a credit)
 //   server -> worker  kSum      key, round, dtype, payload       (all workers pushed: the sum)
 //   server -> worker  kError    key, round, payload = message    (this key/round failed)
 //   worker -> server  kBye                                       (clean end of the job)
-//   worker -> server  kTree     key, round, payload = the call's tree (leaf paths, dtypes, shapes)
-//                               answered by kSum with no payload when every worker sent the same
-//                               tree, else kError naming the first leaf that differs
+//   worker -> server  kTree     key, round, payload = the call's tree digest (8 bytes), then its
+//                               description (leaf paths, dtypes, shapes) unless this connection
+//                               sent that description before (kMaxDescribedTrees); not answered
+//                               when every worker sent the same digest, else answered by kError
+//                               naming the first leaf that differs
 //   server -> worker  kAbort    payload = why the job failed (a worker was lost); the server
 //                               closes the connection after it
 //
@@ -22,7 +24,7 @@
 //                                region's fd attached; sender=rank, key=slot bytes
 //   server -> worker  kShmAccept on that socket, with the server's sum arena fd attached
 //                                (or kError + message)
-//   worker -> server  kPushShm   key, round, dtype, payload = ShmRef into the worker's region;
+//   worker -> server  kPushShm   key, round, dtype, aux, payload = ShmRef into the worker's region;
 //                                answered by kPushAck once taken into its round (a credit);
 //                                the slot stays the server's, read in place, until that
 //                                round's kSum/kSumShm or kError reaches the worker
@@ -46,6 +48,13 @@ constexpr uint64_t kMaxPayloadBytes = uint64_t{1} << 31;
 constexpr uint64_t kMaxErrorBytes = 64 * 1024;
 // A call's tree description; longer ones are sent as a digest (jbps/ops/psum.py).
 constexpr uint64_t kMaxTreeBytes = 1 << 20;
+constexpr uint64_t kTreeDigestBytes = 8;  // before the description in a kTree payload
+// The tree descriptions a server keeps per connection, so that a call sends
+// its description once and only its digest after: the first ones a worker
+// sends until either bound is reached (both ends count alike, so a worker
+// knows which the server has); later ones travel with every check.
+constexpr size_t kMaxDescribedTrees = 4096;
+constexpr uint64_t kMaxDescribedTreeBytes = uint64_t{64} << 20;
 
 // Where a server runs, which decides its share of the bytes (DESIGN.md, "The
 // optimal split"): on a worker's machine, or on a CPU-only machine.
@@ -98,6 +107,10 @@ static_assert(sizeof(FrameHeader) == 48, "wire header must stay 48 bytes");
 // (from its push read to the last one read), both in units of 100 ns.
 constexpr uint8_t kFlagTimed = 1;
 constexpr uint64_t kTimedUnitNs = 100;
+// Data pushes carry the low 32 bits of their call's tree digest in `aux`: a
+// round whose pushes disagree fails with a kError carrying this flag, and no
+// sum. The worker then waits for the tree check's error, which names the leaf.
+constexpr uint8_t kFlagTreeMismatch = 2;
 
 // One sum on a server: a key in one round. Rounds keep a fast worker's next
 // step apart from a slow worker's current one.
@@ -142,7 +155,8 @@ inline std::string ValidateHeader(const FrameHeader& h, uint64_t token) {
   } else if (h.type == static_cast<uint16_t>(MsgType::kError) || h.type == static_cast<uint16_t>(MsgType::kAbort)) {
     if (h.nbytes > kMaxErrorBytes) return "error message too long";
   } else if (h.type == static_cast<uint16_t>(MsgType::kTree)) {
-    if (h.nbytes > kMaxTreeBytes) return "tree description length " + std::to_string(h.nbytes) + " too large";
+    if (h.nbytes < kTreeDigestBytes || h.nbytes > kTreeDigestBytes + kMaxTreeBytes)
+      return "tree check length " + std::to_string(h.nbytes) + " out of range";
   } else if (h.nbytes != 0) {
     return "unexpected payload on a control message";
   }

@@ -90,11 +90,13 @@ def make_rows(sweep: dict | None, main_tools: dict | None) -> list[dict]:
     return rows
 
 
-def stages_by_size(sweep: dict | None) -> dict[int, dict]:
+def stages_by_size(sweep: dict | None) -> list[dict]:
+    """The sweep's stage breakdown, one {"bytes", stage: seconds...} per size (a list: JSON
+    object keys would turn the sizes into strings)."""
     jbps = (sweep or {}).get("tools", {}).get("jbps")
     if not jbps:
-        return {}
-    return {s: r.get("stages") for s, r in jbps["results"].items() if r.get("stages")}
+        return []
+    return [{"bytes": s, **r["stages"]} for s, r in sorted(jbps["results"].items()) if r.get("stages")]
 
 
 def targets(rows: list[dict]) -> list[dict]:
@@ -137,7 +139,7 @@ def format_latency(latency: dict, cfg: dict) -> list[str]:
             _cell(ms(r["mpi_out_of_place_s"]), ".3f"), _cell(r["out_of_place_over_mpi"], ".2f"),
             _cell(r["out_of_place_over_in_place"], ".2f"), _cell(ms(r["gloo_s"]), ".3f"),
             _cell(r["in_place_over_gloo"], ".2f")))
-    stages = latency.get("stages") or {}
+    stages = latency.get("stages") or []
     if stages:
         lines.append("where a jbps psum's time goes: rank 0's in-place calls of the sweep, the middle half by time, "
                      "mean microseconds:")

@@ -13,14 +13,14 @@ import statistics
 # (key, what it covers), in the order a call passes them.
 STAGES = (
     ("dispatch", "XLA dispatch: the Python call until the handler hands the psum to the engine"),
-    ("push", "worker hand-off: the engine hands the push to its connection, copies it, writes it"),
+    ("push", "worker hand-off: the engine hands the push to its connection and copies it in"),
     ("peers", "on the server: this worker's push read until the last worker's is"),
     ("server", "on the server: the last push read until the sum is written (summing thread, writer)"),
-    ("wire", "socket wake-ups both ways: the rest of push written -> sum header read"),
+    ("wire", "the socket both ways: the push written and read, the sum written and read (wake-ups)"),
     ("pull", "the sum copied into XLA's output"),
     ("tree", "waiting for the tree check's answer after the sum is in"),
-    ("complete", "completion hand-off: the engine's completion thread runs XLA's callback"),
-    ("return", "XLA marks the result ready and the caller wakes"),
+    ("complete", "completion hand-off: the result reaches the waiting handler (or the completion thread)"),
+    ("return", "XLA finishes the call and the caller has the result"),
 )
 
 
@@ -63,14 +63,12 @@ def typical_stages(calls: list[dict[str, float] | None]) -> dict[str, float] | N
     return out
 
 
-def format_stages(by_size: dict[int, dict], size_label) -> list[str]:
-    """A table: one row per stage, one column per size, median microseconds."""
-    sizes = [s for s in sorted(by_size) if by_size[s]]
-    if not sizes:
+def format_stages(by_size: list[dict], size_label) -> list[str]:
+    """A table: one row per stage, one column per size ({"bytes", stage: seconds...} each), in
+    microseconds."""
+    if not by_size:
         return []
-    lines = ["{:<10} {}  {}".format("stage", " ".join(f"{size_label(s):>9}" for s in sizes), "what")]
-    for key, what in STAGES:
-        lines.append("{:<10} {}  {}".format(key, " ".join(f"{by_size[s][key] * 1e6:>9.1f}" for s in sizes), what))
-    lines.append("{:<10} {}  {}".format("total", " ".join(f"{by_size[s]['total'] * 1e6:>9.1f}" for s in sizes),
-                                        "the call as the caller sees it (the stages' sum)"))
+    lines = ["{:<10} {}  {}".format("stage", " ".join(f"{size_label(c['bytes']):>9}" for c in by_size), "what")]
+    for key, what in STAGES + (("total", "the call as the caller sees it (the stages' sum)"),):
+        lines.append("{:<10} {}  {}".format(key, " ".join(f"{c[key] * 1e6:>9.1f}" for c in by_size), what))
     return lines
