@@ -138,10 +138,9 @@ OPTIONS = (
     Option("trace_dir", ("JBPS_TRACE_DIR",), _text, None,
            "write a Chrome/Perfetto trace of every chunk to DIR/<rank>/comm.json at shutdown",
            fallback=_byteps_trace_dir),
-    Option("reuse_freed_memory", ("JBPS_REUSE_FREED_MEMORY",), _switch, True,
-           "at init(), set the worker's malloc to keep freed memory for reuse (glibc: one arena, no mmap for "
-           "large blocks, the heap's top given back only past 1 GiB free), so a psum's fresh output buffer "
-           "reuses pages instead of faulting new ones in; 0 leaves malloc's defaults"),
+    Option("huge_pages", ("JBPS_HUGE_PAGES",), _switch, True,
+           "back a psum's fresh output buffers (of a parameter the caller keeps, 2 MiB and more) with transparent "
+           "huge pages (madvise), so their first touch faults in 2 MiB pages, not 4 KiB ones; 0: as allocated"),
 )
 
 
@@ -213,7 +212,7 @@ class Config:
     shm: bool
     job_token: int
     trace_dir: str | None
-    reuse_freed_memory: bool
+    huge_pages: bool
 
     @property
     def scheduler(self) -> str | None:

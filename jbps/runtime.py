@@ -5,7 +5,6 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import itertools
-import logging
 import threading
 
 import jax
@@ -25,8 +24,6 @@ from .partition import server_fractions as _fractions_for_roles
 
 FFI_TARGET = "jbps_psum"
 
-log = logging.getLogger("jbps")
-
 _lock = threading.Lock()
 _config: Config | None = None
 _requested: Config | None = None  # what init() was asked, before a bootstrap filled it in
@@ -34,7 +31,6 @@ _hosted: list = []  # summation servers this process runs (mpirun's colocated se
 _fractions: tuple[float, ...] = ()
 _spans_hosts = False
 _ffi_registered = False
-_malloc_policy_set = False  # once per process: it cannot be taken back
 _atexit_registered = False
 _names = itertools.count()
 
@@ -75,19 +71,6 @@ def _register_ffi() -> None:
         _ffi_registered = True
 
 
-def _keep_freed_memory() -> None:
-    """The worker's malloc policy (xla_ext/malloc_policy.h): first, before this process's
-    threads (jax's among them, if it has not computed yet) pick their malloc arenas."""
-    global _malloc_policy_set
-    if _malloc_policy_set:
-        return
-    try:
-        _core.keep_freed_memory()
-    except RuntimeError as exc:
-        log.info("jbps: freed memory is not kept for reuse (%s): fresh psum outputs fault their pages in", exc)
-    _malloc_policy_set = True
-
-
 def init(**overrides) -> Session:
     """Starts this process's engine and connects to every summation server.
 
@@ -103,8 +86,6 @@ def init(**overrides) -> Session:
                 raise JbpsError("jbps is already initialized with different settings; call jbps.shutdown() first")
             _raise_fault()
             return Session(_config)
-        if requested.reuse_freed_memory:
-            _keep_freed_memory()
         _register_ffi()
         config, hosted = bootstrap.complete(requested)
         across = defaults.spans_hosts(config.servers)
@@ -113,7 +94,8 @@ def init(**overrides) -> Session:
         try:
             _core.engine_start(list(config.servers), config.worker_rank, config.num_workers, config.job_token,
                                credit, config.timeout_s, trace=config.trace_dir is not None, shm=config.shm,
-                               shm_slot_bytes=config.partition_bytes or defaults.largest_partition_bytes(across))
+                               shm_slot_bytes=config.partition_bytes or defaults.largest_partition_bytes(across),
+                               huge_pages=config.huge_pages)
         except RuntimeError as exc:
             for server in hosted:
                 server.stop()

@@ -267,6 +267,7 @@ struct Engine::Impl {
   bool stopping = false;
   std::string fault;  // first job-wide failure; see Engine::fault()
   std::atomic<bool> all_local{false};  // every server shares memory with this worker (while running)
+  std::atomic<bool> huge_pages{false};  // opt.huge_pages, read by the handlers without mu
   std::priority_queue<ChunkPtr, std::vector<ChunkPtr>, ChunkOrder> queue;
   int inflight_chunks = 0;  // dispatched, not yet acknowledged: bounded by opt.credit
   std::unordered_map<RoundKey, ChunkPtr, RoundKeyHash> pending;  // sent or sending, sum not yet received
@@ -354,6 +355,8 @@ bool Engine::SetCredit(int credit, std::string* err) {
 }
 
 bool Engine::all_servers_local() const { return impl_->all_local.load(std::memory_order_relaxed); }
+
+bool Engine::huge_pages() const { return impl_->huge_pages.load(std::memory_order_relaxed); }
 
 bool Engine::running() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
@@ -482,6 +485,7 @@ bool Engine::Start(const EngineOptions& options, std::string* err) {
     for (auto& c : conns) s.AttachShm(c.get());
   }
   s.all_local = std::all_of(conns.begin(), conns.end(), [](const auto& c) { return c->push_region != nullptr; });
+  s.huge_pages = options.huge_pages;
   s.conns = std::move(conns);
   s.roles = std::move(roles);
   s.running = true;

@@ -35,6 +35,8 @@ struct EngineOptions {
   // Bytes of each of the 4 x `credit` push slots in a shared region: pushes
   // larger than this (a partition size above it) go over TCP.
   size_t shm_slot_bytes = size_t{4} << 20;
+  // Back fresh output buffers with huge pages (JBPS_HUGE_PAGES; fresh_output.h).
+  bool huge_pages = true;
 };
 
 
@@ -140,6 +142,8 @@ class Engine {
   bool running() const;
   // Whether every server shares memory with this worker (all on this host).
   bool all_servers_local() const;
+  // options.huge_pages of the running engine.
+  bool huge_pages() const;
   // Why the job failed (a lost server, or a lost worker a server reported),
   // or empty. Set once; every pending and later call fails with it until Stop().
   std::string fault() const;

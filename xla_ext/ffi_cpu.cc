@@ -18,6 +18,7 @@
 
 #include "engine.h"
 #include "ffi_operand.h"
+#include "fresh_output.h"
 #include "handler_wait.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -63,6 +64,7 @@ ffi::Future PsumCpu(ffi::Buffer<ffi::S32> shard_index, ffi::RemainingArgs args, 
     std::string err = DescribeOperand(i, args.get<ffi::AnyBuffer>(i), rets.get<ffi::AnyBuffer>(i), leaf_keys[i],
                                       priorities[i], &op, &op.in, &op.out);
     if (!err.empty()) return Failed(err);
+    if (op.out != op.in && Engine::Get().huge_pages()) PrepareFreshOutput(op.out, op.nbytes);  // a fresh buffer
     chunks_per_shard += Engine::NumChunks(op.nbytes, op.dtype, spec.partition_bytes);
   }
   const size_t first = static_cast<size_t>(spec.shard) * chunks_per_shard;

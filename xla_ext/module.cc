@@ -10,7 +10,6 @@
 #include <string>
 
 #include "engine.h"
-#include "malloc_policy.h"
 #include "ffi_cpu.h"
 #ifdef JBPS_HAVE_CUDA
 #include "cuda_copy_bench.h"
@@ -201,7 +200,7 @@ NB_MODULE(_core, m) {
   m.def(
       "engine_start",
       [](std::vector<std::string> servers, uint32_t rank, uint32_t num_workers, uint64_t token,
-         int credit, double timeout_s, bool trace, bool shm, size_t shm_slot_bytes) {
+         int credit, double timeout_s, bool trace, bool shm, size_t shm_slot_bytes, bool huge_pages) {
         jbps::EngineOptions o;
         o.servers = std::move(servers);
         o.rank = rank;
@@ -212,6 +211,7 @@ NB_MODULE(_core, m) {
         o.trace = trace;
         o.shm = shm;
         o.shm_slot_bytes = shm_slot_bytes;
+        o.huge_pages = huge_pages;
         std::string err;
         bool ok;
         {
@@ -222,7 +222,7 @@ NB_MODULE(_core, m) {
       },
       nb::arg("servers"), nb::arg("rank"), nb::arg("num_workers"), nb::arg("token"), nb::arg("credit"),
       nb::arg("timeout_s"), nb::arg("trace") = false, nb::arg("shm") = true,
-      nb::arg("shm_slot_bytes") = size_t{4} << 20);
+      nb::arg("shm_slot_bytes") = size_t{4} << 20, nb::arg("huge_pages") = true);
 
   m.def(
       "engine_set_credit",
@@ -284,11 +284,6 @@ NB_MODULE(_core, m) {
       out.append(d);
     }
     return out;
-  });
-  // The worker's malloc policy (malloc_policy.h); raises where it cannot be applied.
-  m.def("keep_freed_memory", [] {
-    std::string why;
-    if (!jbps::KeepFreedMemory(&why)) throw std::runtime_error(why);
   });
   m.def("engine_running", [] { return jbps::Engine::Get().running(); });
   m.def("engine_fault", [] { return jbps::Engine::Get().fault(); });

@@ -67,14 +67,12 @@ def parse_args(argv=None):
 
 # One jitted function serves every barrier: the same name and shape each time.
 _barrier = jax.jit(lambda x: jbps.psum(x, name="bench.barrier"))
-_ONE = []  # its operand, made after jbps.init(): a training script computes nothing before it
+_ONE = jnp.ones((1,), jnp.float32)
 
 
 def barrier():
     """A tiny psum: it returns only after every worker has pushed, like MPI Barrier."""
-    if not _ONE:
-        _ONE.append(jnp.ones((1,), jnp.float32))
-    _barrier(_ONE[0]).block_until_ready()
+    _barrier(_ONE).block_until_ready()
 
 
 def gather_times(times, tag):
