@@ -50,9 +50,11 @@ constexpr size_t kDirectCopyBytes = 1 << 20;
 constexpr size_t kDirectSmallBytes = 64 << 10;
 // Messages one write takes from a connection's send queue (an iovec or two each).
 constexpr size_t kMaxSendBatch = 64;
-// A receiver waiting for the sums of pushes it sent through shared memory
-// polls its socket this long before it sleeps: a server on this host
-// answers within microseconds, and a wake-up costs about as much.
+// A receiver waiting for the sum of a lone push it sent through shared
+// memory (one push awaits its answer on the connection: a small call) polls
+// its socket this long before it sleeps: a server on this host answers
+// within microseconds, and a wake-up costs about as much. Pipelines of many
+// chunks do not poll: there the CPU is better spent copying and summing.
 constexpr int64_t kReceiverSpinNs = 50'000;
 
 uint64_t SplitMix64(uint64_t x) {
@@ -959,7 +961,7 @@ void Engine::Impl::RecvLoop(ServerConn* sc) {
   const std::string server = sc->addr.ToString();
   for (;;) {
     FrameHeader h;
-    if (sc->push_region && sc->awaiting.load(std::memory_order_relaxed) > 0)
+    if (sc->push_region && sc->awaiting.load(std::memory_order_relaxed) == 1)
       SpinUntilReadable(sc->fd, SteadyNs() + kReceiverSpinNs);
     IoStatus st = RecvAll(sc->fd, &h, sizeof(h), -1, stall_ms);
     if (st != IoStatus::kOk) {

@@ -3,9 +3,12 @@
 On one host every byte moves through shared memory or loopback, where a chunk
 costs a few microseconds of bookkeeping: 1 MiB chunks, and a window of two
 chunks per server (at least 4). A chunk's copy in, its sum and its copy out
-then overlap with the next chunk's, in cache: on the 2-core development
-machine (2 workers, 2 servers) psums of 4 MiB to 256 MiB took 13-27% less
-time than with 4 MiB chunks, and 512 KiB chunks were slower again.
+then overlap with the next chunk's: a 4 MiB psum is four chunks over the
+servers, not one. In paired runs on the 2-core development machine (2 workers,
+2 servers, calls of each chunk size alternating) 1 MiB chunks took 7-18% less
+time than 4 MiB ones for 4 MiB psums; for 16-256 MiB, 13-27% less in two runs
+of three and 10-15% more in the third (the machine's other load decides);
+512 KiB chunks were slower than 1 MiB.
 
 Across hosts a psum is a pipeline: a chunk's sum can leave its server only
 once every worker's copy of it has arrived, so a link waits at the start for
