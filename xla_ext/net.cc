@@ -210,10 +210,11 @@ IoStatus RecvAll(int fd, void* buf, size_t n, int timeout_ms, int stall_timeout_
     } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
       // A large read wakes once a good part of it is there, not once per
       // packet: on a slow link a chunk arrives a segment at a time.
+      // Never more than what is left: a threshold set for an earlier, larger
+      // remainder would never be reached, and the read would stall.
       int want = static_cast<int>(std::min<size_t>(n - got, kWakeBytes));
-      if (want >= kMinLowatBytes && want != lowat &&
-          ::setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &want, sizeof(want)) == 0)
-        lowat = want;
+      if (want < kMinLowatBytes) want = 1;
+      if (want != lowat && ::setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &want, sizeof(want)) == 0) lowat = want;
       status = WaitFd(fd, POLLIN, got == 0 ? timeout_ms : stall_timeout_ms);
       if (status != IoStatus::kOk) break;
     } else if (errno != EINTR) {
