@@ -18,7 +18,7 @@ the chunks in flight, the two together cost about 2·W·c/(M/S) of the call
 (W chunks of c bytes in flight per worker, S servers sharing M bytes). This
 holds whatever the link's rate, so the defaults follow the call and the job,
 not the network: chunks of about M/(48·S) (the nearest power of two, between
-64 KiB and 4 MiB), and a window of one chunk per server that gets bytes plus
+32 KiB and 4 MiB), and a window of one chunk per server that gets bytes plus
 two, which keeps every server's link fed and the pipeline's ends a few
 percent of the call.
 """
@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import Sequence
 
 ONE_HOST_PARTITION_BYTES = 1 << 20
-MIN_NETWORK_PARTITION_BYTES = 64 << 10
+MIN_NETWORK_PARTITION_BYTES = 32 << 10
 MAX_NETWORK_PARTITION_BYTES = 4 << 20
 # Chunks each server gets per call across hosts: the pipeline's fill and drain
 # cost about 2·W/(CHUNKS_PER_SERVER·S) of the call, W ≈ S + 2 (4-5% here).
