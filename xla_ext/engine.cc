@@ -48,8 +48,11 @@ constexpr int kSlotWaitMs = 20;
 // never waits long on the network.
 constexpr size_t kDirectCopyBytes = 1 << 20;
 constexpr size_t kDirectSmallBytes = 64 << 10;
-// Messages one write takes from a connection's send queue (an iovec or two each).
+// Messages one write takes from a connection's send queue, and the iovecs
+// it may gather (Linux's IOV_MAX is 1024; a fused push over TCP alone takes
+// one per part plus its header, at most kMaxFusedParts + 1).
 constexpr size_t kMaxSendBatch = 64;
+constexpr size_t kMaxSendIovecs = 512;
 // A receiver waiting for the sum of a lone push it sent through shared
 // memory (one push awaits its answer on the connection: a small call) polls
 // its socket this long before it sleeps: a server on this host answers
@@ -731,8 +734,12 @@ std::vector<ChunkPtr> Engine::Impl::TakeSendable(ServerConn* sc, size_t direct_b
   const bool direct = direct_budget > 0;
   std::vector<ChunkPtr> batch;
   size_t taken = 0;
+  size_t iovecs = 0;
   while (!sc->sendq.empty() && batch.size() < kMaxSendBatch) {
     ChunkPtr ch = sc->sendq.front();
+    const size_t need = ch->tree ? 2 : 1 + std::max<size_t>(1, ch->parts.size());  // at most, as if over TCP
+    if (!batch.empty() && iovecs + need > kMaxSendIovecs) break;
+    iovecs += need;
     if (!ch->tree) {
       const bool in_slot = sc->push_region && ch->nbytes <= sc->slot_bytes;
       if (direct && taken + ch->nbytes > (in_slot ? direct_budget : std::min(direct_budget, kDirectSmallBytes))) break;
