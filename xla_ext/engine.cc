@@ -942,7 +942,9 @@ bool Engine::Impl::WriteChunks(ServerConn* sc, std::vector<ChunkPtr>& batch) {
       lost = DispatchLocked();
     }
     sc->sending = false;
-    if (!sc->sendq.empty()) sc->send_cv.notify_one();
+    // The sender waits for the connection while this thread writes: for what
+    // is left to send, or to say goodbye (Stop).
+    if (!sc->sendq.empty() || sc->bye) sc->send_cv.notify_one();
   }
   FailLost(lost);
   if (st != IoStatus::kOk) {
