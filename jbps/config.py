@@ -142,8 +142,8 @@ OPTIONS = (
     Option("colocated_servers", ("JBPS_COLOCATED_SERVERS",), _non_negative_int, 1,
            "under mpirun: summation servers jbps starts inside the first worker of each host"),
     Option("partition_bytes", ("JBPS_PARTITION_BYTES", "BYTEPS_PARTITION_BYTES"), _positive_bytes,
-           None, "largest chunk of a tensor sent as one message (bytes, or e.g. 4M); default 4 MiB on one host, "
-                 "and across hosts sized to each psum (see jbps/partition/defaults.py)"),
+           None, "largest chunk of a tensor sent as one message (bytes, or e.g. 4M); default 1 MiB on one host, and across hosts "
+                 "sized to each psum (see jbps/partition/defaults.py)"),
     Option("scheduling_credit", ("JBPS_SCHEDULING_CREDIT", "BYTEPS_SCHEDULING_CREDIT"), _positive_int,
            None, "chunks pushed and not yet acknowledged, per worker (the credit window); default "
                  "max(4, 2 x servers) on one host, across hosts the servers that get bytes + 2"),
@@ -157,6 +157,9 @@ OPTIONS = (
     Option("trace_dir", ("JBPS_TRACE_DIR",), _text, None,
            "write a Chrome/Perfetto trace of every chunk to DIR/<rank>/comm.json at shutdown",
            fallback=_byteps_trace_dir),
+    Option("huge_pages", ("JBPS_HUGE_PAGES",), _switch, True,
+           "back a psum's fresh output buffers (of a parameter the caller keeps, 2 MiB and more) with transparent "
+           "huge pages (madvise), so their first touch faults in 2 MiB pages, not 4 KiB ones; 0: as allocated"),
 )
 
 
@@ -235,6 +238,7 @@ class Config:
     shm: bool
     job_token: int
     trace_dir: str | None
+    huge_pages: bool
 
     @property
     def scheduler(self) -> str | None:

@@ -93,7 +93,8 @@ def init(**overrides) -> Session:
         try:
             _core.engine_start(list(config.servers), config.worker_rank, config.num_workers, config.job_token,
                                credit, config.timeout_s, trace=config.trace_dir is not None, shm=config.shm,
-                               shm_slot_bytes=config.partition_bytes or defaults.ONE_HOST_PARTITION_BYTES)
+                               shm_slot_bytes=config.partition_bytes or defaults.largest_partition_bytes(across),
+                               huge_pages=config.huge_pages)
         except RuntimeError as exc:
             for server in hosted:
                 server.stop()

@@ -195,10 +195,11 @@ def test_env_aliases(server, monkeypatch):
 def test_defaults_follow_where_the_job_runs(server):
     from jbps.partition import defaults
 
-    # One host: 4 MiB chunks, two chunks per server in flight (at least 4).
+    # One host: 1 MiB chunks, two chunks per server in flight (at least 4).
     assert not defaults.spans_hosts(["127.0.0.1:1", "localhost:2"])
     assert [defaults.credit([1 / s] * s, False) for s in (1, 5)] == [4, 10]
-    assert defaults.partition_bytes(1 << 30, [0.5, 0.5], False) == 4 << 20
+    assert defaults.partition_bytes(1 << 30, [0.5, 0.5], False) == 1 << 20
+    assert defaults.largest_partition_bytes(False) == 1 << 20 and defaults.largest_partition_bytes(True) == 4 << 20
     # Across hosts: the servers that get bytes, plus two; chunks of about M / (64 x those servers).
     assert defaults.spans_hosts(["127.0.0.1:1", "10.1.2.3:2"])
     cpu_only = [0.0] * 4 + [0.25] * 4  # k = n: the colocated servers get nothing
@@ -208,7 +209,7 @@ def test_defaults_follow_where_the_job_runs(server):
     assert defaults.partition_bytes(8 << 30, cpu_only, True) == 4 << 20  # the ceiling
     with jbps.init(servers=[server], num_workers=1, worker_rank=0) as s:
         assert (s.config.scheduling_credit, s.config.partition_bytes) == (4, None)
-        assert jbps.runtime.partition_bytes(1 << 30) == 4 << 20
+        assert jbps.runtime.partition_bytes(1 << 30) == 1 << 20
     with jbps.init(servers=[server], num_workers=1, worker_rank=0, scheduling_credit=1, partition_bytes=8192) as s:
         assert s.config.scheduling_credit == 1 and jbps.runtime.partition_bytes(1 << 30) == 8192
 

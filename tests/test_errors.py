@@ -33,6 +33,23 @@ def test_workers_disagreeing_on_a_tensor_all_raise_naming_it(what, tensor, mine,
         assert rep["recovered"], f"worker {r.rank} could not psum after the failed call"
 
 
+@pytest.mark.parametrize("what,tensor,mine,theirs", [
+    ("layout", "b", "float32[2,3]", "float32[3,2]"),
+    ("leaves", "c", "nothing", "float32[4]"),
+])
+def test_workers_disagreeing_after_agreeing_all_raise_naming_it(what, tensor, mine, theirs):
+    # The servers know worker 0's tree from the calls before: its check sends the digest alone.
+    results = run_job([worker_script("mismatch.py"), "--what", what, "--good-calls", "3"], workers=2, servers=2,
+                      env={"JBPS_TIMEOUT_S": "20"})
+    for r in results:
+        assert r.returncode == 0, r.stderr[-3000:]
+        rep = last_json(r.stdout)
+        assert rep["error"] is not None, f"worker {r.rank} got no error but a sum: {rep['sum']}"
+        assert f"mismatched['{tensor}']" in rep["error"] and f"has {mine}" in rep["error"], rep["error"]
+        assert theirs in rep["error"] and "timed out" not in rep["error"], rep["error"]
+        assert rep["recovered"]
+
+
 def closed_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -32,7 +32,7 @@ TOKEN = 0x5EC12E7
 CONNECTIONS = 10_000
 HEADER = struct.Struct("<IHHQQIB3sIIQ")  # xla_ext/protocol.h's FrameHeader, 48 bytes
 MAGIC, VERSION = 0x5350424A, 1
-HELLO, PUSH, BYE = 1, 3, 7
+HELLO, PUSH, BYE, TREE = 1, 3, 7, 8
 
 
 def frame(type_, token=TOKEN, key=0, round_=0, dtype=0, sender=0, nbytes=0, magic=MAGIC, version=VERSION):
@@ -99,6 +99,8 @@ def insider_attempts(addr):
         frame(PUSH, key=6, nbytes=1 << 31, dtype=0) + b"\0" * 4096,  # a lying length, then silence and close
         frame(PUSH, key=7, nbytes=8, sender=3) + b"\0" * 8,  # another worker's rank
         frame(PUSH, key=8, nbytes=8) + b"\0" * 8 + b"garbage" * 10,  # a good push, then garbage
+        frame(TREE, key=10, nbytes=8) + b"\0" * 8,  # a tree check's digest, of a tree it never described
+        frame(TREE, key=11, nbytes=4) + b"\0" * 4,  # a tree check too short for its digest
     ]
     for data in attempts:
         with connect(addr) as s:

@@ -5,18 +5,22 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <queue>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "log.h"
 #include "net.h"
 #include "protocol.h"
 #include "shm.h"
+#include "steady_clock.h"
 #include "stream_copy.h"
 #include "thread_name.h"
 
@@ -25,6 +29,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr size_t kMaxTraceRecords = 1 << 21;
+constexpr size_t kMaxStageRecords = 1 << 16;
 // Fusion (FuseSmallChunks): chunks up to a quarter of the partition are
 // small; a fused message holds at most a partition and this many of them
 // (an iovec each on TCP, well under IOV_MAX).
@@ -34,6 +39,26 @@ constexpr size_t kMaxFusedParts = 256;
 // come free before it goes over TCP instead.
 constexpr size_t kSlotsPerCredit = 4;
 constexpr int kSlotWaitMs = 20;
+// A thread that queues pushes writes them itself when their connection is
+// idle, sparing the connection's sender a wake-up: pushes copied into
+// shared memory up to kDirectCopyBytes on one connection (the others' senders
+// copy theirs meanwhile) and up to kDirectSmallBytes on each of the others;
+// pushes over TCP up to kDirectSmallBytes, which a socket's buffer takes at
+// once. Larger ones go to the sender threads, so the submitting XLA thread
+// never waits long on the network.
+constexpr size_t kDirectCopyBytes = 1 << 20;
+constexpr size_t kDirectSmallBytes = 64 << 10;
+// Messages one write takes from a connection's send queue, and the iovecs
+// it may gather (Linux's IOV_MAX is 1024; a fused push over TCP alone takes
+// one per part plus its header, at most kMaxFusedParts + 1).
+constexpr size_t kMaxSendBatch = 64;
+constexpr size_t kMaxSendIovecs = 512;
+// A receiver waiting for the sum of a lone push it sent through shared
+// memory (one push awaits its answer on the connection: a small call) polls
+// its socket this long before it sleeps: a server on this host answers
+// within microseconds, and a wake-up costs about as much. Pipelines of many
+// chunks do not poll: there the CPU is better spent copying and summing.
+constexpr int64_t kReceiverSpinNs = 50'000;
 
 uint64_t SplitMix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
@@ -62,6 +87,7 @@ struct Call {
   uint64_t id = 0;
   CallSpec spec;
   DoneFn done;
+  EarlyDoneFn early;
   Clock::time_point deadline;
   size_t total_chunks = 0;
   std::atomic<bool> failed{false};
@@ -71,10 +97,15 @@ struct Call {
   bool base_released = false;
   size_t remaining = 0;
   std::string error;
-  // While the tree check is unanswered, a tensor's error waits for it: when
-  // trees differ, the check's message (both workers' shapes) is the one to give.
+  // A call with a tree check: a tensor's error that says the workers' trees
+  // differ waits for the check's own error, which names both workers'
+  // leaves; the call's deadline bounds the wait (TimeoutMessage then gives it).
   bool tree_pending = false;
   std::string deferred;
+  RoundKey tree_round{0, 0};  // the tree check's key and round, while pending
+  // Stage stamps (Engine::SetStageTiming), guarded by mu.
+  bool timed = false;
+  StageRecord stage;
 
   bool TryAcquire() {
     std::lock_guard<std::mutex> lock(mu);
@@ -116,7 +147,8 @@ struct Chunk {
   int64_t priority = 0;
   uint64_t seq = 0;
   bool skipped = false;  // never sent (its call failed first)
-  bool tree = false;     // the call's tree description (kTree), not data
+  bool tree = false;     // the call's tree check (kTree), not data
+  std::string payload;   // a tree check's: its digest, then its description when the server has not seen it
   ChunkTimes times;  // set only when tracing
 };
 using ChunkPtr = std::shared_ptr<Chunk>;
@@ -148,12 +180,18 @@ struct ServerConn {
   // The sender's pushes and the receiver's releases share the socket.
   std::mutex write_mu;
   std::atomic<uint64_t> bytes_pushed{0};
+  std::atomic<int> awaiting{0};  // pushes written whose sum or error has not arrived
   // Guarded by Engine::Impl::mu.
   std::deque<ChunkPtr> sendq;
   std::deque<ChunkPtr> unacked;  // dispatched, in send order, awaiting kPushAck
   std::condition_variable send_cv;
+  bool sending = false;  // a thread is writing chunks taken from sendq (one at a time keeps their order)
   bool bye = false;
   bool failed = false;
+  // The tree descriptions this connection has sent, as the server keeps them
+  // (kMaxDescribedTrees): a tree check of one of these sends its digest alone.
+  std::unordered_set<uint64_t> described_trees;
+  uint64_t described_tree_bytes = 0;
   std::thread sender;
   std::thread receiver;
 };
@@ -204,6 +242,19 @@ class Completer {
 
 }  // namespace
 
+uint64_t TreeDigest(std::string_view tree) {
+  uint64_t h = SplitMix64(tree.size());
+  size_t i = 0;
+  for (; i + 8 <= tree.size(); i += 8) {
+    uint64_t word;
+    std::memcpy(&word, tree.data() + i, 8);
+    h = SplitMix64(h ^ word);
+  }
+  uint64_t tail = 0;
+  std::memcpy(&tail, tree.data() + i, tree.size() - i);
+  return SplitMix64(h ^ tail);
+}
+
 uint64_t ChunkKey(uint64_t base_key, uint32_t shard, uint32_t chunk) {
   uint64_t k = SplitMix64(base_key ^ SplitMix64((static_cast<uint64_t>(shard) << 32) | chunk));
   return k == 0 ? 1 : k;  // key 0 marks connection-level errors on the wire
@@ -212,6 +263,7 @@ uint64_t ChunkKey(uint64_t base_key, uint32_t shard, uint32_t chunk) {
 struct Engine::Impl {
   EngineOptions opt;
   int stall_ms = 60000;
+
   std::vector<ServerRole> roles;  // per connection, from the hello replies
 
   std::mutex mu;
@@ -220,6 +272,8 @@ struct Engine::Impl {
   bool stopping = false;
   std::string bye_reason;  // sent with the goodbyes (Stop)
   std::string fault;  // first job-wide failure; see Engine::fault()
+  std::atomic<bool> all_local{false};  // every server shares memory with this worker (while running)
+  std::atomic<bool> huge_pages{false};  // opt.huge_pages, read by the handlers without mu
   std::priority_queue<ChunkPtr, std::vector<ChunkPtr>, ChunkOrder> queue;
   int inflight_chunks = 0;  // dispatched, not yet acknowledged: bounded by opt.credit
   std::unordered_map<RoundKey, ChunkPtr, RoundKeyHash> pending;  // sent or sending, sum not yet received
@@ -239,6 +293,10 @@ struct Engine::Impl {
   std::mutex trace_mu;
   std::vector<TraceRecord> trace;
 
+  std::atomic<bool> stage_timing{false};
+  std::mutex stages_mu;
+  std::vector<StageRecord> stages;
+
   std::mutex completer_mu;
   std::unordered_map<uint32_t, std::unique_ptr<Completer>> completers;
 
@@ -250,7 +308,12 @@ struct Engine::Impl {
     CallPtr call;
     int server;
   };
-  std::vector<Lost> DispatchLocked();
+  std::vector<Lost> DispatchLocked(bool wake_senders = true);
+  void WakeSendersLocked();
+  void QueueTreeCheck(const ChunkPtr& tree);
+  std::vector<ChunkPtr> TakeSendable(ServerConn* sc, size_t direct_budget, std::unique_lock<std::mutex>* lock);
+  std::vector<std::pair<ServerConn*, std::vector<ChunkPtr>>> TakeDirectSends();
+  bool WriteChunks(ServerConn* sc, std::vector<ChunkPtr>& batch);
   void FailLost(const std::vector<Lost>& lost);
   void SendLoop(ServerConn* sc);
   void RecvLoop(ServerConn* sc);
@@ -261,9 +324,13 @@ struct Engine::Impl {
   void FailCall(const CallPtr& c, const std::string& msg);
   void Complete(Call* c);
   void Record(const Chunk& ch, double pulled);
+  void StampSum(Call* c, const FrameHeader& h, int64_t header_read);
+  void KeepStage(StageRecord stage, int64_t done);
   void ConnFailed(ServerConn* sc, const std::string& why);
   void SetFault(const std::string& msg);
   void DropSkipped(ServerConn* sc);
+  // With mu held: a push of sc acknowledged (its credit back); false when it was not waiting for one.
+  bool AckLocked(ServerConn* sc, const RoundKey& rk);
   bool Drain(int fd, uint64_t nbytes, std::vector<char>* scratch);
   void AttachShm(ServerConn* sc);
   std::vector<ChunkPtr> FuseSmallChunks(std::vector<ChunkPtr> chunks, size_t partition, uint32_t shard);
@@ -292,6 +359,10 @@ bool Engine::SetCredit(int credit, std::string* err) {
   impl_->FailLost(lost);
   return true;
 }
+
+bool Engine::all_servers_local() const { return impl_->all_local.load(std::memory_order_relaxed); }
+
+bool Engine::huge_pages() const { return impl_->huge_pages.load(std::memory_order_relaxed); }
 
 bool Engine::running() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
@@ -419,6 +490,8 @@ bool Engine::Start(const EngineOptions& options, std::string* err) {
   if (options.shm) {
     for (auto& c : conns) s.AttachShm(c.get());
   }
+  s.all_local = std::all_of(conns.begin(), conns.end(), [](const auto& c) { return c->push_region != nullptr; });
+  s.huge_pages = options.huge_pages;
   s.conns = std::move(conns);
   s.roles = std::move(roles);
   s.running = true;
@@ -473,15 +546,33 @@ void Engine::Stop(const std::string& reason) {
   s.inflight_chunks = 0;
   s.fault.clear();
   s.running = false;
+  s.all_local = false;
   s.stopping = false;
 }
 
-void Engine::Submit(CallSpec spec, DoneFn done) {
+void Engine::SetStageTiming(bool on) { impl_->stage_timing = on; }
+
+std::vector<StageRecord> Engine::TakeStages() {
+  std::lock_guard<std::mutex> lock(impl_->stages_mu);
+  std::vector<StageRecord> out;
+  out.swap(impl_->stages);
+  return out;
+}
+
+void Engine::Submit(CallSpec spec, DoneFn done, EarlyDoneFn early) {
   Impl& s = *impl_;
+  const int64_t submitted = s.stage_timing.load(std::memory_order_relaxed) ? SteadyNs() : 0;
   auto call = std::make_shared<Call>();
   call->engine = &s;
   call->spec = std::move(spec);
   call->done = std::move(done);
+  call->early = std::move(early);
+  if (submitted != 0) {
+    call->timed = true;
+    call->stage.submitted = submitted;
+    call->stage.name = call->TensorName(0);
+    for (const Operand& op : call->spec.operands) call->stage.bytes += op.nbytes;
+  }
   std::vector<ChunkPtr> chunks;
   const size_t partition = std::max<size_t>(call->spec.partition_bytes, 1);
   const double now = s.opt.trace ? NowMicros() : 0;
@@ -506,22 +597,23 @@ void Engine::Submit(CallSpec spec, DoneFn done) {
     }
   }
   chunks = s.FuseSmallChunks(std::move(chunks), partition, call->spec.shard);
+  if (call->spec.tree_digest == 0 && !call->spec.tree.empty()) call->spec.tree_digest = TreeDigest(call->spec.tree);
+  call->total_chunks = call->remaining = chunks.size();
+  // The tree check: no credit, no answer unless the trees differ (so the
+  // call waits on its data alone), first on its connection.
+  ChunkPtr tree;
   if (!chunks.empty() && !call->spec.tree.empty()) {
-    auto ch = std::make_shared<Chunk>();
-    ch->call = call;
-    ch->tree = true;
-    ch->nbytes = call->spec.tree.size();
-    ch->key = ChunkKey(call->spec.tree_key, call->spec.shard, 0);
-    // First out: a disagreement is then found before data piles up on servers.
-    ch->priority = INT64_MAX;
-    ch->times.queued = now;
-    chunks.push_back(std::move(ch));
+    tree = std::make_shared<Chunk>();
+    tree->call = call;
+    tree->tree = true;
+    tree->key = ChunkKey(call->spec.tree_key, call->spec.shard, 0);
+    tree->times.queued = now;
     call->tree_pending = true;
   }
-  call->total_chunks = call->remaining = chunks.size();
 
   std::string fail;
   std::vector<Impl::Lost> lost;
+  std::vector<std::pair<ServerConn*, std::vector<ChunkPtr>>> direct;
   {
     std::lock_guard<std::mutex> lock(s.mu);
     if (!s.running || s.stopping) {
@@ -533,10 +625,6 @@ void Engine::Submit(CallSpec spec, DoneFn done) {
       fail = s.fault;
     } else {
       for (auto& ch : chunks) {
-        if (ch->tree) {
-          ch->server = static_cast<int>(call->spec.tree_key % s.conns.size());  // the same on every worker
-          continue;
-        }
         if (ch->server < 0 || static_cast<size_t>(ch->server) >= s.conns.size()) {
           fail = "jbps: the psum was planned for more servers (chunk routed to server " + std::to_string(ch->server) +
                  ") than the engine has (" + std::to_string(s.conns.size()) +
@@ -549,6 +637,7 @@ void Engine::Submit(CallSpec spec, DoneFn done) {
       call->id = s.next_call_id++;
       call->deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                           std::chrono::duration<double>(s.opt.timeout_s));
+      if (tree) s.QueueTreeCheck(tree);
       for (auto& ch : chunks) {
         ch->round = s.next_round[ch->key]++;
         ch->seq = s.next_seq++;
@@ -556,9 +645,11 @@ void Engine::Submit(CallSpec spec, DoneFn done) {
       }
       s.AddActive(call);
       ++s.calls;
-      lost = s.DispatchLocked();
+      lost = s.DispatchLocked(/*wake_senders=*/false);
+      direct = s.TakeDirectSends();
     }
   }
+  for (auto& [sc, batch] : direct) s.WriteChunks(sc, batch);
   s.FailLost(lost);
   if (!fail.empty()) {
     ++s.calls;
@@ -580,7 +671,7 @@ void Engine::Submit(CallSpec spec, DoneFn done) {
 // freed a credit (Submit, an acknowledgement, a skipped chunk): no thread hop
 // stands between a credit and the next push. Returns the calls whose server
 // was lost, to fail once mu is released (FailLost).
-std::vector<Engine::Impl::Lost> Engine::Impl::DispatchLocked() {
+std::vector<Engine::Impl::Lost> Engine::Impl::DispatchLocked(bool wake_senders) {
   std::vector<Lost> lost;
   while (!stopping && !queue.empty() && inflight_chunks < opt.credit) {
     ChunkPtr ch = queue.top();
@@ -595,14 +686,131 @@ std::vector<Engine::Impl::Lost> Engine::Impl::DispatchLocked() {
     pending[RoundKey{ch->key, ch->round}] = ch;
     sc->unacked.push_back(ch);
     sc->sendq.push_back(ch);
-    sc->send_cv.notify_one();
   }
+  if (wake_senders) WakeSendersLocked();
   return lost;
+}
+
+// With mu held: each connection with chunks to send and nobody sending them
+// wakes its sender thread.
+void Engine::Impl::WakeSendersLocked() {
+  for (auto& c : conns)
+    if (!c->failed && !c->sending && !c->sendq.empty()) c->send_cv.notify_one();
+}
+
+// With mu held: queues a call's tree check on the connection of its
+// tree_key's server (the same on every worker), with the description unless
+// that connection sent it before.
+void Engine::Impl::QueueTreeCheck(const ChunkPtr& tree) {
+  Call* call = tree->call.get();
+  tree->server = static_cast<int>(call->spec.tree_key % conns.size());
+  ServerConn* sc = conns[tree->server].get();
+  tree->round = next_round[tree->key]++;
+  tree->seq = next_seq++;
+  const uint64_t digest = call->spec.tree_digest;
+  tree->payload.assign(reinterpret_cast<const char*>(&digest), sizeof(digest));
+  if (sc->described_trees.count(digest) == 0) {
+    const std::string& text = call->spec.tree;
+    tree->payload += text;
+    // The server keeps what fits its bounds, in the order it reads them.
+    if (sc->described_trees.size() < kMaxDescribedTrees &&
+        sc->described_tree_bytes + text.size() <= kMaxDescribedTreeBytes) {
+      sc->described_trees.insert(digest);
+      sc->described_tree_bytes += text.size();
+    }
+  }
+  tree->nbytes = tree->payload.size();
+  pending[RoundKey{tree->key, tree->round}] = tree;
+  call->tree_round = RoundKey{tree->key, tree->round};
+  sc->sendq.push_back(tree);
+}
+
+// With mu held: takes chunks from the front of sc's send queue for one write
+// and marks the connection as being sent on. The sender thread (no
+// direct_budget) takes what is there, waiting (with `lock`) a little for a
+// shared-memory slot when the first push needs one; a direct send (the
+// thread that queued them) takes pushes that need no waiting, up to
+// direct_budget bytes of them (see kDirectCopyBytes).
+std::vector<ChunkPtr> Engine::Impl::TakeSendable(ServerConn* sc, size_t direct_budget,
+                                                 std::unique_lock<std::mutex>* lock) {
+  const bool direct = direct_budget > 0;
+  std::vector<ChunkPtr> batch;
+  size_t taken = 0;
+  size_t iovecs = 0;
+  while (!sc->sendq.empty() && batch.size() < kMaxSendBatch) {
+    ChunkPtr ch = sc->sendq.front();
+    const size_t need = ch->tree ? 2 : 1 + std::max<size_t>(1, ch->parts.size());  // at most, as if over TCP
+    if (!batch.empty() && iovecs + need > kMaxSendIovecs) break;
+    iovecs += need;
+    if (!ch->tree) {
+      const bool in_slot = sc->push_region && ch->nbytes <= sc->slot_bytes;
+      if (direct && taken + ch->nbytes > (in_slot ? direct_budget : std::min(direct_budget, kDirectSmallBytes))) break;
+      if (in_slot) {
+        if (sc->free_slots.empty() && !direct && batch.empty() && lock != nullptr) {
+          // All slots parked on the server means this worker is ahead of the
+          // others; their pushes free slots soon, so wait a little for one.
+          // Bounded, since a peer may be stuck on other keys: then TCP.
+          sc->sending = true;  // nobody else takes from sendq meanwhile
+          sc->slot_cv.wait_for(*lock, std::chrono::milliseconds(kSlotWaitMs),
+                               [&] { return !sc->free_slots.empty() || sc->failed; });
+          if (sc->failed || sc->sendq.empty()) break;
+          ch = sc->sendq.front();
+        }
+        if (!sc->free_slots.empty()) {
+          ch->slot = sc->free_slots.back();
+          sc->free_slots.pop_back();
+          sc->slot_of[RoundKey{ch->key, ch->round}] = ch->slot;
+        } else if (direct || !batch.empty()) {
+          break;  // the sender waits for a slot first
+        }  // else no slot came: this push goes over TCP
+      }
+      taken += ch->nbytes;
+    }
+    sc->sendq.pop_front();
+    if (opt.trace) ch->times.sent_start = NowMicros();
+    batch.push_back(std::move(ch));
+  }
+  sc->sending = !batch.empty();
+  return batch;
+}
+
+// With mu held: the direct sends (see kDirectCopyBytes) of the idle
+// connections, smallest first; a connection left with chunks only its sender
+// may take wakes it now, so that its copies run beside this thread's.
+std::vector<std::pair<ServerConn*, std::vector<ChunkPtr>>> Engine::Impl::TakeDirectSends() {
+  std::vector<std::pair<ServerConn*, std::vector<ChunkPtr>>> out;
+  bool copying = false;  // one connection gets the larger budget
+  for (auto& c : conns) {
+    if (c->failed || c->sending || c->sendq.empty()) continue;
+    std::vector<ChunkPtr> batch = TakeSendable(c.get(), copying ? kDirectSmallBytes : kDirectCopyBytes, nullptr);
+    size_t bytes = 0;
+    for (auto& ch : batch) bytes += ch->tree ? 0 : ch->nbytes;
+    copying = copying || bytes > kDirectSmallBytes;
+    if (!c->sendq.empty() && batch.empty()) c->send_cv.notify_one();
+    if (batch.empty()) continue;
+    if (bytes > kDirectSmallBytes) {
+      out.emplace_back(c.get(), std::move(batch));  // last: the small ones go out first
+    } else {
+      out.emplace(out.begin(), c.get(), std::move(batch));
+    }
+  }
+  return out;
 }
 
 void Engine::Impl::FailLost(const std::vector<Lost>& lost) {
   for (const Lost& l : lost)
     FailCall(l.call, "jbps lost summation server " + conns[l.server]->addr.ToString() + " earlier in this job");
+}
+
+bool Engine::Impl::AckLocked(ServerConn* sc, const RoundKey& rk) {
+  auto it = std::find_if(sc->unacked.begin(), sc->unacked.end(),
+                         [&](const ChunkPtr& c) { return c->key == rk.key && c->round == rk.round; });
+  if (it == sc->unacked.end()) return false;
+  if (opt.trace) (*it)->times.acked = NowMicros();
+  --inflight_chunks;
+  sc->unacked.erase(it);
+  DropSkipped(sc);
+  return true;
 }
 
 void Engine::Impl::DropSkipped(ServerConn* sc) {
@@ -620,97 +828,133 @@ void Engine::Impl::DropSkipped(ServerConn* sc) {
 void Engine::Impl::SendLoop(ServerConn* sc) {
   NameThisThread("jbps-push");
   for (;;) {
-    ChunkPtr ch;
+    std::vector<ChunkPtr> batch;
     {
       std::unique_lock<std::mutex> lock(mu);
-      sc->send_cv.wait(lock, [&] { return sc->failed || sc->bye || !sc->sendq.empty(); });
+      sc->send_cv.wait(lock, [&] { return sc->failed || (!sc->sending && (sc->bye || !sc->sendq.empty())); });
       if (sc->failed) return;
-      if (!sc->sendq.empty()) {
-        ch = sc->sendq.front();
-        sc->sendq.pop_front();
-        if (opt.trace) ch->times.sent_start = NowMicros();
-      }
+      if (sc->sendq.empty()) break;  // asked to stop and nothing left to send
+      batch = TakeSendable(sc, /*direct_budget=*/0, &lock);
+      if (sc->failed) return;
     }
-    if (!ch) {  // asked to stop and nothing left to send
-      FrameHeader bye = MakeHeader(MsgType::kBye, opt.token);
-      bye.sender = opt.rank;
-      bye.nbytes = bye_reason.size();
-      struct iovec iov[2] = {{&bye, sizeof(bye)}, {const_cast<char*>(bye_reason.data()), bye_reason.size()}};
-      SendAll(sc->fd, iov, bye_reason.empty() ? 1 : 2, 1000);
-      return;
-    }
+    if (!batch.empty() && !WriteChunks(sc, batch)) return;
+  }
+  FrameHeader bye = MakeHeader(MsgType::kBye, opt.token);
+  bye.sender = opt.rank;
+  bye.nbytes = bye_reason.size();
+  struct iovec iov[2] = {{&bye, sizeof(bye)}, {const_cast<char*>(bye_reason.data()), bye_reason.size()}};
+  std::lock_guard<std::mutex> lock(sc->write_mu);
+  SendAll(sc->fd, iov, bye_reason.empty() ? 1 : 2, 1000);
+}
+
+// Writes chunks taken by TakeSendable in one sendmsg (shared-memory pushes
+// copied into their slots first), then hands the connection back. A chunk
+// whose call failed meanwhile is not sent, and gives its credit back. False
+// when the connection failed.
+bool Engine::Impl::WriteChunks(ServerConn* sc, std::vector<ChunkPtr>& batch) {
+  struct Outgoing {
+    Chunk* ch;
+    FrameHeader h;
+    ShmRef ref;
+  };
+  std::vector<Outgoing> out;
+  out.reserve(batch.size());  // the iovecs point into it
+  std::vector<ChunkPtr> skipped;
+  for (ChunkPtr& ch : batch) {
     Call* call = ch->call.get();
-    if (!call->TryAcquire()) {
-      std::vector<Lost> lost;
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        auto it = pending.find(RoundKey{ch->key, ch->round});
-        if (it != pending.end() && it->second == ch) pending.erase(it);
-        ch->skipped = true;
-        DropSkipped(sc);
-        lost = DispatchLocked();
-      }
-      FailLost(lost);
+    if (!ch->tree && !call->TryAcquire()) {
+      skipped.push_back(ch);
       continue;
     }
-    FrameHeader h = MakeHeader(ch->tree ? MsgType::kTree : MsgType::kPush, opt.token);
-    h.key = ch->key;
-    h.round = ch->round;
-    h.sender = opt.rank;
-    h.nbytes = ch->nbytes;
-    ShmRef ref;
-    std::vector<struct iovec> iov(1, {&h, sizeof(h)});
-    if (ch->tree) {
-      iov.push_back({const_cast<char*>(call->spec.tree.data()), ch->nbytes});
-    } else {
-      h.dtype = static_cast<uint8_t>(call->spec.operands[ch->op].dtype);
-      if (sc->push_region && ch->nbytes <= sc->slot_bytes) {
-        // All slots parked on the server means this worker is ahead of the
-        // others; their pushes free slots soon, so wait a little for one.
-        // Bounded, since a peer may be stuck on other keys: then TCP.
-        std::unique_lock<std::mutex> lock(mu);
-        sc->slot_cv.wait_for(lock, std::chrono::milliseconds(kSlotWaitMs),
-                             [&] { return !sc->free_slots.empty() || sc->failed; });
-        if (!sc->free_slots.empty()) {
-          ch->slot = sc->free_slots.back();
-          sc->free_slots.pop_back();
-          sc->slot_of[RoundKey{ch->key, ch->round}] = ch->slot;
-        }
+    out.push_back(Outgoing{ch.get(), MakeHeader(ch->tree ? MsgType::kTree : MsgType::kPush, opt.token), ShmRef{}});
+    Outgoing& o = out.back();
+    o.h.key = ch->key;
+    o.h.round = ch->round;
+    o.h.sender = opt.rank;
+    o.h.nbytes = ch->nbytes;
+    if (call->timed) o.h.flags |= kFlagTimed;
+    if (ch->tree) continue;
+    o.h.dtype = static_cast<uint8_t>(call->spec.operands[ch->op].dtype);
+    o.h.aux = static_cast<uint32_t>(call->spec.tree_digest);
+    if (ch->slot >= 0) {
+      // The transport's one copy in: XLA's buffer is not in shared memory.
+      o.ref.offset = static_cast<uint64_t>(ch->slot) * sc->slot_bytes;
+      o.ref.nbytes = ch->nbytes;
+      char* dst = sc->push_region->data() + o.ref.offset;
+      for (const Part& p : ch->parts) {
+        std::memcpy(dst, static_cast<const char*>(call->spec.operands[p.op].in) + p.offset, p.nbytes);
+        dst += p.nbytes;
       }
-      if (ch->slot >= 0) {
-        // The transport's one copy in: XLA's buffer is not in shared memory.
-        ref.offset = static_cast<uint64_t>(ch->slot) * sc->slot_bytes;
-        ref.nbytes = ch->nbytes;
-        char* dst = sc->push_region->data() + ref.offset;
-        for (const Part& p : ch->parts) {
-          std::memcpy(dst, static_cast<const char*>(call->spec.operands[p.op].in) + p.offset, p.nbytes);
-          dst += p.nbytes;
-        }
-        h.type = static_cast<uint16_t>(MsgType::kPushShm);
-        h.nbytes = sizeof(ref);
-        iov.push_back({&ref, sizeof(ref)});
-      } else {
-        for (const Part& p : ch->parts)  // straight from XLA's buffers, gathered by sendmsg
-          iov.push_back({const_cast<char*>(static_cast<const char*>(call->spec.operands[p.op].in) + p.offset),
-                         p.nbytes});
-      }
+      o.h.type = static_cast<uint16_t>(MsgType::kPushShm);
+      o.h.nbytes = sizeof(o.ref);
     }
-    IoStatus st;
-    {
-      std::lock_guard<std::mutex> lock(sc->write_mu);
-      st = SendAll(sc->fd, iov.data(), static_cast<int>(iov.size()), stall_ms);
+  }
+  std::vector<struct iovec> iov;
+  for (Outgoing& o : out) {
+    iov.push_back({&o.h, sizeof(o.h)});
+    if (o.ch->tree) {
+      iov.push_back({const_cast<char*>(o.ch->payload.data()), o.ch->payload.size()});
+    } else if (o.ch->slot >= 0) {
+      iov.push_back({&o.ref, sizeof(o.ref)});
+    } else {
+      for (const Part& p : o.ch->parts)  // straight from XLA's buffers, gathered by sendmsg
+        iov.push_back({const_cast<char*>(static_cast<const char*>(o.ch->call->spec.operands[p.op].in) + p.offset),
+                       p.nbytes});
+    }
+  }
+  // Stamped before the write: the server may read the push (and a woken
+  // reader preempt this thread) before sendmsg returns.
+  const int64_t written = stage_timing.load(std::memory_order_relaxed) ? SteadyNs() : 0;
+  int data_chunks = 0;
+  for (Outgoing& o : out) data_chunks += !o.ch->tree;
+  sc->awaiting += data_chunks;
+  IoStatus st = IoStatus::kOk;
+  if (!iov.empty()) {
+    std::lock_guard<std::mutex> lock(sc->write_mu);
+    st = SendAll(sc->fd, iov.data(), static_cast<int>(iov.size()), stall_ms);
+  }
+  for (Outgoing& o : out) {
+    if (o.ch->tree) continue;
+    Call* call = o.ch->call.get();
+    if (call->timed && written != 0 && st == IoStatus::kOk) {
+      std::lock_guard<std::mutex> lock(call->mu);
+      call->stage.pushed = std::max(call->stage.pushed, written);
     }
     ReleaseIo(call);
-    if (st != IoStatus::kOk) {
-      ConnFailed(sc, std::string("send failed: ") + IoStatusName(st));
-      return;
-    }
-    if (ch->tree) continue;
+    if (st != IoStatus::kOk) continue;
     ++chunks_pushed;
-    bytes_pushed += ch->nbytes;
-    sc->bytes_pushed += ch->nbytes;
-    if (ch->slot >= 0) bytes_shm += ch->nbytes;
+    bytes_pushed += o.ch->nbytes;
+    sc->bytes_pushed += o.ch->nbytes;
+    if (o.ch->slot >= 0) bytes_shm += o.ch->nbytes;
   }
+  std::vector<Lost> lost;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (ChunkPtr& ch : skipped) {
+      auto it = pending.find(RoundKey{ch->key, ch->round});
+      if (it != pending.end() && it->second == ch) pending.erase(it);
+      ch->skipped = true;
+      if (ch->slot >= 0) {  // never sent: the slot was never the server's
+        sc->slot_of.erase(RoundKey{ch->key, ch->round});
+        sc->free_slots.push_back(ch->slot);
+        sc->slot_cv.notify_one();
+      }
+    }
+    if (!skipped.empty()) {
+      DropSkipped(sc);
+      lost = DispatchLocked();
+    }
+    sc->sending = false;
+    // The sender waits for the connection while this thread writes: for what
+    // is left to send, or to say goodbye (Stop).
+    if (!sc->sendq.empty() || sc->bye) sc->send_cv.notify_one();
+  }
+  FailLost(lost);
+  if (st != IoStatus::kOk) {
+    ConnFailed(sc, std::string("send failed: ") + IoStatusName(st));
+    return false;
+  }
+  return true;
 }
 
 bool Engine::Impl::Drain(int fd, uint64_t nbytes, std::vector<char>* scratch) {
@@ -729,11 +973,14 @@ void Engine::Impl::RecvLoop(ServerConn* sc) {
   const std::string server = sc->addr.ToString();
   for (;;) {
     FrameHeader h;
+    if (sc->push_region && sc->awaiting.load(std::memory_order_relaxed) == 1)
+      SpinUntilReadable(sc->fd, SteadyNs() + kReceiverSpinNs);
     IoStatus st = RecvAll(sc->fd, &h, sizeof(h), -1, stall_ms);
     if (st != IoStatus::kOk) {
       ConnFailed(sc, IoStatusName(st));
       return;
     }
+    const int64_t header_read = stage_timing.load(std::memory_order_relaxed) ? SteadyNs() : 0;
     std::string why = ValidateHeader(h, opt.token);
     if (!why.empty()) {
       ConnFailed(sc, "protocol error: " + why);
@@ -746,14 +993,7 @@ void Engine::Impl::RecvLoop(ServerConn* sc) {
       std::vector<Lost> lost;
       {
         std::lock_guard<std::mutex> lock(mu);
-        auto it = std::find_if(sc->unacked.begin(), sc->unacked.end(),
-                               [&](const ChunkPtr& c) { return c->key == h.key && c->round == h.round; });
-        if (it != sc->unacked.end()) {
-          if (opt.trace) (*it)->times.acked = NowMicros();
-          --inflight_chunks;
-          sc->unacked.erase(it);
-          DropSkipped(sc);
-        }
+        AckLocked(sc, RoundKey{h.key, h.round});
         lost = DispatchLocked();
       }
       FailLost(lost);
@@ -783,37 +1023,45 @@ void Engine::Impl::RecvLoop(ServerConn* sc) {
       return;
     }
     ChunkPtr ch;
+    std::vector<Lost> lost;
     {
       std::lock_guard<std::mutex> lock(mu);
-      auto it = pending.find(RoundKey{h.key, h.round});
+      const RoundKey rk{h.key, h.round};
+      auto it = pending.find(rk);
       if (it != pending.end()) {
         ch = it->second;
         pending.erase(it);
       }
-      auto slot = sc->slot_of.find(RoundKey{h.key, h.round});
+      if (type != MsgType::kError || (ch && !ch->tree)) sc->awaiting.fetch_sub(1, std::memory_order_relaxed);
+      auto slot = sc->slot_of.find(rk);
       if (slot != sc->slot_of.end()) {  // the round is over on the server: the slot is ours again
         sc->free_slots.push_back(slot->second);
         sc->slot_of.erase(slot);
         sc->slot_cv.notify_one();
       }
+      // A round's sum or error acknowledges this worker's push too: a server
+      // answering the last push of a round sends no separate kPushAck.
+      if (AckLocked(sc, rk)) lost = DispatchLocked();
     }
+    FailLost(lost);
     if (type == MsgType::kError) {
       std::string text(h.nbytes, '\0');
       if (RecvAll(sc->fd, text.data(), text.size(), stall_ms, stall_ms) != IoStatus::kOk) {
         ConnFailed(sc, "truncated error message");
         return;
       }
- if (ch && ch->tree) {
+      if (ch && ch->tree) {
         {
           std::lock_guard<std::mutex> lock(ch->call->mu);
           ch->call->tree_pending = false;
+          if (ch->call->timed) ch->call->stage.tree_checked = header_read;
         }
         FailCall(ch->call, "jbps: " + text + " (server " + server + ")");
       } else if (ch) {
         std::string msg = "jbps: psum of tensor '" + ch->call->TensorName(ch->op) + "' failed on server " + server +
                           ": " + text;
-        bool defer;
-        {
+        bool defer = false;
+        if (h.flags & kFlagTreeMismatch) {  // the tree check's error names the leaf: wait for it
           std::lock_guard<std::mutex> lock(ch->call->mu);
           defer = ch->call->tree_pending;
           if (defer && ch->call->deferred.empty()) ch->call->deferred = msg;
@@ -825,23 +1073,9 @@ void Engine::Impl::RecvLoop(ServerConn* sc) {
       }
       continue;
     }
-    if (ch && ch->tree) {  // every worker sent the same tree
-      if (h.nbytes != 0) {
-        ConnFailed(sc, "protocol error: a tree check answered with a payload");
-        return;
-      }
-      std::string deferred;
-      {
-        std::lock_guard<std::mutex> lock(ch->call->mu);
-        ch->call->tree_pending = false;
-        deferred = ch->call->deferred;
-      }
-      if (deferred.empty()) {
-        ChunkDone(ch->call.get());
-      } else {
-        FailCall(ch->call, deferred);
-      }
-      continue;
+    if (ch && ch->tree) {  // a tree check is answered only when the trees differ
+      ConnFailed(sc, "protocol error: a tree check answered with a sum");
+      return;
     }
     // kSum / kSumShm: land the sum in the output buffers, or drop it if its call is gone.
     const bool shm = type == MsgType::kSumShm;
@@ -867,13 +1101,18 @@ void Engine::Impl::RecvLoop(ServerConn* sc) {
           src += p.nbytes;
         }
         bytes_shm += sum_bytes;
+        bytes_pulled += ch->nbytes;
+        if (opt.trace) Record(*ch, NowMicros());
+        if (ch->call->timed) StampSum(ch->call.get(), h, header_read);
+        ChunkDone(ch->call.get());
+        ReleaseIo(ch->call.get());  // the call may complete now: the release below is not on its path
       }
       st = SendRelease(sc, h);  // wanted or not, the server may reuse the block
       if (st != IoStatus::kOk) {
-        if (wanted) ReleaseIo(ch->call.get());
         ConnFailed(sc, std::string("releasing a sum: ") + IoStatusName(st));
         return;
       }
+      continue;
     } else if (!wanted) {
       if (!Drain(sc->fd, h.nbytes, &scratch)) {
         ConnFailed(sc, "truncated sum");
@@ -891,6 +1130,7 @@ void Engine::Impl::RecvLoop(ServerConn* sc) {
     if (st == IoStatus::kOk) {
       bytes_pulled += ch->nbytes;
       if (opt.trace) Record(*ch, NowMicros());
+      if (ch->call->timed) StampSum(ch->call.get(), h, header_read);
       ChunkDone(ch->call.get());
     }
     ReleaseIo(ch->call.get());
@@ -1113,13 +1353,52 @@ void Engine::Impl::Complete(Call* c) {
   {
     std::lock_guard<std::mutex> lock(mu);
     EraseActive(c->id);
+    // Matching trees get no answer: the check's entry goes with its call.
+    auto it = pending.find(c->tree_round);
+    if (it != pending.end() && it->second->call.get() == c) pending.erase(it);
   }
   if (c->failed) ++calls_failed;
-  std::function<void()> fn = [done = std::move(c->done), error = c->error] { done(error); };
+  // A timed call's stages end when the caller is handed the result.
+  std::optional<StageRecord> stage;
+  if (c->timed) {
+    std::lock_guard<std::mutex> lock(c->mu);
+    stage = c->stage;
+    stage->failed = c->failed;
+  }
+  if (c->early) {
+    const int64_t handed = stage ? SteadyNs() : 0;
+    if (c->early(c->error)) {
+      if (stage) KeepStage(std::move(*stage), handed);
+      return;
+    }
+  }
+  std::function<void()> fn = [this, done = std::move(c->done), error = c->error, stage = std::move(stage)]() mutable {
+    if (stage) KeepStage(std::move(*stage), SteadyNs());
+    done(error);
+  };
   std::lock_guard<std::mutex> lock(completer_mu);
   auto& completer = completers[c->spec.shard];
   if (!completer) completer = std::make_unique<Completer>();
   completer->Post(std::move(fn));
+}
+
+void Engine::Impl::KeepStage(StageRecord stage, int64_t done) {
+  stage.done = done;
+  std::lock_guard<std::mutex> lock(stages_mu);
+  if (stages.size() < kMaxStageRecords) stages.push_back(std::move(stage));
+}
+
+// A data sum of a timed call is in its output: the call's stages follow its
+// latest sum, with the server's own timings when it sent them.
+void Engine::Impl::StampSum(Call* c, const FrameHeader& h, int64_t header_read) {
+  const int64_t now = SteadyNs();
+  std::lock_guard<std::mutex> lock(c->mu);
+  if (header_read < c->stage.sum_arrived) return;
+  c->stage.sum_arrived = header_read;
+  c->stage.pulled = now;
+  const bool timed = (h.flags & kFlagTimed) != 0;
+  c->stage.server_ns = timed ? static_cast<int64_t>(h.aux) * kTimedUnitNs : 0;
+  c->stage.peer_wait_ns = timed ? static_cast<int64_t>(h.sender) * kTimedUnitNs : 0;
 }
 
 // One record per part: a fused message shows up under each tensor it carried,

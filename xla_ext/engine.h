@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "dtype.h"
@@ -34,6 +35,8 @@ struct EngineOptions {
   // Bytes of each of the 4 x `credit` push slots in a shared region: pushes
   // larger than this (a partition size above it) go over TCP.
   size_t shm_slot_bytes = size_t{4} << 20;
+  // Back fresh output buffers with huge pages (JBPS_HUGE_PAGES; fresh_output.h).
+  bool huge_pages = true;
 };
 
 
@@ -69,12 +72,19 @@ struct CallSpec {
   size_t partition_bytes = 4 << 20;  // largest chunk; rounded down to whole elements
   std::vector<int32_t> servers;   // server of each chunk, operand by operand
   // The whole call's tree ("psum NAME" then "path dtype[shape]" per leaf).
-  // Every worker sends it to one server under tree_key, which checks that
+  // Every data push carries its digest, and a server sums no round whose
+  // pushes' digests differ. Every worker also sends the digest to one server
+  // under tree_key (with the description the first time), which checks that
   // all sent the same: a tree that differs (a leaf more, another shape) fails
-  // the call on every worker instead of summing what happens to line up.
+  // the call on every worker, naming the leaf, even where no chunk lines up.
   std::string tree;
   uint64_t tree_key = 0;
+  uint64_t tree_digest = 0;  // TreeDigest(tree), filled in by Submit when 0; calls of
+                             // one tree split into several (the CUDA handler) share it
 };
+
+// A 64-bit digest of a tree description, the same on every worker.
+uint64_t TreeDigest(std::string_view tree);
 
 // The life of one chunk, in microseconds since the Unix epoch (so traces of
 // several workers on one machine line up): submitted; taken by its
@@ -96,8 +106,28 @@ struct TraceRecord {
   ChunkTimes times;
 };
 
+// When one call went through each stage (SetStageTiming), for the
+// benchmark's latency breakdown: SteadyNs() stamps, 0 where a stage did not
+// happen. A call's last data chunk decides pushed, sum_arrived and pulled.
+struct StageRecord {
+  std::string name;           // the call's first tensor
+  uint64_t bytes = 0;         // of all its operands
+  int64_t submitted = 0;      // the handler handed the call to the engine
+  int64_t pushed = 0;         // the push is about to be written to its socket (copied in, if in shared memory)
+  int64_t sum_arrived = 0;    // the sum's header was read
+  int64_t pulled = 0;         // the sum is in the output
+  int64_t tree_checked = 0;   // the tree check's answer was read
+  int64_t done = 0;           // the result was handed to the caller (a waiting handler, or the completion thread)
+  int64_t server_ns = 0;      // on the sum's server: the round's last push read -> the sum written
+  int64_t peer_wait_ns = 0;   // on that server: this worker's push read -> the last push read
+  bool failed = false;
+};
+
 // Called exactly once, with an empty string on success or the error.
 using DoneFn = std::function<void(const std::string& error)>;
+// Called first, on the engine thread that completes the call (see Submit);
+// true means it took the result and `done` is not called.
+using EarlyDoneFn = std::function<bool(const std::string& error)>;
 
 class Engine {
  public:
@@ -112,6 +142,10 @@ class Engine {
   // have decided the default); false with *err unless credit >= 1.
   bool SetCredit(int credit, std::string* err);
   bool running() const;
+  // Whether every server shares memory with this worker (all on this host).
+  bool all_servers_local() const;
+  // options.huge_pages of the running engine.
+  bool huge_pages() const;
   // Why the job failed (a lost server, or a lost worker a server reported),
   // or empty. Set once; every pending and later call fails with it until Stop().
   std::string fault() const;
@@ -119,6 +153,11 @@ class Engine {
   std::vector<ServerRole> server_roles() const;
   // Chunks completed since the last call (empty unless options.trace).
   std::vector<TraceRecord> TakeTrace();
+  // Stamps every call submitted from now on (and asks the servers to time
+  // its rounds) until turned off; TakeStages returns the calls completed
+  // since its last call (at most 65,536 kept).
+  void SetStageTiming(bool on);
+  std::vector<StageRecord> TakeStages();
   // Bytes of every chunk but an operand's last: the partition size rounded
   // down to whole elements (at least one). jbps/partition/plan.py's
   // chunk_size is the same rule; the FFI handler checks the two agree.
@@ -126,8 +165,12 @@ class Engine {
   // Chunk count of an operand of `nbytes` under the call's partition size.
   static size_t NumChunks(size_t nbytes, DType dtype, size_t partition_bytes);
 
-  // Never blocks on the network; `done` runs on a completion thread.
-  void Submit(CallSpec spec, DoneFn done);
+  // Never blocks on the network; `done` runs on a completion thread (one
+  // per local device: XLA may go on with the device's program in it). With
+  // `early`, the thread that completes the call (a receiver, the watchdog,
+  // this one) offers it the result first: a caller waiting for the call
+  // takes it there, without the completion thread's hand-off.
+  void Submit(CallSpec spec, DoneFn done, EarlyDoneFn early = nullptr);
 
   struct Impl;
 

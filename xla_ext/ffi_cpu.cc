@@ -7,8 +7,9 @@
 // tree (the whole call's leaves, checked across workers by a server) and
 // tree_key (int64, where that check meets).
 //
-// The handler hands everything to the engine and returns a Future at once, so
-// no XLA thread waits on the network.
+// The handler hands everything to the engine and returns a Future, which the
+// engine completes: no XLA thread waits on the network for long. A small
+// call's handler first waits briefly for the sum itself (HandlerWait).
 #include "ffi_cpu.h"
 
 #include <memory>
@@ -17,12 +18,22 @@
 
 #include "engine.h"
 #include "ffi_operand.h"
+#include "fresh_output.h"
+#include "handler_wait.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
 namespace jbps {
 namespace {
+
+// Calls of at most this many bytes (all operands), with every server on this
+// host, wait in the handler (HandlerWait): up to kHandlerSpinNs polling, up
+// to kHandlerWaitNs in all. Such a call takes a few hundred microseconds at
+// most when the workers are in step.
+constexpr size_t kHandlerWaitBytes = size_t{1} << 20;
+constexpr int64_t kHandlerSpinNs = 100'000;
+constexpr int64_t kHandlerWaitNs = 1'000'000;
 
 ffi::Future Failed(std::string msg) {
   ffi::Promise promise;
@@ -53,6 +64,7 @@ ffi::Future PsumCpu(ffi::Buffer<ffi::S32> shard_index, ffi::RemainingArgs args, 
     std::string err = DescribeOperand(i, args.get<ffi::AnyBuffer>(i), rets.get<ffi::AnyBuffer>(i), leaf_keys[i],
                                       priorities[i], &op, &op.in, &op.out);
     if (!err.empty()) return Failed(err);
+    if (op.out != op.in && Engine::Get().huge_pages()) PrepareFreshOutput(op.out, op.nbytes);  // a fresh buffer
     chunks_per_shard += Engine::NumChunks(op.nbytes, op.dtype, spec.partition_bytes);
   }
   const size_t first = static_cast<size_t>(spec.shard) * chunks_per_shard;
@@ -60,16 +72,25 @@ ffi::Future PsumCpu(ffi::Buffer<ffi::S32> shard_index, ffi::RemainingArgs args, 
     return Failed("jbps_psum: the plan routes " + std::to_string(chunk_servers.size()) + " chunks, too few for shard " +
                   std::to_string(spec.shard) + " of " + std::to_string(chunks_per_shard) + " chunks each");
   spec.servers.assign(chunk_servers.begin() + first, chunk_servers.begin() + first + chunks_per_shard);
+  size_t call_bytes = 0;
+  for (const Operand& op : spec.operands) call_bytes += op.nbytes;
   ffi::Promise promise;
   ffi::Future future(promise);
   auto shared = std::make_shared<ffi::Promise>(std::move(promise));
-  Engine::Get().Submit(std::move(spec), [shared](const std::string& error) {
+  auto settle = [shared](const std::string& error) {
     if (error.empty()) {
       shared->SetAvailable();
     } else {
       shared->SetError(ffi::Error(ffi::ErrorCode::kUnavailable, error));
     }
-  });
+  };
+  if (call_bytes > kHandlerWaitBytes || !Engine::Get().all_servers_local()) {
+    Engine::Get().Submit(std::move(spec), settle);
+    return future;
+  }
+  auto wait = std::make_shared<HandlerWait>();
+  Engine::Get().Submit(std::move(spec), settle, [wait](const std::string& error) { return wait->Offer(error); });
+  if (wait->Wait(kHandlerSpinNs, kHandlerWaitNs)) settle(wait->error());
   return future;
 }
 

@@ -86,9 +86,11 @@ struct CallState {
   size_t chunks_per_shard = 0;
   size_t partition_bytes = 0;
   // The call's tree check travels with the first tensor that has bytes (the
-  // engine sends it beside that tensor's chunks).
+  // engine sends it beside that tensor's chunks); every tensor's pushes carry
+  // the tree's digest, so no tensor of a mismatched call is summed.
   std::string tree;
   uint64_t tree_key = 0;
+  uint64_t tree_digest = 0;
   const TensorState* tree_carrier = nullptr;
   bool sync = false;
   std::vector<std::unique_ptr<TensorState>> tensors;  // stable addresses for host functions
@@ -138,6 +140,7 @@ void SubmitHostFn(void* arg) {
   spec.names = t->name;
   spec.partition_bytes = c->partition_bytes;
   spec.operands = {t->op};
+  spec.tree_digest = c->tree_digest;
   if (t == c->tree_carrier) {
     spec.tree = c->tree;
     spec.tree_key = c->tree_key;
@@ -211,6 +214,7 @@ ffi::Error PsumCuda(cudaStream_t stream, ffi::Buffer<ffi::S32> shard_index, ffi:
   call->chunk_servers.assign(chunk_servers.begin(), chunk_servers.end());
   call->tree = std::string(tree);
   call->tree_key = static_cast<uint64_t>(tree_key);
+  call->tree_digest = call->tree.empty() ? 0 : TreeDigest(call->tree);
   call->sync = EnvIsOne("JBPS_CUDA_SYNC");
   std::vector<std::string> tensor_names = SplitLines(names, n);
   std::vector<const void*> device_in(n);

@@ -200,7 +200,7 @@ NB_MODULE(_core, m) {
   m.def(
       "engine_start",
       [](std::vector<std::string> servers, uint32_t rank, uint32_t num_workers, uint64_t token,
-         int credit, double timeout_s, bool trace, bool shm, size_t shm_slot_bytes) {
+         int credit, double timeout_s, bool trace, bool shm, size_t shm_slot_bytes, bool huge_pages) {
         jbps::EngineOptions o;
         o.servers = std::move(servers);
         o.rank = rank;
@@ -211,6 +211,7 @@ NB_MODULE(_core, m) {
         o.trace = trace;
         o.shm = shm;
         o.shm_slot_bytes = shm_slot_bytes;
+        o.huge_pages = huge_pages;
         std::string err;
         bool ok;
         {
@@ -221,7 +222,7 @@ NB_MODULE(_core, m) {
       },
       nb::arg("servers"), nb::arg("rank"), nb::arg("num_workers"), nb::arg("token"), nb::arg("credit"),
       nb::arg("timeout_s"), nb::arg("trace") = false, nb::arg("shm") = true,
-      nb::arg("shm_slot_bytes") = size_t{4} << 20);
+      nb::arg("shm_slot_bytes") = size_t{4} << 20, nb::arg("huge_pages") = true);
 
   m.def(
       "engine_set_credit",
@@ -257,6 +258,34 @@ NB_MODULE(_core, m) {
       out.append(nb::make_tuple(r.tensor, r.key, r.round, r.shard, r.server, r.priority, r.nbytes,
                                 r.times.queued, r.times.sent_start, r.times.acked, r.times.sum_arrived,
                                 r.times.pulled));
+    return out;
+  });
+  m.def(
+      "engine_set_stage_timing", [](bool on) { jbps::Engine::Get().SetStageTiming(on); }, nb::arg("on"));
+  // Calls completed with stage timing on since the last call: dicts of the
+  // StageRecord fields, times in nanoseconds of time.perf_counter_ns()'s clock.
+  m.def("engine_take_stages", [] {
+    std::vector<jbps::StageRecord> records;
+    {
+      nb::gil_scoped_release release;
+      records = jbps::Engine::Get().TakeStages();
+    }
+    nb::list out;
+    for (auto& r : records) {
+      nb::dict d;
+      d["name"] = r.name;
+      d["bytes"] = r.bytes;
+      d["submitted"] = r.submitted;
+      d["pushed"] = r.pushed;
+      d["sum_arrived"] = r.sum_arrived;
+      d["pulled"] = r.pulled;
+      d["tree_checked"] = r.tree_checked;
+      d["done"] = r.done;
+      d["server_ns"] = r.server_ns;
+      d["peer_wait_ns"] = r.peer_wait_ns;
+      d["failed"] = r.failed;
+      out.append(d);
+    }
     return out;
   });
   m.def("engine_running", [] { return jbps::Engine::Get().running(); });

@@ -15,6 +15,10 @@
 #include <cstring>
 #include <thread>
 
+#include <sched.h>
+
+#include "steady_clock.h"
+
 namespace jbps {
 namespace {
 
@@ -206,10 +210,11 @@ IoStatus RecvAll(int fd, void* buf, size_t n, int timeout_ms, int stall_timeout_
     } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
       // A large read wakes once a good part of it is there, not once per
       // packet: on a slow link a chunk arrives a segment at a time.
+      // Never more than what is left: a threshold set for an earlier, larger
+      // remainder would never be reached, and the read would stall.
       int want = static_cast<int>(std::min<size_t>(n - got, kWakeBytes));
-      if (want >= kMinLowatBytes && want != lowat &&
-          ::setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &want, sizeof(want)) == 0)
-        lowat = want;
+      if (want < kMinLowatBytes) want = 1;
+      if (want != lowat && ::setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &want, sizeof(want)) == 0) lowat = want;
       status = WaitFd(fd, POLLIN, got == 0 ? timeout_ms : stall_timeout_ms);
       if (status != IoStatus::kOk) break;
     } else if (errno != EINTR) {
@@ -222,6 +227,15 @@ IoStatus RecvAll(int fd, void* buf, size_t n, int timeout_ms, int stall_timeout_
     ::setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &one, sizeof(one));
   }
   return status;
+}
+
+bool SpinUntilReadable(int fd, int64_t until_ns) {
+  struct pollfd p = {fd, POLLIN, 0};
+  for (;;) {
+    if (::poll(&p, 1, 0) > 0) return true;  // readable, or an error the next read reports
+    if (SteadyNs() >= until_ns) return false;
+    ::sched_yield();
+  }
 }
 
 IoStatus SendAll(int fd, struct iovec* iov, int iovcnt, int timeout_ms) {

@@ -48,6 +48,12 @@ enum class IoStatus { kOk, kClosed, kTimeout, kError };
 // wait is bounded by `stall_timeout_ms` so a half-sent frame cannot hang us.
 IoStatus RecvAll(int fd, void* buf, size_t n, int timeout_ms, int stall_timeout_ms);
 
+// Polls fd without sleeping (yielding the CPU to any other runnable thread
+// between polls) until it has bytes to read or SteadyNs() reaches until_ns;
+// true when it has. For an answer due within microseconds, where sleeping
+// and being woken cost more than the wait.
+bool SpinUntilReadable(int fd, int64_t until_ns);
+
 // Sends all bytes of the iovecs (header + payload in one syscall when possible).
 // Waits at most timeout_ms for the peer to make progress.
 IoStatus SendAll(int fd, struct iovec* iov, int iovcnt, int timeout_ms);

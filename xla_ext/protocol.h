@@ -6,15 +6,17 @@
 //
 //   worker -> server  kHello    sender=rank, key=num_workers     (first message)
 //   server -> worker  kHelloOk  key=role (ServerRole)            (or kError + close)
-//   worker -> server  kPush     key, round, dtype, payload       (a chunk of a shard)
+//   worker -> server  kPush     key, round, dtype, aux = tree digest, payload (a chunk of a shard)
 //   server -> worker  kPushAck  key, round                       (payload received: frees a credit)
 //   server -> worker  kSum      key, round, dtype, payload       (all workers pushed: the sum)
 //   server -> worker  kError    key, round, payload = message    (this key/round failed)
 //   worker -> server  kBye      payload = why the worker leaves:  empty for a clean end; else (an
 //                               uncaught exception) the server ends the job naming the worker
-//   worker -> server  kTree     key, round, payload = the call's tree (leaf paths, dtypes, shapes)
-//                               answered by kSum with no payload when every worker sent the same
-//                               tree, else kError naming the first leaf that differs
+//   worker -> server  kTree     key, round, payload = the call's tree digest (8 bytes), then its
+//                               description (leaf paths, dtypes, shapes) unless this connection
+//                               sent that description before (kMaxDescribedTrees); not answered
+//                               when every worker sent the same digest, else answered by kError
+//                               naming the first leaf that differs
 //   server -> worker  kAbort    payload = why the job failed (a worker was lost); the server
 //                               closes the connection after it
 //
@@ -23,7 +25,7 @@
 //                                region's fd attached; sender=rank, key=slot bytes
 //   server -> worker  kShmAccept on that socket, with the server's sum arena fd attached
 //                                (or kError + message)
-//   worker -> server  kPushShm   key, round, dtype, payload = ShmRef into the worker's region;
+//   worker -> server  kPushShm   key, round, dtype, aux, payload = ShmRef into the worker's region;
 //                                answered by kPushAck once taken into its round (a credit);
 //                                the slot stays the server's, read in place, until that
 //                                round's kSum/kSumShm or kError reaches the worker
@@ -47,6 +49,13 @@ constexpr uint64_t kMaxPayloadBytes = uint64_t{1} << 31;
 constexpr uint64_t kMaxErrorBytes = 64 * 1024;
 // A call's tree description; longer ones are sent as a digest (jbps/ops/psum.py).
 constexpr uint64_t kMaxTreeBytes = 1 << 20;
+constexpr uint64_t kTreeDigestBytes = 8;  // before the description in a kTree payload
+// The tree descriptions a server keeps per connection, so that a call sends
+// its description once and only its digest after: the first ones a worker
+// sends until either bound is reached (both ends count alike, so a worker
+// knows which the server has); later ones travel with every check.
+constexpr size_t kMaxDescribedTrees = 4096;
+constexpr uint64_t kMaxDescribedTreeBytes = uint64_t{64} << 20;
 
 // Where a server runs, which decides its share of the bytes (docs/design.md,
 // "Sharing the bytes"): on a worker's machine, or on a CPU-only machine.
@@ -84,12 +93,25 @@ struct FrameHeader {
   uint64_t key = 0;
   uint32_t round = 0;
   uint8_t dtype = 0;
-  uint8_t reserved[3] = {0, 0, 0};
-  uint32_t sender = 0;  // worker rank
-  uint32_t reserved2 = 0;
+  uint8_t flags = 0;  // kFlag* bits
+  uint8_t reserved[2] = {0, 0};
+  uint32_t sender = 0;  // worker rank; on a timed sum, see kFlagTimed
+  uint32_t aux = 0;     // see kFlagTimed
   uint64_t nbytes = 0;  // payload bytes that follow
 };
 static_assert(sizeof(FrameHeader) == 48, "wire header must stay 48 bytes");
+
+// A push with kFlagTimed asks its server to time the round (the benchmark's
+// latency breakdown): the round's sum then carries kFlagTimed, with `aux` the
+// server's time from the round's last push read to the sum written, and
+// `sender` this worker's wait on the server for the other workers' pushes
+// (from its push read to the last one read), both in units of 100 ns.
+constexpr uint8_t kFlagTimed = 1;
+constexpr uint64_t kTimedUnitNs = 100;
+// Data pushes carry the low 32 bits of their call's tree digest in `aux`: a
+// round whose pushes disagree fails with a kError carrying this flag, and no
+// sum. The worker then waits for the tree check's error, which names the leaf.
+constexpr uint8_t kFlagTreeMismatch = 2;
 
 // One sum on a server: a key in one round. Rounds keep a fast worker's next
 // step apart from a slow worker's current one.
@@ -135,7 +157,8 @@ inline std::string ValidateHeader(const FrameHeader& h, uint64_t token) {
              h.type == static_cast<uint16_t>(MsgType::kBye)) {
     if (h.nbytes > kMaxErrorBytes) return "error message too long";
   } else if (h.type == static_cast<uint16_t>(MsgType::kTree)) {
-    if (h.nbytes > kMaxTreeBytes) return "tree description length " + std::to_string(h.nbytes) + " too large";
+    if (h.nbytes < kTreeDigestBytes || h.nbytes > kTreeDigestBytes + kMaxTreeBytes)
+      return "tree check length " + std::to_string(h.nbytes) + " out of range";
   } else if (h.nbytes != 0) {
     return "unexpected payload on a control message";
   }

@@ -24,6 +24,7 @@
 #include "net.h"
 #include "protocol.h"
 #include "shm.h"
+#include "steady_clock.h"
 #include "sum_kernels.h"
 #include "thread_name.h"
 
@@ -32,7 +33,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Bytes the server holds: a push, an accumulator, a sum, a tree.
+// Bytes the server holds: a push, an accumulator, a sum.
 class Block {
  public:
   virtual ~Block() = default;
@@ -90,6 +91,13 @@ constexpr double kMaxHelloSeconds = 10;
 constexpr int kLogsPerSecond = 10;
 // Messages a connection's writer sends in one syscall (two iovecs each, well under IOV_MAX).
 constexpr size_t kMaxWriteBatch = 64;
+// A thread with a message for an idle connection (nothing queued, nothing
+// being written) writes it itself when it is at most this big, instead of
+// waking the connection's writer: a socket buffer takes it at once.
+constexpr size_t kDirectWriteBytes = 64 << 10;
+// A reader adds a push of at most this many bytes to its round itself when
+// the key's summing thread is idle, instead of waking that thread.
+constexpr uint64_t kInlineSumBytes = 1 << 20;
 
 // One line per refusal, at most kLogsPerSecond a second: a flood of hostile
 // connections cannot flood the log.
@@ -182,7 +190,22 @@ struct OutMsg {
   FrameHeader header;
   Payload payload;   // shared by every worker receiving the same sum
   std::string text;  // error messages
+  // A timed round's sum (kFlagTimed): its last push and this worker's push
+  // read (SteadyNs), stamped into the header when it is written.
+  int64_t last_read_ns = 0;
+  int64_t own_read_ns = 0;
 };
+
+// Fills a timed sum's header just before it goes onto the socket.
+void StampTimedSum(OutMsg& m) {
+  if (m.last_read_ns == 0) return;
+  auto units = [](int64_t ns) {
+    return static_cast<uint32_t>(std::min<int64_t>(std::max<int64_t>(ns, 0) / kTimedUnitNs, UINT32_MAX));
+  };
+  m.header.flags |= kFlagTimed;
+  m.header.aux = units(SteadyNs() - m.last_read_ns);
+  m.header.sender = units(m.last_read_ns - m.own_read_ns);
+}
 
 // One worker's connection. The reader owns the receive side; the writer
 // drains `out` so engine threads never block on a slow socket.
@@ -206,6 +229,10 @@ struct Conn {
   // once by the acceptor, before the worker's first kPushShm), else null.
   std::shared_ptr<SharedRegion> push_region;
   std::atomic<bool> shm{false};
+  // Tree descriptions this worker sent, by digest (kMaxDescribedTrees):
+  // read and written by the reader alone.
+  std::unordered_map<uint64_t, std::shared_ptr<const std::string>> trees;
+  uint64_t tree_bytes = 0;
   std::thread reader;
   std::thread writer;
 
@@ -240,20 +267,34 @@ struct Task {
   uint32_t rank;
   Payload data;
   ConnPtr conn;
-  bool tree = false;  // a tree description to compare, not data to add
+  uint32_t digest = 0;     // of the call's tree (a push's aux)
   bool ack_after = false;  // a shared-memory push: acknowledged once added, which frees its slot
+  int64_t read_ns = 0;     // a timed push (kFlagTimed): when its header was read
 };
 
-// A sum in the arena that shared-memory workers are still copying out.
-struct HoldKey {
+// A key's round in one job (keep-alive servers serve several).
+struct JobRoundKey {
   uint64_t epoch;
   uint64_t key;
   uint32_t round;
-  bool operator==(const HoldKey& o) const { return epoch == o.epoch && key == o.key && round == o.round; }
+  bool operator==(const JobRoundKey& o) const { return epoch == o.epoch && key == o.key && round == o.round; }
 };
-struct HoldKeyHash {
-  size_t operator()(const HoldKey& k) const { return (k.key * 31 + k.round) * 31 + k.epoch; }
+struct JobRoundKeyHash {
+  size_t operator()(const JobRoundKey& k) const { return (k.key * 31 + k.round) * 31 + k.epoch; }
 };
+
+// One call's tree check, until every worker has sent its digest.
+struct TreeRound {
+  uint64_t digest = 0;
+  uint32_t first_rank = 0;
+  std::shared_ptr<const std::string> first_text;
+  std::vector<bool> checked;
+  int count = 0;
+  std::vector<ConnPtr> waiters;
+  std::string error;
+};
+
+// A sum in the arena that shared-memory workers are still copying out.
 struct Hold {
   Payload sum;
   int readers = 0;
@@ -274,7 +315,11 @@ struct RoundState {
   std::vector<Payload> held;
   std::vector<ConnPtr> waiters;
   std::string error;
-  bool tree = false;
+  uint8_t error_flags = 0;  // kFlagTreeMismatch when the pushes show the workers' trees differ
+  uint32_t digest = 0;      // the first push's tree digest: every push must carry it
+  // Timed pushes (kFlagTimed): each waiter's read time, and the latest.
+  std::vector<int64_t> read_ns;
+  int64_t last_read_ns = 0;
 };
 
 struct EngineThread {
@@ -283,9 +328,13 @@ struct EngineThread {
   std::deque<Task> queue;
   bool stop = false;
   std::thread thread;
-  // Owned by `thread` alone: no lock needed.
+  // Held by whichever thread adds pushes to this thread's rounds: `thread`,
+  // or a reader whose push found the queue empty (RunTask).
+  std::mutex run_mu;
+  std::atomic<bool> reader_running{false};  // run_mu is a reader's, for a small push
+  // Guarded by run_mu.
   std::unordered_map<RoundKey, RoundState, RoundKeyHash> rounds;
-  uint64_t epoch = 0;  // rounds of older jobs are dropped
+  std::atomic<uint64_t> epoch{0};  // rounds of older jobs are dropped; written under run_mu
   uint64_t next_epoch = 0;  // guarded by mu: a job ended, drop its rounds now (DropEndedJobs)
 };
 
@@ -326,7 +375,11 @@ struct SummationServer::Impl {
   uint64_t instance = 0;
   std::atomic<int> shm_workers{0};
   std::mutex holds_mu;
-  std::unordered_map<HoldKey, Hold, HoldKeyHash> holds;
+  std::unordered_map<JobRoundKey, Hold, JobRoundKeyHash> holds;
+
+  // Tree checks waiting for some worker's digest (CheckTree).
+  std::mutex trees_mu;
+  std::unordered_map<JobRoundKey, TreeRound, JobRoundKeyHash> tree_rounds;
 
   void AcceptLoop();
   void Accept(std::list<Pending>* pending);
@@ -347,7 +400,11 @@ struct SummationServer::Impl {
   void Process(Task& t, EngineThread* e);
   void Fold(RoundState& st, DType dtype);
   EngineThread* ThreadFor(uint64_t key, uint64_t nbytes);
-  void SendError(const ConnPtr& c, uint64_t key, uint32_t round, const std::string& msg);
+  void SendError(const ConnPtr& c, uint64_t key, uint32_t round, const std::string& msg, uint8_t flags = 0);
+  void Deliver(const ConnPtr& c, OutMsg m);
+  bool ReadTreeCheck(const ConnPtr& c, const FrameHeader& h, std::string* why);
+  void CheckTree(const ConnPtr& c, const FrameHeader& h, uint64_t digest, std::shared_ptr<const std::string> text);
+  void RunTask(EngineThread* e, Task& t);
   void ReapFinishedConns();
   void MarkFinished();
   std::string Name() const { return opt.bind.substr(0, opt.bind.rfind(':')) + ":" + std::to_string(port); }
@@ -451,6 +508,10 @@ void SummationServer::Stop() {
   {
     std::lock_guard<std::mutex> lock(s.holds_mu);
     s.holds.clear();
+  }
+  {
+    std::lock_guard<std::mutex> lock(s.trees_mu);
+    s.tree_rounds.clear();  // drops their references to connections
   }
   s.arena.reset();  // its memfd goes once the last block does
   for (int& fd : s.wake_pipe) {
@@ -731,28 +792,90 @@ void SummationServer::Impl::Ack(const ConnPtr& c, uint64_t key, uint32_t round) 
   FrameHeader ack = MakeHeader(MsgType::kPushAck, opt.token);
   ack.key = key;
   ack.round = round;
-  // An acknowledgement is on the worker's credit loop: written here when the
-  // writer is idle (nothing queued, nothing being sent), without waking it.
-  std::unique_lock<std::mutex> writing(c->write_mu, std::try_to_lock);
-  if (writing.owns_lock()) {
-    bool idle;
-    {
-      std::lock_guard<std::mutex> lock(c->mu);
-      idle = c->out.empty() && !c->closing && !c->finishing;
-    }
-    if (idle) {
-      struct iovec iov = {&ack, sizeof(ack)};
-      if (SendAll(c->fd, &iov, 1, stall_ms) != IoStatus::kOk) c->Close();
-      return;
-    }
-    writing.unlock();
+  Deliver(c, OutMsg{ack, nullptr, {}});  // on the worker's credit loop
+}
+
+// Reads a tree check's payload and checks it (CheckTree). False, with *why,
+// when the message is bad.
+bool SummationServer::Impl::ReadTreeCheck(const ConnPtr& c, const FrameHeader& h, std::string* why) {
+  std::string payload(h.nbytes, '\0');  // bounded by ValidateHeader
+  IoStatus st = RecvAll(c->fd, payload.data(), payload.size(), stall_ms, stall_ms);
+  if (st != IoStatus::kOk) {
+    *why = std::string("truncated tree check: ") + IoStatusName(st);
+    return false;
   }
-  c->Send(OutMsg{ack, nullptr, {}});
+  uint64_t digest;
+  std::memcpy(&digest, payload.data(), sizeof(digest));
+  std::shared_ptr<const std::string> text;
+  if (payload.size() > kTreeDigestBytes) {
+    text = std::make_shared<const std::string>(payload, kTreeDigestBytes);
+    // Kept while within the bounds, as the worker counts them: it sends this
+    // tree's digest alone from now on.
+    if (c->trees.count(digest) == 0 && c->trees.size() < kMaxDescribedTrees &&
+        c->tree_bytes + text->size() <= kMaxDescribedTreeBytes) {
+      c->trees.emplace(digest, text);
+      c->tree_bytes += text->size();
+    }
+  } else {
+    auto it = c->trees.find(digest);
+    if (it == c->trees.end()) {
+      *why = "a tree check of a tree it never described";
+      return false;
+    }
+    text = it->second;
+  }
+  CheckTree(c, h, digest, std::move(text));
+  return true;
+}
+
+// Every worker sends its call's tree digest under the call's tree key and
+// round: while they agree nobody is answered (each push carries the digest,
+// and a round of pushes that disagree gets no sum), and once they differ
+// every worker's check fails, naming the first leaf that differs.
+void SummationServer::Impl::CheckTree(const ConnPtr& c, const FrameHeader& h, uint64_t digest,
+                                      std::shared_ptr<const std::string> text) {
+  std::vector<std::pair<ConnPtr, std::string>> errors;
+  {
+    std::lock_guard<std::mutex> lock(trees_mu);
+    const JobRoundKey k{c->epoch, h.key, h.round};
+    auto it = tree_rounds.find(k);
+    if (it == tree_rounds.end()) {
+      if (tree_rounds.size() >= opt.max_keys) {
+        errors.emplace_back(c, "the server already waits on " + std::to_string(opt.max_keys) +
+                                   " tree checks, its limit");
+      } else {
+        it = tree_rounds.emplace(k, TreeRound{}).first;
+        it->second.digest = digest;
+        it->second.first_rank = c->rank;
+        it->second.first_text = text;
+        it->second.checked.assign(opt.num_workers, false);
+      }
+    }
+    if (it != tree_rounds.end()) {
+      TreeRound& r = it->second;
+      if (r.checked[c->rank]) {
+        errors.emplace_back(c, "duplicate tree check of round " + std::to_string(h.round) + " from worker " +
+                                   std::to_string(c->rank));
+      } else {
+        r.checked[c->rank] = true;
+        ++r.count;
+        r.waiters.push_back(c);
+        if (r.error.empty() && digest != r.digest) {
+          r.error = TreeDifference(r.first_rank, *r.first_text, c->rank, *text);
+          for (auto& w : r.waiters) errors.emplace_back(w, r.error);
+        } else if (!r.error.empty()) {
+          errors.emplace_back(c, r.error);
+        }
+        if (r.count == opt.num_workers) tree_rounds.erase(it);
+      }
+    }
+  }
+  for (auto& [w, msg] : errors) SendError(w, h.key, h.round, msg);
 }
 
 void SummationServer::Impl::Release(const ConnPtr& c, const FrameHeader& h) {
   std::lock_guard<std::mutex> lock(holds_mu);
-  auto it = holds.find(HoldKey{c->epoch, h.key, h.round});
+  auto it = holds.find(JobRoundKey{c->epoch, h.key, h.round});
   if (it != holds.end() && --it->second.readers == 0) holds.erase(it);  // the block goes back to the arena
 }
 
@@ -763,6 +886,11 @@ void SummationServer::Impl::DropEndedJobs(uint64_t before_epoch) {
   {
     std::lock_guard<std::mutex> lock(holds_mu);
     for (auto it = holds.begin(); it != holds.end();) it = it->first.epoch < before_epoch ? holds.erase(it) : std::next(it);
+  }
+  {
+    std::lock_guard<std::mutex> lock(trees_mu);
+    for (auto it = tree_rounds.begin(); it != tree_rounds.end();)
+      it = it->first.epoch < before_epoch ? tree_rounds.erase(it) : std::next(it);
   }
   for (auto& e : engines) {
     {
@@ -826,6 +954,7 @@ void SummationServer::Impl::ReaderLoop(ConnPtr c) {
   for (;;) {
     FrameHeader h;
     IoStatus st = RecvAll(c->fd, &h, sizeof(h), -1, stall_ms);
+    const int64_t read_ns = (h.flags & kFlagTimed) ? SteadyNs() : 0;
     if (st != IoStatus::kOk) {
       lost = st == IoStatus::kClosed ? "was lost: its connection closed without a goodbye (killed or crashed?)"
                                      : std::string("was lost: its connection failed: ") + IoStatusName(st);
@@ -849,6 +978,9 @@ void SummationServer::Impl::ReaderLoop(ConnPtr c) {
     if (why.empty() && release) {
       Release(c, h);
       continue;
+    }
+    if (why.empty() && tree) {
+      if (ReadTreeCheck(c, h, &why)) continue;
     }
     Payload data;
     if (why.empty() && shm_push) {
@@ -878,25 +1010,41 @@ void SummationServer::Impl::ReaderLoop(ConnPtr c) {
       break;
     }
     const uint64_t nbytes = data->size();
-    if (!tree) {  // the counters are of data; tree checks are bookkeeping
-      ++pushes;
-      bytes_received += nbytes;
-      if (shm_push) bytes_shm += nbytes;
-    }
+    ++pushes;
+    bytes_received += nbytes;
+    if (shm_push) bytes_shm += nbytes;
     // A TCP push is acknowledged now: its bytes are here. A shared-memory
-    // one once added (EngineLoop): until then the worker must not reuse its slot.
+    // one once added (Process): until then the worker must not reuse its slot.
     if (!shm_push) Ack(c, h.key, h.round);
     EngineThread* e = ThreadFor(h.key, nbytes);
-    if (e == nullptr) {
-      if (shm_push) Ack(c, h.key, h.round);
+    if (e == nullptr) {  // the error acknowledges the push too
       SendError(c, h.key, h.round, "the server already tracks " + std::to_string(opt.max_keys) +
                                        " keys, its limit (are tensor names unique per step?)");
       continue;
     }
+    Task t{h.key, h.round, static_cast<DType>(h.dtype), c->rank, std::move(data), c, h.aux, shm_push};
+    if (h.flags & kFlagTimed) t.read_ns = read_ns;
     {
-      std::lock_guard<std::mutex> lock(e->mu);
-      Task t{h.key, h.round, static_cast<DType>(h.dtype), c->rank, std::move(data), c, tree, shm_push};
-      if (tree) t.dtype = DType::kF32;  // unused for trees
+      // Nothing queued: add it here, sparing the summing thread's wake-up,
+      // when nobody is summing or another reader is adding a small push.
+      std::unique_lock<std::mutex> lock(e->mu);
+      bool here = false;
+      if (nbytes <= kInlineSumBytes && e->queue.empty()) {
+        here = e->run_mu.try_lock();
+        if (!here && e->reader_running) {
+          lock.unlock();
+          e->run_mu.lock();
+          here = true;
+        }
+      }
+      if (here) {
+        if (lock.owns_lock()) lock.unlock();
+        e->reader_running = true;
+        RunTask(e, t);
+        e->reader_running = false;
+        e->run_mu.unlock();
+        continue;
+      }
       e->queue.push_back(std::move(t));
     }
     e->cv.notify_one();
@@ -994,6 +1142,7 @@ void SummationServer::Impl::WriterLoop(ConnPtr c) {
     });
     iov.clear();
     for (OutMsg& m : batch) {
+      StampTimedSum(m);
       iov.push_back({&m.header, sizeof(m.header)});
       if (m.payload && m.header.nbytes > 0) {
         iov.push_back({m.payload->data(), m.header.nbytes});
@@ -1014,11 +1163,45 @@ void SummationServer::Impl::WriterLoop(ConnPtr c) {
   c->writer_done = true;
 }
 
-void SummationServer::Impl::SendError(const ConnPtr& c, uint64_t key, uint32_t round, const std::string& msg) {
+void SummationServer::Impl::SendError(const ConnPtr& c, uint64_t key, uint32_t round, const std::string& msg,
+                                      uint8_t flags) {
   OutMsg m{MakeHeader(MsgType::kError, opt.token), nullptr, msg.substr(0, kMaxErrorBytes)};
   m.header.key = key;
   m.header.round = round;
+  m.header.flags = flags;
   m.header.nbytes = m.text.size();
+  Deliver(c, std::move(m));
+}
+
+// Sends m now on this thread when the connection's writer is idle (nothing
+// queued, nothing being written) and m is small; queues it for the writer
+// otherwise. Small messages on an idle socket fit its buffer at once, and
+// every answer a worker waits for (an acknowledgement, a sum in shared
+// memory, a small sum) then costs no thread hand-off.
+void SummationServer::Impl::Deliver(const ConnPtr& c, OutMsg m) {
+  const uint64_t bytes = m.payload ? m.header.nbytes : m.text.size();
+  if (bytes <= kDirectWriteBytes) {
+    std::unique_lock<std::mutex> writing(c->write_mu, std::try_to_lock);
+    if (writing.owns_lock()) {
+      bool idle;
+      {
+        std::lock_guard<std::mutex> lock(c->mu);
+        idle = c->out.empty() && !c->closing && !c->finishing;
+      }
+      if (idle) {
+        StampTimedSum(m);
+        struct iovec iov[2] = {{&m.header, sizeof(m.header)}, {nullptr, 0}};
+        int n = 1;
+        if (m.payload && m.header.nbytes > 0) {
+          iov[n++] = {m.payload->data(), m.header.nbytes};
+        } else if (!m.text.empty()) {
+          iov[n++] = {const_cast<char*>(m.text.data()), m.text.size()};
+        }
+        if (SendAll(c->fd, iov, n, stall_ms) != IoStatus::kOk) c->Close();
+        return;
+      }
+    }
+  }
   c->Send(std::move(m));
 }
 
@@ -1039,32 +1222,51 @@ EngineThread* SummationServer::Impl::ThreadFor(uint64_t key, uint64_t nbytes) {
 void SummationServer::Impl::EngineLoop(EngineThread* e) {
   NameThisThread("jbps-sum");
   for (;;) {
-    Task t;
     {
       std::unique_lock<std::mutex> lock(e->mu);
       e->cv.wait(lock, [&] { return e->stop || !e->queue.empty() || e->next_epoch > e->epoch; });
       if (e->stop) return;
-      if (e->next_epoch > e->epoch) {
-        e->epoch = e->next_epoch;
-        lock.unlock();
-        e->rounds.clear();
-        continue;
-      }
-      t = std::move(e->queue.front());
-      e->queue.pop_front();
     }
-    // A failed or finished job's half-done rounds are dropped, not mixed into the next job.
-    if (t.conn->epoch >= e->epoch) {
-      if (t.conn->epoch > e->epoch) {
-        e->rounds.clear();
-        e->epoch = t.conn->epoch;
+    std::lock_guard<std::mutex> running(e->run_mu);
+    Task t;
+    bool have = false;
+    {
+      std::lock_guard<std::mutex> lock(e->mu);
+      if (!e->queue.empty()) {  // readers add their own pushes only when it is empty
+        t = std::move(e->queue.front());
+        e->queue.pop_front();
+        have = true;
       }
-      Process(t, e);
     }
-    // A shared-memory push is acknowledged once taken into its round (its
-    // slot stays the server's until the round's sum or error goes out).
-    if (t.ack_after) Ack(t.conn, t.key, t.round);
+    (void)have;
+    RunTask(e, t);  // without a push (t.conn null) when only a job ended
   }
+}
+
+// With e->run_mu held: drops the rounds of jobs that ended, then adds t's
+// push (if any) to its round.
+void SummationServer::Impl::RunTask(EngineThread* e, Task& t) {
+  uint64_t ended;
+  {
+    std::lock_guard<std::mutex> lock(e->mu);
+    ended = e->next_epoch;
+  }
+  if (ended > e->epoch) {
+    e->rounds.clear();
+    e->epoch = ended;
+  }
+  if (!t.conn) return;
+  // A failed or finished job's half-done rounds are dropped, not mixed into the next job.
+  if (t.conn->epoch >= e->epoch) {
+    if (t.conn->epoch > e->epoch) {
+      e->rounds.clear();
+      e->epoch = t.conn->epoch;
+    }
+    Process(t, e);
+  }
+  // A shared-memory push is acknowledged once taken into its round (its
+  // slot stays the server's until the round's sum or error goes out).
+  if (t.ack_after) Ack(t.conn, t.key, t.round);
 }
 
 // Adds the held pushes that can be added. The first two are summed in one
@@ -1120,7 +1322,7 @@ void SummationServer::Impl::Process(Task& t, EngineThread* e) {
     st.dtype = t.dtype;
     st.nbytes = nbytes;
     st.first_rank = t.rank;
-    st.tree = t.tree;
+    st.digest = t.digest;
   }
   if (st.pushed[t.rank]) {
     // A second push of the same round from one worker is a protocol error;
@@ -1132,32 +1334,28 @@ void SummationServer::Impl::Process(Task& t, EngineThread* e) {
   st.pushed[t.rank] = true;
   ++st.pushes;
   st.waiters.push_back(t.conn);
+  st.read_ns.push_back(t.read_ns);
+  st.last_read_ns = std::max(st.last_read_ns, t.read_ns);
 
-  if (st.error.empty() && t.tree != st.tree) {
-    st.error = "worker " + std::to_string(t.rank) + " used a tree check's key for data, or the reverse";
-    for (auto& w : st.waiters) SendError(w, t.key, t.round, st.error);
-  } else if (st.tree) {
-    if (st.pushes == 1) {
-      st.acc = std::move(t.data);  // the first tree: the others must match it
-    } else if (st.error.empty() && (st.acc->size() != nbytes ||
-                                     std::memcmp(st.acc->data(), t.data->data(), nbytes) != 0)) {
-      st.error = TreeDifference(st.first_rank, std::string(st.acc->data(), st.acc->size()), t.rank,
-                                std::string(t.data->data(), nbytes));
-      for (auto& w : st.waiters) SendError(w, t.key, t.round, st.error);
-    } else if (!st.error.empty()) {
-      SendError(t.conn, t.key, t.round, st.error);
-    }
+  // Pushes of calls whose trees differ are never summed: the round fails
+  // for every worker, flagged, and the tree check names the difference.
+  if (st.error.empty() && t.digest != st.digest) {
+    st.error = "workers disagree on the tree of this psum: worker " + std::to_string(st.first_rank) + " and worker " +
+               std::to_string(t.rank) + " called it with different trees (round " + std::to_string(t.round) + ")";
   } else if (st.error.empty() && (t.dtype != st.dtype || nbytes != st.nbytes)) {
     st.error = "workers disagree on this tensor: worker " + std::to_string(st.first_rank) + " pushed " +
                std::to_string(st.nbytes / DTypeSize(st.dtype)) + " elements of " + DTypeName(st.dtype) +
                ", worker " + std::to_string(t.rank) + " pushed " + std::to_string(nbytes / DTypeSize(t.dtype)) +
                " elements of " + DTypeName(t.dtype) + " (round " + std::to_string(t.round) + ")";
+  } else if (!st.error.empty()) {
+    SendError(t.conn, t.key, t.round, st.error, st.error_flags);
+  }
+  if (!st.error.empty() && st.error_flags == 0) {  // found just now
+    st.error_flags = kFlagTreeMismatch;
     st.acc.reset();
     st.held.clear();
-    for (auto& w : st.waiters) SendError(w, t.key, t.round, st.error);
-  } else if (!st.error.empty()) {
-    SendError(t.conn, t.key, t.round, st.error);
-  } else {
+    for (auto& w : st.waiters) SendError(w, t.key, t.round, st.error, st.error_flags);
+  } else if (st.error.empty()) {
     if (!opt.deterministic) {
       st.held.push_back(std::move(t.data));
     } else {
@@ -1167,18 +1365,15 @@ void SummationServer::Impl::Process(Task& t, EngineThread* e) {
     Fold(st, t.dtype);
   }
 
-  if (t.ack_after) {  // taken: acknowledged before any sum of the round goes out
-    Ack(t.conn, t.key, t.round);
+  // Taken: acknowledged, unless the round's sum or error goes to this worker
+  // now, which acknowledges the push as well.
+  if (t.ack_after) {
+    if (st.pushes < opt.num_workers && st.error.empty()) Ack(t.conn, t.key, t.round);
     t.ack_after = false;
   }
   if (st.pushes < opt.num_workers) return;
   // Every worker pushed, so in deterministic mode every push is folded too.
-  if (st.error.empty() && st.tree) {
-    FrameHeader h = MakeHeader(MsgType::kSum, opt.token);  // no payload: "all the same"
-    h.key = t.key;
-    h.round = t.round;
-    for (auto& w : st.waiters) w->Send(OutMsg{h, nullptr, {}});
-  } else if (st.error.empty()) {
+  if (st.error.empty()) {
     Payload result = st.acc;
     if (!AccumulatorIsWire(st.dtype)) {
       size_t count = st.nbytes / DTypeSize(st.dtype);
@@ -1191,7 +1386,7 @@ void SummationServer::Impl::Process(Task& t, EngineThread* e) {
     const bool shared = readers > 0 && result->arena_offset() >= 0;
     if (shared) {  // held until every shared-memory worker has copied it out (kRelease)
       std::lock_guard<std::mutex> lock(holds_mu);
-      holds[HoldKey{t.conn->epoch, t.key, t.round}] = Hold{result, readers};
+      holds[JobRoundKey{t.conn->epoch, t.key, t.round}] = Hold{result, readers};
     }
     FrameHeader h = MakeHeader(MsgType::kSum, opt.token);
     h.key = t.key;
@@ -1205,13 +1400,20 @@ void SummationServer::Impl::Process(Task& t, EngineThread* e) {
     ref.offset = shared ? static_cast<uint64_t>(result->arena_offset()) : 0;
     ref.nbytes = st.nbytes;
     const std::string ref_bytes(reinterpret_cast<const char*>(&ref), sizeof(ref));
-    for (auto& w : st.waiters) {
+    for (size_t i = 0; i < st.waiters.size(); ++i) {
+      auto& w = st.waiters[i];
+      OutMsg m;
       if (shared && w->shm.load(std::memory_order_acquire)) {
-        w->Send(OutMsg{hs, nullptr, ref_bytes});
+        m = OutMsg{hs, nullptr, ref_bytes};
         bytes_shm += st.nbytes;
       } else {
-        w->Send(OutMsg{h, result, {}});
+        m = OutMsg{h, result, {}};
       }
+      if (st.read_ns[i] != 0) {
+        m.last_read_ns = st.last_read_ns;
+        m.own_read_ns = st.read_ns[i];
+      }
+      Deliver(w, std::move(m));
       ++sums_sent;
     }
   }

@@ -6,6 +6,7 @@ set(JBPS_CORE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/net.cc
   ${CMAKE_CURRENT_LIST_DIR}/shm.cc
   ${CMAKE_CURRENT_LIST_DIR}/stream_copy.cc
+  ${CMAKE_CURRENT_LIST_DIR}/fresh_output.cc
   ${CMAKE_CURRENT_LIST_DIR}/server.cc
   ${CMAKE_CURRENT_LIST_DIR}/engine.cc
   ${CMAKE_CURRENT_LIST_DIR}/ffi_cpu.cc

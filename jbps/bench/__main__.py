@@ -6,6 +6,7 @@
                          [--skip-small-tensors] [--tree-leaves 200] [--tree-min 4K] [--tree-max 256K]
                          [--tree-seed 0] [--skip-memory] [--memory-bytes M] [--memory-peak-rounds 5]
                          [--memory-round-bytes 4M] [--memory-rounds 1000]
+                         [--latency-sizes 4K,16K,64K,256K,1M,4M] [--skip-latency]
 
 One invocation measures, on this machine:
 
@@ -32,6 +33,7 @@ JSON document) goes to stdout.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.metadata
 import importlib.util
 import json
@@ -45,6 +47,7 @@ import time
 import numpy as np
 
 from ..local_cluster import last_json_line
+from . import latency
 from .goals import format_cases, make_goals, tree_leaf_sizes
 from .report import parse_report
 from .summation import bench_summation, format_summation
@@ -141,6 +144,9 @@ def parse_args(argv=None, prog=None) -> argparse.Namespace:
            help="memory: the buffer of the growth rounds (default 4M)")
     option("--memory-rounds", "--g4-rounds", type=int, default=1000,
            help="memory: growth rounds; RSS growth from the 10th percent of them to the last (default 1000)")
+    p.add_argument("--latency-sizes", type=parse_sizes, default=parse_sizes(latency.DEFAULT_SIZES),
+                   help=f"the latency sweep's sizes (default {latency.DEFAULT_SIZES}); see jbps/bench/latency.py")
+    p.add_argument("--skip-latency", action="store_true", help="do not run the latency sweep")
     args = p.parse_args(argv)
     try:
         args.credits = [int(c) for c in args.credits.split(",") if c.strip()]
@@ -295,6 +301,8 @@ def format_table(doc: dict) -> str:
         lines += format_summation(doc["kernel"])
     if doc.get("priority"):
         lines += format_priority(doc["priority"], cfg)
+    if doc.get("latency"):
+        lines += latency.format_latency(doc["latency"], cfg)
     lines += format_cases(doc)
     for what, err in doc["errors"].items():
         last = next((line.strip() for line in reversed(err.splitlines()) if line.strip()), "")
@@ -365,7 +373,7 @@ def main(argv=None, prog=None) -> int:
              ", ".join(str(iters[s]) for s in sizes), args.warmup)
     tree_sizes = [] if args.skip_g3 else tree_leaf_sizes(args.g3_leaves, args.g3_min, args.g3_max, args.g3_seed)
     g3_iters = args.iters or 20
-    cases = []
+    cases = ["--out-of-place"]  # the latency section's out-of-place columns at these sizes
     if tree_sizes:
         cases += ["--tree-sizes", ",".join(map(str, tree_sizes)), "--tree-iters", str(g3_iters)]
     if not args.skip_g4:
@@ -382,7 +390,8 @@ def main(argv=None, prog=None) -> int:
         if args.workers != peers.NUM_PROCESSES:
             log.warning("peers always run %d processes; jbps runs %d workers, so the ratios compare "
                         "different jobs", peers.NUM_PROCESSES, args.workers)
-        for key, runner in (("mpi", peers.run_mpi_allreduce), ("gloo", peers.run_gloo_psum)):
+        for key, runner in (("mpi", functools.partial(peers.run_mpi_allreduce, out_of_place=True)),
+                            ("gloo", peers.run_gloo_psum)):
             log.info("%s ...", key)
             try:
                 tools[key] = run_peer(runner, sizes, iters, args.warmup, timeout, tree_sizes, g3_iters)
@@ -400,6 +409,12 @@ def main(argv=None, prog=None) -> int:
         except (RuntimeError, TimeoutError) as exc:
             log.error("priority case failed: %s", exc)
             errors["priority"] = str(exc)
+    sweep = None
+    if not args.skip_latency:
+        log.info("latency sweep: %s ...", ", ".join(map(format_size, args.latency_sizes)))
+        sweep_iters = {s: iters_for(s, args.iters or 20, scale=args.iters is None) for s in args.latency_sizes}
+        sweep = latency.run_sweep(args.latency_sizes, sweep_iters, args.warmup, args.workers, args.servers,
+                                  timeout, run_jbps, run_peer, with_peers=not args.skip_peers)
     log.info("summation kernels on %s ...", format_size(sizes[-1]))
     kernel = bench_summation(sizes[-1])
     log.info("done in %.0f s", time.monotonic() - t0)
@@ -425,6 +440,7 @@ def main(argv=None, prog=None) -> int:
         "priority": priority,
         "g3": g3,
         "g4": g4,
+        "latency": latency.summarize(sweep, tools),
         "errors": errors,
     }
     doc["goals"] = make_goals(doc)
@@ -435,7 +451,7 @@ def main(argv=None, prog=None) -> int:
     if args.plot:
         plot(doc, args.plot)
         log.info("plot written to %s", args.plot)
-    return 1 if errors else 0
+    return 1 if errors or doc["latency"]["errors"] else 0
 
 
 if __name__ == "__main__":

@@ -5,8 +5,11 @@ memory case (G4, see memory.py).
 Run as every worker of a jbps job (LocalCluster sets JBPS_SERVERS,
 JBPS_NUM_WORKERS and JBPS_WORKER_RANK), e.g.
     python -m jbps.bench.jbps_worker --sizes 4194304,67108864 --iters 40,10 --warmup 2 \
+        [--out-of-place] [--stages] \
         [--tree-sizes 4096,65536,... --tree-iters 20] [--memory 268435456,5,4194304,1000]
 Rank 0 prints one JSON line: {"tool": ..., "results": {"<bytes>": {...}}, "g3": {...}, "g4": {...}}.
+--out-of-place also times each size with the input kept alive (a fresh output every call),
+calls alternating with the in-place ones; --stages adds rank 0's latency breakdown (stages.py).
 The memory case runs first, while the process holds nothing else.
 """
 
@@ -24,8 +27,10 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import jbps  # noqa: E402
+from jbps import _core  # noqa: E402
 from jbps.bench import memory  # noqa: E402
 from jbps.bench.report import summarize  # noqa: E402
+from jbps.bench.stages import call_stages, typical_stages  # noqa: E402
 
 TOOL = "jbps psum"
 
@@ -41,6 +46,9 @@ def parse_args(argv=None):
     p.add_argument("--memory", default="",
                    help="G4: PEAK_BYTES,PEAK_ROUNDS,ROUND_BYTES,ROUNDS (see jbps.bench.memory)")
     p.add_argument("--server-pids", default="", help="G4: the servers' PIDs, read by worker 0")
+    p.add_argument("--out-of-place", action="store_true",
+                   help="also time each size with its input kept alive (XLA gives the sum a fresh output)")
+    p.add_argument("--stages", action="store_true", help="also report the latency breakdown (stages.py)")
     args = p.parse_args(argv)
     args.tree_sizes = [int(s) for s in args.tree_sizes.split(",") if s]
     args.memory = [int(s) for s in args.memory.split(",") if s]
@@ -112,13 +120,40 @@ def checked_call(f, x, what):
     return {k: after[k] - before.get(k, 0) for k in after if isinstance(after[k], (int, float))}, y
 
 
-def timed_call(f, x):
-    """Seconds of one call, and the buffers to use next (the input was donated)."""
-    x = jax.block_until_ready(_refill(x))
+def out_of_place(name):
+    """The psum of an input that stays alive (`jax.jit(lambda g: jbps.psum(g))(g)` with g used
+    again): XLA copies it into a fresh output buffer every call and the sum lands there. As an
+    MPI Allreduce into a separate receive buffer; the MPI peer reuses its receive buffer."""
+    return jax.jit(lambda t: jbps.psum(t, name=name))
+
+
+def _stamped(run, stages_of):
+    """Seconds of run() after a barrier, its result, and with stages_of (the call's name; stage
+    timing on) the call's stages."""
     barrier()  # start all workers together; otherwise we time skew
-    t0 = time.perf_counter()
-    y = jax.block_until_ready(f(x))
-    return time.perf_counter() - t0, y
+    if stages_of is not None:
+        _core.engine_take_stages()  # the barrier's and anything earlier
+    t0 = time.perf_counter_ns()
+    y = run()
+    t1 = time.perf_counter_ns()
+    stages = None
+    if stages_of is not None:
+        mine = [r for r in _core.engine_take_stages() if r["name"] == stages_of]
+        stages = call_stages(mine[-1], t0, t1) if mine else None
+    return (t1 - t0) * 1e-9, y, stages
+
+
+def timed_call(f, x, stages_of=None):
+    """Seconds of one call, the buffers to use next (the input was donated), and its stages."""
+    x = jax.block_until_ready(_refill(x))
+    return _stamped(lambda: jax.block_until_ready(f(x)), stages_of)
+
+
+def timed_fresh_call(f, x, stages_of=None):
+    """Seconds of one out-of-place call and its stages: the input stays, the output is fresh and
+    freed after, before the next call allocates its own, as a step's dead output would be."""
+    t, _, stages = _stamped(lambda: jax.block_until_ready(f(x)), stages_of)
+    return t, stages
 
 
 def slowest(times, tag):
@@ -126,19 +161,45 @@ def slowest(times, tag):
     return summarize(gather_times(times, tag).max(axis=0).tolist())
 
 
-def bench_size(nbytes, iters, warmup):
+def bench_size(nbytes, iters, warmup, fresh=False, stages=False):
+    """In place; with `fresh` also out of place, calls alternating so that both see the same
+    machine; with `stages` the median latency breakdown of rank 0's calls."""
     x = jnp.full((nbytes // 4,), jbps.rank() + 1, jnp.float32)
-    f = in_place(f"bench.{nbytes}")
+    name = f"bench.{nbytes}"
+    f = in_place(name)
     for _ in range(warmup):
         x = f(_refill(x)).block_until_ready()
     # One checked call, also measuring what a call sends (warm-up compiled it).
     engine, x = checked_call(f, x, f"{nbytes} bytes")
-    times = []
-    for _ in range(iters):
-        t, x = timed_call(f, x)
-        times.append(t)
-    return {**slowest(times, nbytes), "bytes_pushed_per_call": engine["bytes_pushed"],
-            "bytes_pulled_per_call": engine["bytes_pulled"], "engine_per_call": engine}
+    if fresh:
+        fresh_name = f"bench.fresh.{nbytes}"
+        g = out_of_place(fresh_name)
+        kept = jnp.full((nbytes // 4,), jbps.rank() + 1, jnp.float32)
+        for _ in range(warmup):
+            jax.block_until_ready(g(kept))
+        check_sum(g(kept), f"{nbytes} bytes out of place")
+    _core.engine_set_stage_timing(stages)
+    times, fresh_times, parts, fresh_parts = [], [], [], []
+    try:
+        for _ in range(iters):
+            t, x, part = timed_call(f, x, name if stages else None)
+            times.append(t)
+            parts.append(part)
+            if fresh:
+                t, part = timed_fresh_call(g, kept, fresh_name if stages else None)
+                fresh_times.append(t)
+                fresh_parts.append(part)
+    finally:
+        _core.engine_set_stage_timing(False)
+    out = {**slowest(times, nbytes), "bytes_pushed_per_call": engine["bytes_pushed"],
+           "bytes_pulled_per_call": engine["bytes_pulled"], "engine_per_call": engine}
+    if fresh:
+        out["out_of_place"] = slowest(fresh_times, f"fresh.{nbytes}")
+    if stages:
+        out["stages"] = typical_stages(parts)
+        if fresh:
+            out["out_of_place"]["stages"] = typical_stages(fresh_parts)
+    return out
 
 
 def bench_tree(leaf_bytes, iters, warmup):
@@ -158,7 +219,7 @@ def bench_tree(leaf_bytes, iters, warmup):
     times = {key: [] for key in fns}
     for _ in range(iters):
         for key, f in fns.items():
-            t, bufs[key] = timed_call(f, bufs[key])
+            t, bufs[key], _ = timed_call(f, bufs[key])
             times[key].append(t)
     for key in fns:
         out[key].update(slowest(times[key], f"g3.{key}"))
@@ -176,7 +237,7 @@ def main(argv=None):
             report["g4"] = memory.run(peak_bytes, peak_rounds, round_bytes, rounds, barrier, check_sum,
                                       args.server_pids if jbps.rank() == 0 else ())
         stats_before = jbps.engine_stats()
-        report["results"] = {str(nbytes): bench_size(nbytes, iters, args.warmup)
+        report["results"] = {str(nbytes): bench_size(nbytes, iters, args.warmup, args.out_of_place, args.stages)
                              for nbytes, iters in zip(args.sizes, args.iters)}
         stats_after = jbps.engine_stats()
         report["engine_stats"] = {"before": stats_before, "after": stats_after}

@@ -1,8 +1,11 @@
 """Peer benchmark: MPI Allreduce (SUM) of one float32 buffer, via mpi4py.
 
 Run under mpiexec, e.g.
-    mpiexec -n 2 python -m jbps.bench.mpi_peer --sizes 4194304,67108864 --iters 10 --warmup 2 [--tree-sizes ...]
+    mpiexec -n 2 python -m jbps.bench.mpi_peer --sizes 4194304,67108864 --iters 10 --warmup 2 \
+        [--out-of-place] [--tree-sizes ...]
 Rank 0 prints one JSON line: {"tool": ..., "results": {"<bytes>": {...}}[, "g3": {...}]}.
+--out-of-place also times Allreduce(send, recv) into a receive buffer reused every call,
+calls alternating with the in-place ones (results[size]["out_of_place"]).
 """
 
 import argparse
@@ -27,6 +30,8 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--tree-sizes", default="", help="also G3: a tree of buffers of these sizes (comma-separated)")
     p.add_argument("--tree-iters", type=int, default=None, help="timed calls of the tree (default --iters)")
+    p.add_argument("--out-of-place", action="store_true",
+                   help="also time Allreduce into a separate (reused) receive buffer")
     return p.parse_args(argv)
 
 
@@ -59,8 +64,42 @@ def timed_allreduce(comm, bufs, iters, warmup, what):
     return summarize(per_iter)
 
 
-def bench_size(comm, nbytes, iters, warmup):
-    return timed_allreduce(comm, [np.empty(nbytes // 4, dtype=np.float32)], iters, warmup, f"{nbytes} bytes")
+def bench_size(comm, nbytes, iters, warmup, out_of_place=False):
+    if not out_of_place:
+        return timed_allreduce(comm, [np.empty(nbytes // 4, dtype=np.float32)], iters, warmup, f"{nbytes} bytes")
+    return timed_in_and_out_of_place(comm, nbytes, iters, warmup)
+
+
+def timed_in_and_out_of_place(comm, nbytes, iters, warmup):
+    """Allreduce in place and into a separate receive buffer (allocated once, as a program
+    that reuses its buffers would), calls alternating; rank 0 gets both summaries."""
+    rank, world = comm.Get_rank(), comm.Get_size()
+    expected = world * (world + 1) / 2
+    buf = np.empty(nbytes // 4, dtype=np.float32)
+    send = np.full(nbytes // 4, rank + 1, dtype=np.float32)
+    recv = np.empty(nbytes // 4, dtype=np.float32)
+    times = {"in": [], "out": []}
+    for i in range(warmup + iters):
+        buf.fill(rank + 1)
+        comm.Barrier()
+        t0 = time.perf_counter()
+        comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+        t1 = time.perf_counter()
+        comm.Barrier()
+        t2 = time.perf_counter()
+        comm.Allreduce(send, recv, op=MPI.SUM)
+        t3 = time.perf_counter()
+        if i == 0 and not (np.array_equal(buf, np.full(buf.size, expected, np.float32))
+                           and np.array_equal(recv, np.full(recv.size, expected, np.float32))):
+            raise RuntimeError(f"rank {rank}: wrong Allreduce result for {nbytes} bytes")
+        if i >= warmup:
+            times["in"].append(t1 - t0)
+            times["out"].append(t3 - t2)
+    gathered = {k: comm.gather(v, root=0) for k, v in times.items()}
+    if rank != 0:
+        return None
+    slowest = {k: summarize([max(ts) for ts in zip(*v)]) for k, v in gathered.items()}
+    return {**slowest["in"], "out_of_place": slowest["out"]}
 
 
 def bench_tree(comm, leaf_bytes, iters, warmup):
@@ -81,7 +120,7 @@ def main(argv=None):
     sizes = [int(s) for s in args.sizes.split(",") if s]
     results = {}
     for nbytes in sizes:
-        r = bench_size(comm, nbytes, args.iters, args.warmup)
+        r = bench_size(comm, nbytes, args.iters, args.warmup, args.out_of_place)
         if r is not None:
             results[str(nbytes)] = r
     report = {"tool": TOOL, "results": results}

@@ -42,9 +42,11 @@ def _child_env(extra=None):
     return env
 
 
-def _peer_args(sizes, iters, warmup, tree_sizes=(), tree_iters=None):
+def _peer_args(sizes, iters, warmup, tree_sizes=(), tree_iters=None, out_of_place=False):
     args = ["--sizes", ",".join(str(int(s)) for s in sizes),
             "--iters", str(int(iters)), "--warmup", str(int(warmup))]
+    if out_of_place:
+        args.append("--out-of-place")
     if tree_sizes:
         args += ["--tree-sizes", ",".join(str(int(s)) for s in tree_sizes),
                  "--tree-iters", str(int(tree_iters or iters))]
@@ -101,8 +103,9 @@ def _find_mpiexec():
 
 
 def run_mpi_allreduce(sizes: list[int], iters: int, warmup: int, timeout_s: float = 300,
-                      tree_sizes=(), tree_iters=None) -> dict | None:
-    """Time mpi4py Allreduce(SUM) across 2 local ranks; None if mpi4py is missing."""
+                      tree_sizes=(), tree_iters=None, out_of_place=False) -> dict | None:
+    """Time mpi4py Allreduce(SUM) across 2 local ranks (with out_of_place, also into a separate
+    receive buffer); None if mpi4py is missing."""
     if importlib.util.find_spec("mpi4py") is None:
         logger.info("mpi4py not installed; skipping MPI peer")
         return None
@@ -110,7 +113,7 @@ def run_mpi_allreduce(sizes: list[int], iters: int, warmup: int, timeout_s: floa
     if mpiexec is None:
         raise RuntimeError("mpi4py is installed but no mpiexec was found")
     cmd = [mpiexec, "-n", str(NUM_PROCESSES), sys.executable, "-m", "jbps.bench.mpi_peer",
-           *_peer_args(sizes, iters, warmup, tree_sizes, tree_iters)]
+           *_peer_args(sizes, iters, warmup, tree_sizes, tree_iters, out_of_place)]
     # SIGTERM grace: mpiexec then tears down its ranks, which sit in their own sessions.
     [out] = _run_group([cmd], _child_env(), timeout_s, "mpi_peer", grace_s=3.0)
     return parse_report(out, "mpi_peer")

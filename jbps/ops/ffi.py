@@ -31,8 +31,11 @@ def tree_description(name: str, paths: Sequence[str], shapes: Sequence[tuple[int
 
 
 def push_pull(shard_index: jax.Array, shards: Sequence[jax.Array], plan: CallPlan,
-              leaves: Sequence[int], tree: str) -> list[jax.Array]:
+              leaves: Sequence[int], tree: str, in_place: Sequence[bool] | None = None) -> list[jax.Array]:
     """Sums each shard of plan.leaves[i] for i in `leaves` across workers.
+
+    in_place[j] (default all): shard j's sum lands in its own buffer when XLA
+    can give it up; otherwise in a fresh output (see kept_operands.py).
 
     `shard_index` (int32 scalar) says which local-device shard these are; the
     engine keys chunks by it, so device d of every worker meets device d of
@@ -53,7 +56,7 @@ def push_pull(shard_index: jax.Array, shards: Sequence[jax.Array], plan: CallPla
         # output buffer, whose first touch costs page faults every step. The
         # engine reads a chunk before its sum can arrive (the server waits
         # for this worker's push), so in place is safe.
-        input_output_aliases={i + 1: i for i in range(len(shards))},
+        input_output_aliases={i + 1: i for i in range(len(shards)) if in_place is None or in_place[i]},
     )
     return call(
         shard_index,

@@ -17,6 +17,7 @@ replication.py).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 from functools import partial
 from typing import Hashable, Sequence
@@ -29,7 +30,7 @@ from jax._src.interpreters import ad, batching, mlir
 
 from .. import runtime
 from ..partition import make_plan
-from . import mapped_axes, replication
+from . import kept_operands, mapped_axes, replication
 from .ffi import push_pull, tree_description
 
 AxisName = Hashable
@@ -140,9 +141,10 @@ def _axis_index(axes: mapped_axes.Axes) -> jax.Array:
 
 
 def _reduce_on_devices(*leaves: jax.Array, spec: PsumSpec, reduced: mapped_axes.Axes,
-                       grouped: mapped_axes.Axes) -> list[jax.Array]:
+                       grouped: mapped_axes.Axes, kept: Sequence[bool]) -> list[jax.Array]:
     """What one device runs: its part of the sum over `reduced` and every
-    worker, apart from the devices at other positions along `grouped`."""
+    worker, apart from the devices at other positions along `grouped`.
+    kept[i]: leaf i is a parameter its caller keeps (kept_operands.py)."""
     num_shards = math.prod(s for _, s in reduced)
     num_groups = math.prod(s for _, s in grouped)
     names = tuple(n for n, _ in reduced)
@@ -159,15 +161,17 @@ def _reduce_on_devices(*leaves: jax.Array, spec: PsumSpec, reduced: mapped_axes.
     # The engine keys chunks by this slot: unique among the worker's devices,
     # the same for the devices of every worker that sum together.
     slot = _axis_index(grouped) * num_shards + _axis_index(reduced)
-    shards = []
+    shards, in_place = [], []
     for i in todo:
+        # A kept parameter that reaches the custom call as it is gets a fresh output.
+        in_place.append(not (kept[i] and num_shards == 1 and plan.leaves[i].padded == plan.leaves[i].size))
         flat = jnp.ravel(leaves[i])
         if plan.leaves[i].padded != plan.leaves[i].size:
             flat = jnp.pad(flat, (0, plan.leaves[i].padded - plan.leaves[i].size))
         if num_shards > 1:
             flat = lax.psum_scatter(flat, names, scatter_dimension=0, tiled=True)
         shards.append(flat)
-    summed = push_pull(slot, shards, plan, todo, tree_description(spec.name, spec.paths, shapes, dtypes))
+    summed = push_pull(slot, shards, plan, todo, tree_description(spec.name, spec.paths, shapes, dtypes), in_place)
     for i, s in zip(todo, summed):
         if num_shards > 1:
             s = lax.all_gather(s, names, axis=0, tiled=True)
@@ -179,8 +183,15 @@ def _lower(ctx, *args, spec, typed):
     del typed  # the same computation; only its typing and transpose differ
     mapped = mapped_axes.device_axes(ctx)
     reduced, grouped = mapped_axes.split(spec.axes, mapped, WHAT)
-    body = partial(_reduce_on_devices, spec=spec, reduced=reduced, grouped=grouped)
+    body = partial(_reduce_on_devices, spec=spec, reduced=reduced, grouped=grouped,
+                   kept=kept_operands.kept_parameters(args))
     return mlir.lower_fun(body, multiple_results=True)(ctx, *args)
 
 
-mlir.register_lowering(psum_p, _lower)
+# Lowered where it is called, not as a function shared by every call of the same
+# shapes (jax's lowering cache, where it has one): whether an operand is a
+# parameter the caller keeps is a property of the call site (kept_operands.py).
+if "cacheable" in inspect.signature(mlir.register_lowering).parameters:
+    mlir.register_lowering(psum_p, _lower, cacheable=False)
+else:
+    mlir.register_lowering(psum_p, _lower)

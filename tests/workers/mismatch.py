@@ -1,6 +1,8 @@
 """Worker 1 calls psum with a tree that differs from worker 0's: leaf 'b' of
 another size, dtype or shape (same size), or a leaf 'c' more. Every worker
-must raise naming the tensor, then still be able to psum correctly. Prints
+must raise naming the tensor, then still be able to psum correctly. With
+--good-calls N, both first make N calls of the same psum with the same tree
+(so the servers already know worker 0's tree when worker 1's differs). Prints
 {"rank", "error", "recovered", "sum"} (sum: what the bad call returned, if
 it returned)."""
 
@@ -17,10 +19,13 @@ import jbps
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--what", choices=["shape", "dtype", "layout", "leaves"], required=True)
+    p.add_argument("--good-calls", type=int, default=0)
     args = p.parse_args()
     jbps.init()
     rank = jbps.rank()
     tree = {"a": jnp.ones(8, jnp.float32), "b": jnp.ones((2, 3), jnp.float32)}
+    for _ in range(args.good_calls):
+        jax.block_until_ready(jax.jit(lambda t: jbps.psum(t, name="mismatched"))(tree))
     if rank == 1:
         tree["b"] = {"shape": jnp.ones(7, jnp.float32), "dtype": jnp.ones((2, 3), jnp.float16),
                      "layout": jnp.ones((3, 2), jnp.float32), "leaves": tree["b"]}[args.what]
