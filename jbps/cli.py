@@ -4,6 +4,7 @@
     jbps scheduler                                      # the DMLC_* rendezvous
     jbps server --bind 0.0.0.0:9000 --num-workers 4    # a summation server
     jbps bench --sizes 4M,64M                           # jbps psum vs MPI and gloo
+    jbps bench network --workers 4 --cpu-hosts 0-4      # the same across emulated hosts (root)
     jbps plan resnet50 --workers 4 --cpu-servers 0-4    # traffic split and predicted time
 
 Each subcommand's own options follow it (`jbps bench --help`).
@@ -18,6 +19,10 @@ from . import __version__
 
 
 def _bench(argv: list[str]) -> int:
+    if argv[:1] == ["network"]:  # across emulated hosts (needs root)
+        from .bench.network import main as network
+
+        return network(argv[1:], prog="jbps bench network")
     from .bench.__main__ import main
 
     return main(argv, prog="jbps bench")
@@ -48,7 +53,8 @@ def _server(argv: list[str]) -> int:
 
 
 _COMMANDS = {
-    "bench": (_bench, "benchmark jbps psum against MPI Allreduce and JAX gloo psum"),
+    "bench": (_bench, "benchmark jbps psum against MPI Allreduce and JAX gloo psum (`jbps bench network`: "
+                      "across emulated hosts)"),
     "plan": (_plan, "predict a model's traffic per server and communication time vs CPU machines"),
     "run": (_run, "run a whole job on this machine: scheduler, servers and workers"),
     "scheduler": (_scheduler, "run the rendezvous of an environment-variable (DMLC_*) bootstrap"),

@@ -14,12 +14,6 @@ from .errors import JbpsError
 
 ROLES = ("worker", "server", "scheduler")
 
-DEFAULT_PARTITION_BYTES = 4 << 20
-# Chunks in flight per worker: at least this many, and at least two per server
-# so no server's link idles while the next chunk is on its way (see README,
-# "Scheduling", for the measurement behind it).
-MIN_DEFAULT_SCHEDULING_CREDIT = 4
-CREDIT_PER_SERVER = 2
 DEFAULT_TIMEOUT_S = 60.0
 
 
@@ -129,10 +123,11 @@ OPTIONS = (
     Option("colocated_servers", ("JBPS_COLOCATED_SERVERS",), _non_negative_int, 1,
            "under mpirun: summation servers jbps starts inside the first worker of each host"),
     Option("partition_bytes", ("JBPS_PARTITION_BYTES", "BYTEPS_PARTITION_BYTES"), _positive_int,
-           DEFAULT_PARTITION_BYTES, "largest chunk of a tensor sent as one message"),
+           None, "largest chunk of a tensor sent as one message; default 4 MiB on one host, and across hosts "
+                 "sized to each psum (see jbps/partition/defaults.py)"),
     Option("scheduling_credit", ("JBPS_SCHEDULING_CREDIT", "BYTEPS_SCHEDULING_CREDIT"), _positive_int,
-           None, "chunks pushed and not yet acknowledged, per worker (the credit window); "
-                 "default max(4, 2 x servers)"),
+           None, "chunks pushed and not yet acknowledged, per worker (the credit window); default "
+                 "max(4, 2 x servers) on one host, across hosts the servers that get bytes + 2"),
     Option("timeout_s", ("JBPS_TIMEOUT_S",), _positive_float, DEFAULT_TIMEOUT_S,
            "seconds before connecting or a psum gives up with an error"),
     Option("shm", ("JBPS_SHM",), _switch, True,
@@ -208,8 +203,8 @@ class Config:
     scheduler_host: str | None
     scheduler_port: int | None
     colocated_servers: int
-    partition_bytes: int
-    scheduling_credit: int | None
+    partition_bytes: int | None  # None: sized per call (jbps/partition/defaults.py)
+    scheduling_credit: int | None  # None until init() knows the servers' roles
     timeout_s: float
     shm: bool
     job_token: int
@@ -254,9 +249,7 @@ class Config:
             num_workers=self.num_workers or 1,
             worker_rank=self.worker_rank or 0,
             local_rank=self.local_rank or 0,
-            local_size=self.local_size or 1,
-            scheduling_credit=self.scheduling_credit or max(MIN_DEFAULT_SCHEDULING_CREDIT,
-                                                            CREDIT_PER_SERVER * len(self.servers)))
+            local_size=self.local_size or 1)
         if done.worker_rank >= done.num_workers:
             raise JbpsError(f"worker rank {done.worker_rank} (JBPS_WORKER_RANK) is out of range for "
                             f"{done.num_workers} workers (JBPS_NUM_WORKERS)")

@@ -48,8 +48,9 @@ def distributed(tx: optax.GradientTransformation, *, axis_name: Any = None, aver
                 name: str | None = None, priority: Priority = None) -> optax.GradientTransformationExtraArgs:
     """`tx`, with its update applied to the gradients reduced over the job.
 
-    axis_name: the pmap/shard_map axis over this worker's local devices (as
-    for lax.pmean); None under plain jit on one device.
+    axis_name: the pmap/shard_map axes to average over besides the workers
+    (as for lax.pmean; on a mesh, the data axes); None outside pmap and
+    shard_map (refused inside them).
     average: True (the default, as Horovod's DistributedOptimizer) averages
     over all devices of all workers, so a mean loss per device gives the
     gradient of the mean loss over the global batch; False sums.

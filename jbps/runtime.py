@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import itertools
 import threading
 
@@ -18,6 +19,7 @@ except ImportError as exc:  # a source checkout without the built extension
 from . import bootstrap, trace
 from .config import Config
 from .errors import JbpsError
+from .partition import defaults
 from .partition import server_fractions as _fractions_for_roles
 
 FFI_TARGET = "jbps_psum"
@@ -27,6 +29,7 @@ _config: Config | None = None
 _requested: Config | None = None  # what init() was asked, before a bootstrap filled it in
 _hosted: list = []  # summation servers this process runs (mpirun's colocated servers)
 _fractions: tuple[float, ...] = ()
+_spans_hosts = False
 _ffi_registered = False
 _atexit_registered = False
 _names = itertools.count()
@@ -75,7 +78,7 @@ def init(**overrides) -> Session:
     initialized is a no-op; different settings raise JbpsError (call
     shutdown() first).
     """
-    global _config, _requested, _hosted, _fractions, _atexit_registered
+    global _config, _requested, _hosted, _fractions, _spans_hosts, _atexit_registered
     with _lock:
         requested = Config.resolve(overrides)
         if _config is not None:
@@ -85,16 +88,24 @@ def init(**overrides) -> Session:
             return Session(_config)
         _register_ffi()
         config, hosted = bootstrap.complete(requested)
+        across = defaults.spans_hosts(config.servers)
+        # Until the servers' roles are known, the window as if every server got bytes (the most).
+        credit = config.scheduling_credit or defaults.credit([1.0] * len(config.servers), across)
         try:
             _core.engine_start(list(config.servers), config.worker_rank, config.num_workers, config.job_token,
-                               config.scheduling_credit, config.timeout_s, trace=config.trace_dir is not None,
-                               shm=config.shm, shm_slot_bytes=config.partition_bytes)
+                               credit, config.timeout_s, trace=config.trace_dir is not None, shm=config.shm,
+                               shm_slot_bytes=config.partition_bytes or defaults.ONE_HOST_PARTITION_BYTES)
         except RuntimeError as exc:
             for server in hosted:
                 server.stop()
             raise JbpsError(f"jbps.init() failed: {exc}") from None
         _core.cuda_set_timeout(config.timeout_s)
         _fractions = tuple(_fractions_for_roles(_core.engine_server_roles(), config.num_workers))
+        _spans_hosts = across
+        if config.scheduling_credit is None:
+            credit = defaults.credit(_fractions, across)
+            _core.engine_set_credit(credit)
+            config = dataclasses.replace(config, scheduling_credit=credit)
         _config, _requested, _hosted = config, requested, hosted
         if not _atexit_registered:
             atexit.register(shutdown)
@@ -185,6 +196,13 @@ def server_fractions() -> tuple[float, ...]:
     roles the servers declared and the worker count: the optimal split."""
     config()
     return _fractions
+
+
+def partition_bytes(call_bytes: int) -> int:
+    """The largest chunk of a psum of `call_bytes`: the user's JBPS_PARTITION_BYTES,
+    else the default for where the job runs (jbps/partition/defaults.py)."""
+    given = config().partition_bytes
+    return given if given is not None else defaults.partition_bytes(call_bytes, _fractions, _spans_hosts)
 
 
 def next_auto_name(prefix: str) -> str:

@@ -192,11 +192,25 @@ def test_env_aliases(server, monkeypatch):
         assert s.config.partition_bytes == 16384
 
 
-def test_credit_default_scales_with_servers():
-    one = jbps.Config.resolve({}, {"JBPS_SERVERS": "h:1"}).complete()
-    five = jbps.Config.resolve({}, {"JBPS_SERVERS": ",".join(f"h:{p}" for p in range(1, 6))}).complete()
-    given = jbps.Config.resolve({"scheduling_credit": 1}, {"JBPS_SERVERS": "h:1,h:2,h:3"}).complete()
-    assert (one.scheduling_credit, five.scheduling_credit, given.scheduling_credit) == (4, 10, 1)
+def test_defaults_follow_where_the_job_runs(server):
+    from jbps.partition import defaults
+
+    # One host: 4 MiB chunks, two chunks per server in flight (at least 4).
+    assert not defaults.spans_hosts(["127.0.0.1:1", "localhost:2"])
+    assert [defaults.credit([1 / s] * s, False) for s in (1, 5)] == [4, 10]
+    assert defaults.partition_bytes(1 << 30, [0.5, 0.5], False) == 4 << 20
+    # Across hosts: the servers that get bytes, plus two; chunks of about M / (64 x those servers).
+    assert defaults.spans_hosts(["127.0.0.1:1", "10.1.2.3:2"])
+    cpu_only = [0.0] * 4 + [0.25] * 4  # k = n: the colocated servers get nothing
+    assert defaults.credit(cpu_only, True) == 6
+    assert defaults.partition_bytes(32 << 20, cpu_only, True) == 128 << 10
+    assert defaults.partition_bytes(1 << 20, cpu_only, True) == 32 << 10  # the floor
+    assert defaults.partition_bytes(8 << 30, cpu_only, True) == 4 << 20  # the ceiling
+    with jbps.init(servers=[server], num_workers=1, worker_rank=0) as s:
+        assert (s.config.scheduling_credit, s.config.partition_bytes) == (4, None)
+        assert jbps.runtime.partition_bytes(1 << 30) == 4 << 20
+    with jbps.init(servers=[server], num_workers=1, worker_rank=0, scheduling_credit=1, partition_bytes=8192) as s:
+        assert s.config.scheduling_credit == 1 and jbps.runtime.partition_bytes(1 << 30) == 8192
 
 
 def test_trace_dir_and_its_byteps_alias(tmp_path):

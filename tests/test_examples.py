@@ -1,7 +1,8 @@
-"""The flax examples users run, each started a different way: mnist under
+"""The examples users run, each started a different way: mnist under
 `jbps run -n 2` (it must reach 95% test accuracy), the transformer alone (a
-plain `python`, no launcher), the ResNet under mpirun. Small settings keep
-them quick; every process is checked gone afterwards."""
+plain `python`, no launcher), the ResNet under mpirun, the 2-D mesh under
+`jbps run -n 2 --local-devices 4` (it must equal a one-process run). Small
+settings keep them quick; every process is checked gone afterwards."""
 
 import os
 import re
@@ -43,6 +44,20 @@ def test_transformer_runs_alone_and_its_loss_goes_down():
     assert "1 worker(s)" in out and "tokens/s over the job" in out, out
     first, last = map(float, re.search(r"loss ([0-9.]+) -> ([0-9.]+)", out).groups())
     assert last < first - 1.0, out  # from ln(256) = 5.5 towards the bytes' entropy
+    assert_nothing_left(env)
+
+
+def test_mesh_example_equals_one_process_with_two_workers():
+    env = base_env()
+    proc, out, err = run([*JBPS, "run", "-n", "2", "--local-devices", "4", PYTHON, example("mesh_data_model.py"),
+                          "--steps", "30"], env, timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    for rank in (0, 1):
+        assert f"[worker {rank}] worker {rank}: mesh data 2 x model 2 on each of 2 worker(s)" in out, out[-3000:]
+        # The example checks itself against one process training on the job's whole batch.
+        assert re.search(rf"\[worker {rank}\] worker {rank}: parameters vs one process .* \(match\)", out), out
+    first, last = map(float, re.search(r"\[worker 0\] .* loss ([0-9.]+) -> ([0-9.]+)", out).groups())
+    assert last < first / 4, out
     assert_nothing_left(env)
 
 

@@ -142,8 +142,9 @@ def finish(procs, timeout):
 @pytest.mark.parametrize("seed", [0, 1])
 def test_environment_bootstrap_in_any_start_order(seed):
     env = scheduler_env(60)
+    fixed_port = int(env["DMLC_PS_ROOT_PORT"]) + 1  # a server a firewall expects on a known port
     members = [("scheduler", [PYTHON, "-m", "jbps.scheduler"], None),
-               ("server", [PYTHON, "-m", "jbps.server"], None),
+               ("server", [PYTHON, "-m", "jbps.server", "--bind", f":{fixed_port}"], None),
                ("server", [PYTHON, "-m", "jbps.server"], None),
                ("worker", [PYTHON, worker_script("random_trees.py"), "--rounds", "3", "--mode", "jit"], 0),
                ("worker", [PYTHON, worker_script("random_trees.py"), "--rounds", "3", "--mode", "jit"], None)]
@@ -158,6 +159,7 @@ def test_environment_bootstrap_in_any_start_order(seed):
         assert code == 0, f"{role} failed:\n{err[-3000:]}"
     reports = [last_json(out) for (role, _, _), (_, out, _) in zip(members, outputs) if role == "worker"]
     check_reports(sorted(reports, key=lambda r: r["rank"]), 2, 3)
+    assert all(f"127.0.0.1:{fixed_port}" in r["servers"] for r in reports), reports[0]["servers"]
     assert_nothing_left(env)
 
 

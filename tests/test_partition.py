@@ -58,14 +58,14 @@ def test_split_rejects_bad_counts():
         optimal_split(2, -1)
 
 
-def random_tree_plan(rng, n, k, partition, shards=1, name="t"):
+def random_tree_plan(rng, n, k, partition, shards=1, name="t", groups=1):
     count = rng.randint(1, 40)
     paths = [f"['layer{i}']" for i in range(count)]
     shapes = [(rng.randint(1, 300_000),) for _ in range(count)]
     dtypes = [rng.choice([np.float32, np.float16, np.float64]) for _ in range(count)]
     roles = [COLOCATED] * n + [DEDICATED] * k
     return make_plan(name, paths, shapes, dtypes, shards, partition_bytes=partition,
-                     server_fractions=server_fractions(roles, n)), roles
+                     server_fractions=server_fractions(roles, n), num_groups=groups), roles
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -73,12 +73,23 @@ def test_routing_hits_fractions_within_one_partition(seed):
     rng = random.Random(seed)
     n, k = rng.randint(1, 6), rng.randint(0, 6)
     partition = rng.choice([4096, 65536, 1 << 20])
-    plan, roles = random_tree_plan(rng, n, k, partition, shards=rng.randint(1, 4))
+    plan, roles = random_tree_plan(rng, n, k, partition, shards=rng.randint(1, 4), groups=rng.randint(1, 3))
     per_server = plan.server_bytes(len(roles))
     total = sum(per_server)
-    assert total == sum(leaf.shard_bytes * plan.num_shards for leaf in plan.leaves)
+    assert total == sum(leaf.shard_bytes * plan.num_shards * plan.num_groups for leaf in plan.leaves)
     for got, fraction in zip(per_server, server_fractions(roles, n)):
         assert abs(got - fraction * total) <= partition, (got, fraction * total)
+
+
+def test_groups_get_slots_of_their_own_and_split_leaves_over_the_reduced_devices_only():
+    # 2 devices reduce together, 3 such groups (a psum over one axis of a 2x3 mesh).
+    plan = make_plan("g", ["['w']"], [(10,)], [np.float32], 2, num_groups=3, partition_bytes=8,
+                     server_fractions=[0.5, 0.5])
+    leaf = plan.leaves[0]
+    assert (leaf.padded, leaf.shard_bytes, leaf.num_chunks) == (10, 20, 3)  # 5 floats a device, 2 a chunk
+    assert plan.num_slots == 6
+    assert [slot for slot, *_ in plan.chunks()] == [slot for slot in range(6) for _ in range(3)]
+    assert len(plan.chunk_servers) == 6 * 3
 
 
 def test_greedy_bound_on_adversarial_sizes():

@@ -18,6 +18,7 @@
 #include "protocol.h"
 #include "shm.h"
 #include "stream_copy.h"
+#include "thread_name.h"
 
 namespace jbps {
 namespace {
@@ -146,6 +147,7 @@ struct ServerConn {
   std::condition_variable slot_cv;  // a slot came free
   // The sender's pushes and the receiver's releases share the socket.
   std::mutex write_mu;
+  std::atomic<uint64_t> bytes_pushed{0};
   // Guarded by Engine::Impl::mu.
   std::deque<ChunkPtr> sendq;
   std::deque<ChunkPtr> unacked;  // dispatched, in send order, awaiting kPushAck
@@ -181,6 +183,7 @@ class Completer {
 
  private:
   void Loop() {
+    NameThisThread("jbps-complete");
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
       cv_.wait(lock, [&] { return stop_ || !q_.empty(); });
@@ -212,7 +215,6 @@ struct Engine::Impl {
   std::vector<ServerRole> roles;  // per connection, from the hello replies
 
   std::mutex mu;
-  std::condition_variable dispatch_cv;
   std::condition_variable watchdog_cv;
   bool running = false;
   bool stopping = false;
@@ -231,7 +233,6 @@ struct Engine::Impl {
   std::vector<std::unique_ptr<ServerConn>> conns;
   uint64_t next_call_id = 1;
   uint64_t next_seq = 0;
-  std::thread dispatcher;
   std::thread watchdog;
 
   std::mutex trace_mu;
@@ -243,7 +244,13 @@ struct Engine::Impl {
   std::atomic<uint64_t> calls{0}, calls_failed{0}, chunks_pushed{0}, bytes_pushed{0}, bytes_pulled{0}, bytes_shm{0},
       chunks_fused{0};
 
-  void DispatchLoop();
+  // A call whose chunk was bound for a server that is gone.
+  struct Lost {
+    CallPtr call;
+    int server;
+  };
+  std::vector<Lost> DispatchLocked();
+  void FailLost(const std::vector<Lost>& lost);
   void SendLoop(ServerConn* sc);
   void RecvLoop(ServerConn* sc);
   void WatchdogLoop();
@@ -270,6 +277,21 @@ Engine& Engine::Get() {
   return *engine;
 }
 
+bool Engine::SetCredit(int credit, std::string* err) {
+  if (credit < 1) {
+    *err = "credit must be >= 1";
+    return false;
+  }
+  std::vector<Impl::Lost> lost;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->opt.credit = credit;
+    lost = impl_->DispatchLocked();
+  }
+  impl_->FailLost(lost);
+  return true;
+}
+
 bool Engine::running() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   return impl_->running;
@@ -291,7 +313,10 @@ EngineStats Engine::stats() const {
   s.bytes_shm = impl_->bytes_shm.load();
   s.chunks_fused = impl_->chunks_fused.load();
   std::lock_guard<std::mutex> lock(impl_->mu);
-  for (auto& c : impl_->conns) s.shm_servers += c->push_region != nullptr;
+  for (auto& c : impl_->conns) {
+    s.shm_servers += c->push_region != nullptr;
+    s.server_bytes_pushed.push_back(c->bytes_pushed.load());
+  }
   return s;
 }
 
@@ -403,7 +428,6 @@ bool Engine::Start(const EngineOptions& options, std::string* err) {
     sc->sender = std::thread([&s, sc] { s.SendLoop(sc); });
     sc->receiver = std::thread([&s, sc] { s.RecvLoop(sc); });
   }
-  s.dispatcher = std::thread([&s] { s.DispatchLoop(); });
   s.watchdog = std::thread([&s] { s.WatchdogLoop(); });
   return true;
 }
@@ -417,9 +441,7 @@ void Engine::Stop() {
     s.stopping = true;
     for (auto& kv : s.active) victims.push_back(kv.second);
   }
-  s.dispatch_cv.notify_all();
   s.watchdog_cv.notify_all();
-  s.dispatcher.join();
   s.watchdog.join();
   for (auto& c : victims) s.FailCall(c, "jbps was shut down while this psum was pending");
   {
@@ -497,6 +519,7 @@ void Engine::Submit(CallSpec spec, DoneFn done) {
   call->total_chunks = call->remaining = chunks.size();
 
   std::string fail;
+  std::vector<Impl::Lost> lost;
   {
     std::lock_guard<std::mutex> lock(s.mu);
     if (!s.running || s.stopping) {
@@ -531,8 +554,10 @@ void Engine::Submit(CallSpec spec, DoneFn done) {
       }
       s.AddActive(call);
       ++s.calls;
+      lost = s.DispatchLocked();
     }
   }
+  s.FailLost(lost);
   if (!fail.empty()) {
     ++s.calls;
     s.FailCall(call, fail);
@@ -543,25 +568,25 @@ void Engine::Submit(CallSpec spec, DoneFn done) {
     s.ChunkDone(call.get());
     return;
   }
-  s.dispatch_cv.notify_one();
   s.watchdog_cv.notify_one();
 }
 
-void Engine::Impl::DispatchLoop() {
-  std::unique_lock<std::mutex> lock(mu);
-  for (;;) {
-    // The credit window bounds chunks on the wire, so a high-priority chunk
-    // that arrives now waits behind at most `credit` chunks, not a whole model.
-    dispatch_cv.wait(lock, [&] { return stopping || (!queue.empty() && inflight_chunks < opt.credit); });
-    if (stopping) return;
+// Moves chunks from the priority queue to their servers' send queues while
+// credits last. The credit window bounds chunks on the wire, so a
+// high-priority chunk that arrives now waits behind at most `credit` chunks,
+// not a whole model. Run, with mu held, by whichever thread queued chunks or
+// freed a credit (Submit, an acknowledgement, a skipped chunk): no thread hop
+// stands between a credit and the next push. Returns the calls whose server
+// was lost, to fail once mu is released (FailLost).
+std::vector<Engine::Impl::Lost> Engine::Impl::DispatchLocked() {
+  std::vector<Lost> lost;
+  while (!stopping && !queue.empty() && inflight_chunks < opt.credit) {
     ChunkPtr ch = queue.top();
     queue.pop();
     if (ch->call->failed) continue;
     ServerConn* sc = conns[ch->server].get();
     if (sc->failed) {
-      lock.unlock();
-      FailCall(ch->call, "jbps lost summation server " + sc->addr.ToString() + " earlier in this job");
-      lock.lock();
+      lost.push_back(Lost{ch->call, ch->server});
       continue;
     }
     ++inflight_chunks;
@@ -570,6 +595,12 @@ void Engine::Impl::DispatchLoop() {
     sc->sendq.push_back(ch);
     sc->send_cv.notify_one();
   }
+  return lost;
+}
+
+void Engine::Impl::FailLost(const std::vector<Lost>& lost) {
+  for (const Lost& l : lost)
+    FailCall(l.call, "jbps lost summation server " + conns[l.server]->addr.ToString() + " earlier in this job");
 }
 
 void Engine::Impl::DropSkipped(ServerConn* sc) {
@@ -585,6 +616,7 @@ void Engine::Impl::DropSkipped(ServerConn* sc) {
 }
 
 void Engine::Impl::SendLoop(ServerConn* sc) {
+  NameThisThread("jbps-push");
   for (;;) {
     ChunkPtr ch;
     {
@@ -606,12 +638,16 @@ void Engine::Impl::SendLoop(ServerConn* sc) {
     }
     Call* call = ch->call.get();
     if (!call->TryAcquire()) {
-      std::lock_guard<std::mutex> lock(mu);
-      auto it = pending.find(RoundKey{ch->key, ch->round});
-      if (it != pending.end() && it->second == ch) pending.erase(it);
-      ch->skipped = true;
-      DropSkipped(sc);
-      dispatch_cv.notify_one();
+      std::vector<Lost> lost;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        auto it = pending.find(RoundKey{ch->key, ch->round});
+        if (it != pending.end() && it->second == ch) pending.erase(it);
+        ch->skipped = true;
+        DropSkipped(sc);
+        lost = DispatchLocked();
+      }
+      FailLost(lost);
       continue;
     }
     FrameHeader h = MakeHeader(ch->tree ? MsgType::kTree : MsgType::kPush, opt.token);
@@ -669,6 +705,7 @@ void Engine::Impl::SendLoop(ServerConn* sc) {
     if (ch->tree) continue;
     ++chunks_pushed;
     bytes_pushed += ch->nbytes;
+    sc->bytes_pushed += ch->nbytes;
     if (ch->slot >= 0) bytes_shm += ch->nbytes;
   }
 }
@@ -684,6 +721,7 @@ bool Engine::Impl::Drain(int fd, uint64_t nbytes, std::vector<char>* scratch) {
 }
 
 void Engine::Impl::RecvLoop(ServerConn* sc) {
+  NameThisThread("jbps-pull");
   std::vector<char> scratch;
   const std::string server = sc->addr.ToString();
   for (;;) {
@@ -702,16 +740,20 @@ void Engine::Impl::RecvLoop(ServerConn* sc) {
     if (type == MsgType::kPushAck) {
       // TCP pushes are acknowledged in order as they arrive; shared-memory
       // ones once added, by whichever server thread owns the key.
-      std::lock_guard<std::mutex> lock(mu);
-      auto it = std::find_if(sc->unacked.begin(), sc->unacked.end(),
-                             [&](const ChunkPtr& c) { return c->key == h.key && c->round == h.round; });
-      if (it != sc->unacked.end()) {
-        if (opt.trace) (*it)->times.acked = NowMicros();
-        --inflight_chunks;
-        sc->unacked.erase(it);
-        DropSkipped(sc);
+      std::vector<Lost> lost;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        auto it = std::find_if(sc->unacked.begin(), sc->unacked.end(),
+                               [&](const ChunkPtr& c) { return c->key == h.key && c->round == h.round; });
+        if (it != sc->unacked.end()) {
+          if (opt.trace) (*it)->times.acked = NowMicros();
+          --inflight_chunks;
+          sc->unacked.erase(it);
+          DropSkipped(sc);
+        }
+        lost = DispatchLocked();
       }
-      dispatch_cv.notify_one();
+      FailLost(lost);
       continue;
     }
     if (type == MsgType::kAbort) {
@@ -992,6 +1034,7 @@ std::string Engine::Impl::TimeoutMessage(const CallPtr& c) {
 }
 
 void Engine::Impl::WatchdogLoop() {
+  NameThisThread("jbps-watchdog");
   std::unique_lock<std::mutex> lock(mu);
   for (;;) {
     if (stopping) return;
@@ -1113,7 +1156,7 @@ void Engine::Impl::ConnFailed(ServerConn* sc, const std::string& why) {
     for (auto& kv : pending)
       if (kv.second->server == sc->index) victims.push_back(kv.second->call);
     sc->send_cv.notify_all();
-    dispatch_cv.notify_all();
+    for (const Lost& l : DispatchLocked()) victims.push_back(l.call);  // its credits go to the others
   }
   ShutdownFd(sc->fd);  // wakes this connection's other thread
   const std::string msg = "jbps: lost summation server " + sc->addr.ToString() + ": " + why;

@@ -223,6 +223,13 @@ NB_MODULE(_core, m) {
       nb::arg("timeout_s"), nb::arg("trace") = false, nb::arg("shm") = true,
       nb::arg("shm_slot_bytes") = size_t{4} << 20);
 
+  m.def(
+      "engine_set_credit",
+      [](int credit) {
+        std::string err;
+        if (!jbps::Engine::Get().SetCredit(credit, &err)) throw std::runtime_error(err);
+      },
+      nb::arg("credit"));
   m.def("engine_stop", [] {
     nb::gil_scoped_release release;
     jbps::Engine::Get().Stop();
@@ -263,6 +270,7 @@ NB_MODULE(_core, m) {
     d["bytes_shm"] = s.bytes_shm;
     d["chunks_fused"] = s.chunks_fused;
     d["shm_servers"] = s.shm_servers;
+    d["server_bytes_pushed"] = s.server_bytes_pushed;
     return d;
   });
   // The server's summation kernels (sum_kernels.h) on numpy arrays, for the

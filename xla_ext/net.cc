@@ -19,6 +19,10 @@ namespace jbps {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+// RecvAll's wake-up threshold (SO_RCVLOWAT) for large reads: at most this
+// much at once, and only for reads of at least kMinLowatBytes left.
+constexpr size_t kWakeBytes = 256 << 10;
+constexpr int kMinLowatBytes = 16 << 10;
 
 int MsLeft(Clock::time_point deadline) {
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
@@ -188,19 +192,36 @@ int Listen(const HostPort& addr, int* bound_port, std::string* err) {
 IoStatus RecvAll(int fd, void* buf, size_t n, int timeout_ms, int stall_timeout_ms) {
   char* p = static_cast<char*>(buf);
   size_t got = 0;
+  int lowat = 1;  // the socket's SO_RCVLOWAT while we wait; 1 (the default) between reads
+  IoStatus status = IoStatus::kOk;
   while (got < n) {
-    IoStatus w = WaitFd(fd, POLLIN, got == 0 ? timeout_ms : stall_timeout_ms);
-    if (w != IoStatus::kOk) return w;
-    ssize_t r = ::recv(fd, p + got, n - got, 0);
+    // Read first, wait only when nothing is there: bytes usually are, and
+    // every poll saved is a syscall per message.
+    ssize_t r = ::recv(fd, p + got, n - got, MSG_DONTWAIT);
     if (r > 0) {
       got += static_cast<size_t>(r);
     } else if (r == 0) {
-      return IoStatus::kClosed;
-    } else if (errno != EINTR && errno != EAGAIN) {
-      return errno == ECONNRESET ? IoStatus::kClosed : IoStatus::kError;
+      status = IoStatus::kClosed;
+      break;
+    } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      // A large read wakes once a good part of it is there, not once per
+      // packet: on a slow link a chunk arrives a segment at a time.
+      int want = static_cast<int>(std::min<size_t>(n - got, kWakeBytes));
+      if (want >= kMinLowatBytes && want != lowat &&
+          ::setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &want, sizeof(want)) == 0)
+        lowat = want;
+      status = WaitFd(fd, POLLIN, got == 0 ? timeout_ms : stall_timeout_ms);
+      if (status != IoStatus::kOk) break;
+    } else if (errno != EINTR) {
+      status = errno == ECONNRESET ? IoStatus::kClosed : IoStatus::kError;
+      break;
     }
   }
-  return IoStatus::kOk;
+  if (lowat != 1) {
+    int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &one, sizeof(one));
+  }
+  return status;
 }
 
 IoStatus SendAll(int fd, struct iovec* iov, int iovcnt, int timeout_ms) {

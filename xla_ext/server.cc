@@ -25,6 +25,7 @@
 #include "protocol.h"
 #include "shm.h"
 #include "sum_kernels.h"
+#include "thread_name.h"
 
 namespace jbps {
 namespace {
@@ -87,6 +88,8 @@ constexpr size_t kMaxPendingHellos = 256;
 constexpr double kMaxHelloSeconds = 10;
 // Refusals logged per second; the rest are counted and the count is logged.
 constexpr int kLogsPerSecond = 10;
+// Messages a connection's writer sends in one syscall (two iovecs each, well under IOV_MAX).
+constexpr size_t kMaxWriteBatch = 64;
 
 // One line per refusal, at most kLogsPerSecond a second: a flood of hostile
 // connections cannot flood the log.
@@ -191,6 +194,9 @@ struct Conn {
   std::mutex mu;
   std::condition_variable cv;
   std::deque<OutMsg> out;
+  // Held while bytes go onto the socket: by the writer, or by a thread that
+  // writes an acknowledgement itself while the writer is idle (Ack).
+  std::mutex write_mu;
   bool closing = false;
   bool finishing = false;         // close once `out` is sent
   std::atomic<bool> aborted{false};  // closed by the server because the job failed
@@ -483,6 +489,7 @@ void SummationServer::Impl::Refuse(const std::string& peer, const std::string& w
 // The acceptor: one poll over the listening socket and every connection that
 // has not said hello yet. Only an authenticated connection gets threads.
 void SummationServer::Impl::AcceptLoop() {
+  NameThisThread("jbps-accept");
   std::list<Pending> pending;
   const double hello_s = std::min(opt.timeout_s, kMaxHelloSeconds);
   std::vector<struct pollfd> fds;
@@ -724,6 +731,22 @@ void SummationServer::Impl::Ack(const ConnPtr& c, uint64_t key, uint32_t round) 
   FrameHeader ack = MakeHeader(MsgType::kPushAck, opt.token);
   ack.key = key;
   ack.round = round;
+  // An acknowledgement is on the worker's credit loop: written here when the
+  // writer is idle (nothing queued, nothing being sent), without waking it.
+  std::unique_lock<std::mutex> writing(c->write_mu, std::try_to_lock);
+  if (writing.owns_lock()) {
+    bool idle;
+    {
+      std::lock_guard<std::mutex> lock(c->mu);
+      idle = c->out.empty() && !c->closing && !c->finishing;
+    }
+    if (idle) {
+      struct iovec iov = {&ack, sizeof(ack)};
+      if (SendAll(c->fd, &iov, 1, stall_ms) != IoStatus::kOk) c->Close();
+      return;
+    }
+    writing.unlock();
+  }
   c->Send(OutMsg{ack, nullptr, {}});
 }
 
@@ -796,6 +819,7 @@ Payload SummationServer::Impl::RecvPayload(const ConnPtr& c, uint64_t nbytes, st
 }
 
 void SummationServer::Impl::ReaderLoop(ConnPtr c) {
+  NameThisThread("jbps-read");
   bool said_bye_here = false;
   uint64_t purge_before = 0;  // a finished job's sums still held for readers that left
   std::string lost;  // why the worker is gone, if it did not say goodbye
@@ -941,30 +965,43 @@ void SummationServer::Impl::WorkerLost(const ConnPtr& c, const std::string& why)
   MarkFinished();
 }
 
+// Sends what is queued in one syscall: acknowledgements first, since a
+// worker's credit window waits on them while sums only fill its output.
 void SummationServer::Impl::WriterLoop(ConnPtr c) {
+  NameThisThread("jbps-write");
+  std::vector<OutMsg> batch;
+  std::vector<struct iovec> iov;
   for (;;) {
-    OutMsg m;
+    bool last;
     {
       std::unique_lock<std::mutex> lock(c->mu);
       c->cv.wait(lock, [&] { return c->closing || !c->out.empty(); });
       if (c->closing) break;
-      m = std::move(c->out.front());
-      c->out.pop_front();
-    }
-    struct iovec iov[2];
-    int n = 1;
-    iov[0] = {&m.header, sizeof(m.header)};
-    if (m.payload && m.header.nbytes > 0) {
-      iov[n++] = {m.payload->data(), m.header.nbytes};
-    } else if (!m.text.empty()) {
-      iov[n++] = {const_cast<char*>(m.text.data()), m.text.size()};
-    }
-    bool last;
-    {
-      std::lock_guard<std::mutex> lock(c->mu);
+      batch.clear();
+      while (!c->out.empty() && batch.size() < kMaxWriteBatch) {
+        batch.push_back(std::move(c->out.front()));
+        c->out.pop_front();
+      }
       last = c->finishing && c->out.empty();
     }
-    if (SendAll(c->fd, iov, n, stall_ms) != IoStatus::kOk || last) {
+    std::stable_partition(batch.begin(), batch.end(), [](const OutMsg& m) {
+      return m.header.type == static_cast<uint16_t>(MsgType::kPushAck);
+    });
+    iov.clear();
+    for (OutMsg& m : batch) {
+      iov.push_back({&m.header, sizeof(m.header)});
+      if (m.payload && m.header.nbytes > 0) {
+        iov.push_back({m.payload->data(), m.header.nbytes});
+      } else if (!m.text.empty()) {
+        iov.push_back({const_cast<char*>(m.text.data()), m.text.size()});
+      }
+    }
+    IoStatus st;
+    {
+      std::lock_guard<std::mutex> writing(c->write_mu);
+      st = SendAll(c->fd, iov.data(), static_cast<int>(iov.size()), stall_ms);
+    }
+    if (st != IoStatus::kOk || last) {
       c->Close();
       break;
     }
@@ -995,6 +1032,7 @@ EngineThread* SummationServer::Impl::ThreadFor(uint64_t key, uint64_t nbytes) {
 }
 
 void SummationServer::Impl::EngineLoop(EngineThread* e) {
+  NameThisThread("jbps-sum");
   for (;;) {
     Task t;
     {

@@ -19,15 +19,16 @@ def join_as_worker(requested: Config) -> Config:
                            job_token=job["token"])
 
 
-def join_as_server(scheduler: str, timeout_s: float, start_server):
+def join_as_server(scheduler: str, timeout_s: float, start_server, port: int = 0):
     """Registers, learns the job, starts the server with
-    start_server(bind, num_workers, token, role) and reports its address.
+    start_server(bind, num_workers, token, role) on the address this host
+    reaches the scheduler from (at `port`; 0: any free one) and reports it.
     Returns (server, job)."""
     reg = Registration(scheduler, "server", timeout_s)
     try:
         job = reg.receive()
         try:
-            server = start_server(f"{reg.local_host}:0", job["num_workers"], job["token"], job["role"])
+            server = start_server(f"{reg.local_host}:{port}", job["num_workers"], job["token"], job["role"])
         except Exception as exc:
             reg.send({"error": str(exc)})
             raise

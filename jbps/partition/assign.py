@@ -3,12 +3,18 @@
 Every server declares its role (`python -m jbps.server --role`): colocated on
 a worker's machine, or dedicated on a CPU-only machine. With n workers and k
 dedicated servers, the colocated servers share n·y of the bytes equally and
-the dedicated ones the rest (k·x); see split.py. Chunks are then dealt out
-greedily, largest first, each to the server furthest below its target. That
-keeps every server within one partition of its target (a server is only
-chosen while below target, and never while another is further below), and it
-depends only on the chunks' sizes and keys: identical on every worker,
-whatever the pytree's dict order, the process or the Python hash seed.
+the dedicated ones the rest (k·x); see split.py.
+
+Chunks are dealt out in the order the engine sends them (priority, then
+position), each to the server furthest below its share *of the bytes dealt so
+far*. So not only the totals match the split: every stretch of the send order
+carries each server its share too, and while a call is pushed every server's
+link is busy in proportion, instead of the servers with the largest shares
+taking the first half of the call and the others the second. Every server
+ends within one chunk of its share (the chosen server is the furthest below
+its running target, which the new chunk moves up by less than a chunk). The
+result depends only on the chunks' sizes and order: identical on every
+worker, whatever the process or the Python hash seed.
 """
 
 from __future__ import annotations
@@ -41,22 +47,22 @@ def server_fractions(roles: Sequence[str], num_workers: int) -> list[float]:
             for r in roles]
 
 
-def assign_chunks(chunk_bytes: Sequence[int], order_keys: Sequence[tuple], fractions: Sequence[float],
+def assign_chunks(chunk_bytes: Sequence[int], send_order: Sequence[tuple], fractions: Sequence[float],
                   rotation: int = 0) -> list[int]:
     """Server index of each chunk.
 
-    order_keys: a unique, process-independent sort key per chunk (ties of
-    equal size are dealt in this order). rotation: which server wins exact
-    ties between equal deficits (e.g. derived from the psum's name), so that
-    many small calls do not all land on server 0.
+    send_order: a unique, process-independent sort key per chunk: the order
+    the engine sends them in. rotation: which server wins exact ties between
+    equal deficits (e.g. derived from the psum's name), so that many small
+    calls do not all start on server 0.
     """
-    total = float(sum(chunk_bytes))
-    targets = [f * total for f in fractions]
-    assigned = [0.0] * len(fractions)
     count = len(fractions)
+    dealt = 0.0
+    assigned = [0.0] * count
     owner = [0] * len(chunk_bytes)
-    for i in sorted(range(len(chunk_bytes)), key=lambda i: (-chunk_bytes[i], order_keys[i])):
-        best = max(range(count), key=lambda s: (targets[s] - assigned[s], -((s - rotation) % count)))
+    for i in sorted(range(len(chunk_bytes)), key=lambda i: send_order[i]):
+        dealt += chunk_bytes[i]
+        best = max(range(count), key=lambda s: (fractions[s] * dealt - assigned[s], -((s - rotation) % count)))
         owner[i] = best
         assigned[best] += chunk_bytes[i]
     return owner

@@ -1,9 +1,12 @@
-"""The trace-time plan of one psum call.
+"""The plan of one psum call.
 
 Each leaf is flattened and padded so it splits evenly over the L devices of
-the mapped axis; device d reduces shard d of every leaf across workers. Each
-shard is cut into chunks of at most the partition size; chunk c of shard s
-is keyed ChunkKey(leaf_key, s, c) by the engine. The leaf key is a hash of
+the reduced axes; device d reduces shard d of every leaf across workers.
+Devices that differ along mapped axes the psum does not reduce over form
+separate groups (as for lax.psum over some axes of a mesh): group g's shard s
+has the slot g * L + s, unique among a worker's devices. Each shard is cut
+into chunks of at most the partition size; chunk c of slot s is keyed
+ChunkKey(leaf_key, s, c) by the engine, so groups never share keys. The leaf key is a hash of
 the psum's name and the leaf's path, so every worker computes the same key
 without talking to the others. The plan also fixes each chunk's server
 (assign.py) and each leaf's priority (priority.py).
@@ -41,10 +44,16 @@ class LeafPlan:
 class CallPlan:
     name: str
     leaves: tuple[LeafPlan, ...]
-    num_shards: int
+    num_shards: int  # devices each leaf is split over: the size of the reduced axes
     partition_bytes: int
-    # Server of every chunk, ordered shard by shard, then leaf by leaf, then chunk.
+    # Server of every chunk, ordered slot by slot, then leaf by leaf, then chunk.
     chunk_servers: tuple[int, ...]
+    num_groups: int = 1  # positions along the mapped axes not reduced over
+
+    @property
+    def num_slots(self) -> int:
+        """Shards of every group: what the engine's shard index counts."""
+        return self.num_shards * self.num_groups
 
     def server_bytes(self, num_servers: int) -> list[int]:
         """Bytes each server receives from this worker per call."""
@@ -54,8 +63,8 @@ class CallPlan:
         return out
 
     def chunks(self):
-        """(shard, leaf index, chunk, bytes) in chunk_servers order."""
-        for shard in range(self.num_shards):
+        """(slot, leaf index, chunk, bytes) in chunk_servers order."""
+        for shard in range(self.num_slots):
             for index, leaf in enumerate(self.leaves):
                 for c in range(leaf.num_chunks):
                     yield shard, index, c, min(leaf.chunk_bytes, leaf.shard_bytes - c * leaf.chunk_bytes)
@@ -83,9 +92,10 @@ def chunk_size(partition_bytes: int, itemsize: int) -> int:
 
 def make_plan(name: str, paths: Sequence[str], shapes: Sequence[tuple[int, ...]], dtypes: Sequence[np.dtype],
               num_shards: int, *, partition_bytes: int, server_fractions: Sequence[float],
-              priorities: Sequence[int] | None = None) -> CallPlan:
+              priorities: Sequence[int] | None = None, num_groups: int = 1) -> CallPlan:
     """The plan of one call. priorities: one per leaf, larger sooner; by
-    default the pytree order, first leaf first."""
+    default the pytree order, first leaf first. num_groups: how many groups
+    of num_shards devices sum separately (see the module's docstring)."""
     leaves = []
     for index, (path, shape, dtype) in enumerate(zip(paths, shapes, dtypes)):
         dtype = np.dtype(dtype)
@@ -97,9 +107,10 @@ def make_plan(name: str, paths: Sequence[str], shapes: Sequence[tuple[int, ...]]
                                key=leaf_key(name, path),
                                priority=-index if priorities is None else int(priorities[index]),
                                shard_bytes=shard_bytes, chunk_bytes=part, num_chunks=-(-shard_bytes // part)))
-    draft = CallPlan(name, tuple(leaves), num_shards, partition_bytes, ())
+    draft = CallPlan(name, tuple(leaves), num_shards, partition_bytes, (), num_groups)
     chunks = list(draft.chunks())
-    order = [(leaves[i].key, shard, c) for shard, i, c, _ in chunks]
+    # The engine's send order: higher priority first, then leaf position, then chunk.
+    order = [(shard, -leaves[i].priority, i, c) for shard, i, c, _ in chunks]
     servers = assign_chunks([nbytes for *_, nbytes in chunks], order, server_fractions,
                             rotation=leaf_key(name, "") % max(1, len(server_fractions)))
     return dataclasses.replace(draft, chunk_servers=tuple(servers))

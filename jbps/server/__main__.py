@@ -48,7 +48,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     except JbpsError as exc:
         p.error(str(exc))
     p.add_argument("--bind", default=_env("JBPS_SERVER_BIND", default="127.0.0.1:0"),
-                   help="host:port to listen on (default 127.0.0.1:0, a free loopback port; env JBPS_SERVER_BIND)")
+                   help="host:port to listen on (default 127.0.0.1:0, a free loopback port; env JBPS_SERVER_BIND). "
+                        "Under a scheduler only the port counts (e.g. :9000 for a firewall): the host is the address "
+                        "this machine reaches the scheduler from")
     p.add_argument("--num-workers", type=argparse_type("num_workers"), default=None,
                    help="worker processes in the job (else the scheduler or mpirun tells; else env "
                         "JBPS_NUM_WORKERS / DMLC_NUM_WORKER)")
@@ -79,6 +81,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.env_num_workers = env_value("num_workers", default=None)
     except JbpsError as exc:
         p.error(str(exc))
+    port = args.bind.rpartition(":")[2]
+    if not port.isdigit() or int(port) > 65535:
+        p.error(f"--bind {args.bind!r}: the port must be a number from 0 to 65535 (0: any free port)")
     if args.num_workers is None and not args.scheduler and not under_mpirun() and args.env_num_workers is None:
         p.error("--num-workers is required (or set JBPS_NUM_WORKERS, or start under a scheduler or mpirun)")
     return args
@@ -96,7 +101,8 @@ def start(args):
     if args.num_workers is None and args.scheduler:
         from ..bootstrap.scheduler import join_as_server
 
-        server, job = join_as_server(args.scheduler, args.timeout, make)
+        # The host is the one the scheduler is reached from; the port is --bind's (0: any).
+        server, job = join_as_server(args.scheduler, args.timeout, make, port=int(args.bind.rpartition(":")[2] or 0))
         return server, job["host"], job["num_workers"], job["role"]
     if args.num_workers is None and under_mpirun():
         from ..bootstrap.mpi import exchange
@@ -126,9 +132,9 @@ def main(argv=None) -> int:
         pass
     server.stop()
     stats = server.stats()
-    log.info("done: %d pushes, %.1f MiB received, %d sums sent, %d connections refused, %d workers lost",
-             stats["pushes"], stats["bytes_received"] / 2**20, stats["sums_sent"], stats["rejected"],
-             stats["workers_lost"])
+    log.info("done: %d pushes, %.1f MiB received (%d bytes), %d sums sent, %d connections refused, %d workers lost",
+             stats["pushes"], stats["bytes_received"] / 2**20, stats["bytes_received"], stats["sums_sent"],
+             stats["rejected"], stats["workers_lost"])
     if server.failure() and not stop.is_set():
         # Exit 0 all the same: the lost worker's own exit status tells launchers what failed.
         log.warning("the job ended early: %s", server.failure())

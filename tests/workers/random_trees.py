@@ -100,10 +100,11 @@ def main():
                     f"devices differ bitwise: round {rnd} leaf {name}"
             digest.update(np.ascontiguousarray(got[0]).tobytes())
     stats = jbps.engine_stats()
+    servers = list(jbps.runtime.config().servers)
     jbps.shutdown()
     # One write per line: mpiexec interleaves ranks' output at write boundaries.
     sys.stdout.write(json.dumps({"rank": rank, "digest": digest.hexdigest(), "rounds": args.rounds,
-                                 "backend": jax.default_backend(), "stats": stats}) + "\n")
+                                 "backend": jax.default_backend(), "stats": stats, "servers": servers}) + "\n")
     sys.stdout.flush()
 
 

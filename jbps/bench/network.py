@@ -1,0 +1,456 @@
+"""jbps against all-reduce across emulated hosts: time per psum vs CPU-only machines.
+
+    python -m jbps.bench.network [--workers 4] [--cpu-hosts 0-4] [--size 32M] [--rate 1G]
+                                 [--iters 8] [--warmup 2] [--partition 4M,256K] [--credit 8]
+                                 [--skip-peers] [--json] [--plot out.png] [--trace-dir DIR]
+    jbps bench network ...                       (the same)
+
+Needs root: every host is a network namespace on this machine (jbps.emulated_network),
+each NIC capped at --rate in each direction. n worker hosts each run one worker and a
+colocated summation server; k CPU-only hosts run one dedicated server each; the job
+starts through the DMLC_* scheduler bootstrap, as on a real cluster. For each k it
+times jbps.psum of --size float32 bytes per worker (in place, every result checked),
+and, once on the worker hosts, JAX's own psum over gloo (jax.distributed) and MPICH's
+Allreduce over TCP (mpi4py), every result checked too. Each time is the median over
+--iters calls of the slowest process. Next to each: the time the optimal split
+predicts, T = 2n(n-1)M / ((n² + kn - 2k)B) (docs/design.md), and the ratios.
+
+--partition and --credit (comma lists) add jbps runs with those settings beside the
+defaults, to compare. Progress goes to stderr; the table (or --json) to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from ..emulated_job import JobFailed, python_env, run_job
+from ..emulated_network import EmulatedNetwork, NetworkError, format_rate, parse_rate
+from ..partition.split import allreduce_time_s, optimal_split
+from ..procs import terminate
+from .report import parse_report
+
+log = logging.getLogger("jbps.bench.network")
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+# Hydra's ssh launcher runs `LAUNCHER [-x] HOST COMMAND...`: here HOST is a host's
+# namespace, and the command (quoted for a remote shell) runs inside it.
+_MPI_LAUNCHER = """#!/bin/sh
+[ "$1" = "-x" ] && shift
+host=$1; shift
+exec ip netns exec "$host" sh -c "$*"
+"""
+# MPICH between emulated hosts: its TCP netmod, never shared memory (the hosts share
+# this machine's /dev/shm, which real hosts would not).
+_MPI_TCP_ENV = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp", "MPIR_CVAR_NOLOCAL": "1",
+                "FI_TCP_IFACE": "eth0"}
+
+
+def parse_bytes(text: str, multiple: int = 4) -> int:
+    """'32M' -> 33554432 (binary units); a plain number is bytes; a positive multiple of
+    `multiple` (4: whole float32 elements)."""
+    import re
+
+    m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:i?B)?\s*", text, re.IGNORECASE)
+    if not m:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size like 4096, 256K, 32M or 1G")
+    nbytes = int(m.group(1)) * _UNITS[m.group(2).upper()]
+    if nbytes < multiple or nbytes % multiple:
+        what = "a positive multiple of 4 bytes (float32)" if multiple == 4 else "positive"
+        raise argparse.ArgumentTypeError(f"{text!r}: a size must be {what}")
+    return nbytes
+
+
+def parse_range(text: str) -> list[int]:
+    """'0-4' -> [0, 1, 2, 3, 4]; '0,2,4' -> [0, 2, 4]."""
+    out: set[int] = set()
+    try:
+        for part in text.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            lo, sep, hi = part.partition("-")
+            out.update(range(int(lo), int(hi) + 1) if sep else [int(lo)])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of counts like 0-4 or 0,2,4") from None
+    if not out or min(out) < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: counts must be 0 or more")
+    return sorted(out)
+
+
+def parse_rate_arg(text: str) -> float:
+    try:
+        return parse_rate(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def format_size(nbytes: int) -> str:
+    for unit in ("G", "M", "K"):
+        if nbytes >= _UNITS[unit] and nbytes % _UNITS[unit] == 0:
+            return f"{nbytes // _UNITS[unit]} {unit}iB"
+    return f"{nbytes} B"
+
+
+def parse_args(argv=None, prog=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog=prog or "python -m jbps.bench.network", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workers", type=int, default=4, help="worker hosts, n (default 4)")
+    p.add_argument("--cpu-hosts", type=parse_range, default=parse_range("0-4"),
+                   help="CPU-only hosts k to try, a range or list (default 0-4)")
+    p.add_argument("--size", type=parse_bytes, default=parse_bytes("32M"),
+                   help="float32 bytes each worker sums, K/M/G = KiB/MiB/GiB (default 32M)")
+    p.add_argument("--rate", type=parse_rate_arg, default=parse_rate("1G"),
+                   help="each NIC's rate in each direction: 1G, 200M, 2.5G (bits/s; default 1G)")
+    p.add_argument("--iters", type=int, default=8, help="timed calls per case (default 8)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed calls first (default 2)")
+    p.add_argument("--partition", default="",
+                   help="comma list of partition sizes (e.g. 256K,1M): extra jbps runs beside the defaults")
+    p.add_argument("--credit", default="",
+                   help="comma list of credit windows (chunks in flight): extra jbps runs beside the defaults")
+    p.add_argument("--skip-peers", action="store_true", help="do not run gloo and MPI")
+    p.add_argument("--timeout", type=float, default=600, help="seconds any one job may take (default 600)")
+    p.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
+    p.add_argument("--plot", metavar="PNG", help="draw time vs k with the formula and the peers (needs matplotlib)")
+    p.add_argument("--trace-dir", metavar="DIR",
+                   help="keep the jbps workers' chunk timelines in DIR/k<k>/<variant>/<rank>/comm.json")
+    p.add_argument("-v", "--verbose", action="store_true", help="log every step")
+    args = p.parse_args(argv)
+    if args.workers < 2:
+        p.error("--workers must be at least 2 (one worker sends nothing over the network)")
+    if args.iters < 1 or args.warmup < 0:
+        p.error("--iters must be at least 1 and --warmup at least 0")
+    try:
+        partitions = [parse_bytes(s, multiple=1) for s in args.partition.split(",") if s.strip()]
+        credits = [int(s) for s in args.credit.split(",") if s.strip()]
+    except (argparse.ArgumentTypeError, ValueError) as exc:
+        p.error(f"--partition/--credit: {exc}")
+    if any(c < 1 for c in credits):
+        p.error("--credit values must be at least 1")
+    args.variants = variants(partitions, credits)
+    if args.plot:
+        import importlib.util
+
+        if importlib.util.find_spec("matplotlib") is None:
+            p.error("--plot needs matplotlib: pip install matplotlib")
+    return args
+
+
+def variants(partitions: list[int], credits: list[int]) -> list[dict]:
+    """The jbps settings to run: the defaults, then each combination asked for."""
+    out = [{"name": "defaults", "env": {}}]
+    for part in partitions or [None]:
+        for credit in credits or [None]:
+            if part is None and credit is None:
+                continue
+            env, words = {}, []
+            if part is not None:
+                env["JBPS_PARTITION_BYTES"] = str(part)
+                words.append(f"partition {format_size(part)}")
+            if credit is not None:
+                env["JBPS_SCHEDULING_CREDIT"] = str(credit)
+                words.append(f"credit {credit}")
+            out.append({"name": ", ".join(words), "env": env})
+    return out
+
+
+def bench_jbps(net: EmulatedNetwork, n: int, k: int, args, variant: dict) -> dict:
+    env = dict(variant["env"])
+    if args.trace_dir:
+        tag = variant["name"].replace(" ", "").replace(",", "_")
+        env["JBPS_TRACE_DIR"] = str(Path(args.trace_dir).resolve() / f"k{k}" / tag)
+    argv = ["-m", "jbps.bench.jbps_worker", "--sizes", str(args.size), "--iters", str(args.iters),
+            "--warmup", str(args.warmup)]
+    result = run_job(net, list(range(n)), list(range(n + k)), argv, env=env, timeout_s=args.timeout)
+    report = parse_report(result.workers[0].stdout, "jbps worker 0")
+    timing = report["results"][args.size]
+    received = {s["host"]: s["bytes_received"] for s in result.servers_by_address().values()}
+    return {"median_s": timing["median_s"], "min_s": timing["min_s"], "iters": timing["iters"],
+            "server_mib_received": {str(h): (b or 0) / 2**20 for h, b in sorted(received.items())},
+            "engine_per_call": timing.get("engine_per_call", {})}
+
+
+def bench_gloo(net: EmulatedNetwork, n: int, args) -> dict:
+    coordinator = f"{net.hosts[0].address}:{random.randint(20000, 60000)}"
+    env = python_env(JAX_PLATFORMS="cpu", XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") +
+                                                    " --xla_force_host_platform_device_count=1").strip())
+    procs, files = [], []
+    try:
+        for i in range(n):
+            out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+            files.append((out, err))
+            procs.append(net.run(i, [sys.executable, "-m", "jbps.bench.gloo_peer", "--coordinator", coordinator,
+                                     "--num-processes", str(n), "--process-id", str(i), "--sizes", str(args.size),
+                                     "--iters", str(args.iters), "--warmup", str(args.warmup)],
+                                 env=env, stdout=out, stderr=err))
+        _wait_all(procs, files, args.timeout, "gloo psum")
+        files[0][0].seek(0)
+        return parse_report(files[0][0].read(), "gloo peer")["results"][args.size]
+    finally:
+        terminate(procs, 0.0, "gloo peer")
+        for out, err in files:
+            out.close()
+            err.close()
+
+
+def bench_mpi(net: EmulatedNetwork, n: int, args) -> dict | None:
+    import importlib.util
+
+    if importlib.util.find_spec("mpi4py") is None:
+        log.warning("mpi4py is not installed: no MPI column (pip install 'jbps[bench]')")
+        return None
+    mpiexec = Path(sys.executable).parent / "mpiexec"
+    if not os.access(mpiexec, os.X_OK):
+        log.warning("no mpiexec beside %s: no MPI column", sys.executable)
+        return None
+    with tempfile.TemporaryDirectory(prefix="jbps-mpi-") as tmp:
+        launcher = Path(tmp) / "netns-launcher"
+        launcher.write_text(_MPI_LAUNCHER)
+        launcher.chmod(launcher.stat().st_mode | stat.S_IEXEC)
+        hostfile = Path(tmp) / "hosts"
+        hostfile.write_text("".join(f"{net.hosts[i].name}\n" for i in range(n)))
+        cmd = [str(mpiexec), "-launcher", "ssh", "-launcher-exec", str(launcher), "-localhost", net.hosts[0].name,
+               "-f", str(hostfile), "-n", str(n), "-ppn", "1", sys.executable, "-m", "jbps.bench.mpi_peer",
+               "--sizes", str(args.size), "--iters", str(args.iters), "--warmup", str(args.warmup)]
+        with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+            proc = net.run(0, cmd, env=python_env(**_MPI_TCP_ENV), stdout=out, stderr=err, cwd=tmp)
+            try:
+                _wait_all([proc], [(out, err)], args.timeout, "MPI Allreduce", grace_s=3.0)
+            finally:
+                terminate([proc], 3.0, "mpiexec")
+            out.seek(0)
+            return parse_report(out.read(), "MPI peer")["results"][args.size]
+
+
+# The link check: every host streams to the next (a ring, so every NIC sends and
+# receives at once) for a few seconds with plain TCP.
+_SINK = """
+import socket, sys, time
+server = socket.create_server((sys.argv[1], int(sys.argv[2])))
+conn, _ = server.accept()
+got, start = 0, None
+while True:
+    data = conn.recv(1 << 20)
+    if not data:
+        break
+    start = start or time.monotonic()
+    got += len(data)
+print(got / (time.monotonic() - start) if start else 0.0)
+"""
+_SOURCE = """
+import socket, sys, time
+conn = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=30)
+data, end = bytes(1 << 20), time.monotonic() + float(sys.argv[3])
+while time.monotonic() < end:
+    conn.sendall(data)
+conn.close()
+"""
+LINK_CHECK_S = 3.0
+LINK_CHECK_MACHINE_BOUND = 0.90
+LINK_CHECK_PORT = 5399
+
+
+def link_check(net: EmulatedNetwork, hosts: int, seconds: float = LINK_CHECK_S) -> dict:
+    """What plain TCP gets through every emulated link at once, as a share of the cap, and
+    how busy the machine's CPUs were. TCP/IP headers take ~4.4% at MTU 1500; well below
+    that ceiling the machine, not the links, is the limit at this rate and host count."""
+    sinks = [net.run(i, [sys.executable, "-c", _SINK, net.hosts[i].address, str(LINK_CHECK_PORT)],
+                     stdout=subprocess.PIPE) for i in range(hosts)]
+    time.sleep(0.5)
+    before = _cpu_times()
+    sources = [net.run(i, [sys.executable, "-c", _SOURCE, net.hosts[(i + 1) % hosts].address,
+                           str(LINK_CHECK_PORT), str(seconds)]) for i in range(hosts)]
+    try:
+        for p in sources:
+            p.wait(timeout=seconds + 30)
+        after = _cpu_times()
+        rates = [float(p.communicate(timeout=30)[0] or 0) for p in sinks]
+    finally:
+        terminate(sinks + sources, 0.0, "link check")
+    delta = [b - a for a, b in zip(before, after)]
+    idle = delta[3] + delta[4]  # idle, iowait
+    return {"hosts": hosts, "share_of_cap_min": min(rates) * 8 / net.rate,
+            "share_of_cap_mean": sum(rates) / len(rates) * 8 / net.rate, "cpu_busy": 1 - idle / max(1, sum(delta))}
+
+
+def _cpu_times() -> list[int]:
+    with open("/proc/stat") as f:
+        return [int(x) for x in f.readline().split()[1:]]
+
+
+def _wait_all(procs, files, timeout_s, what, grace_s=0.0):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        codes = [p.poll() for p in procs]
+        bad = [i for i, rc in enumerate(codes) if rc not in (None, 0)]
+        if bad or time.monotonic() > deadline:
+            err = files[bad[0] if bad else 0][1]
+            err.seek(0)
+            why = f"process {bad[0]} exited with {codes[bad[0]]}" if bad else f"timed out after {timeout_s:g} s"
+            raise RuntimeError(f"{what}: {why}; stderr:\n{err.read()[-3000:]}")
+        if all(rc == 0 for rc in codes):
+            return
+        time.sleep(0.05)
+
+
+def run(args) -> dict:
+    n, ks = args.workers, args.cpu_hosts
+    bandwidth = args.rate / 8
+    doc = {"workers": n, "bytes": args.size, "rate_bits_per_s": args.rate, "iters": args.iters,
+           "variants": [v["name"] for v in args.variants], "cases": [], "peers": {}}
+    with EmulatedNetwork(n + max(ks), args.rate) as net:
+        log.info("%d emulated hosts at %s; link check ...", len(net.hosts), format_rate(args.rate))
+        doc["link_check"] = link_check(net, len(net.hosts))
+        for k in ks:
+            split = optimal_split(n, k)
+            case = {"k": k, "formula_s": split.time_s(args.size, bandwidth), "jbps": {}}
+            for v in args.variants:
+                log.info("jbps, k = %d, %s ...", k, v["name"])
+                try:
+                    case["jbps"][v["name"]] = bench_jbps(net, n, k, args, v)
+                except JobFailed as exc:
+                    raise RuntimeError(f"jbps with k = {k} ({v['name']}) failed: {exc}") from None
+            doc["cases"].append(case)
+        if not args.skip_peers:
+            doc["allreduce_ideal_s"] = allreduce_time_s(n, args.size, bandwidth)
+            log.info("JAX gloo psum ...")
+            doc["peers"]["gloo"] = bench_gloo(net, n, args)
+            log.info("MPI Allreduce ...")
+            mpi = bench_mpi(net, n, args)
+            if mpi is not None:
+                doc["peers"]["mpi"] = mpi
+    doc["goals"] = goals(doc)
+    return doc
+
+
+def goals(doc: dict) -> list[dict]:
+    """The targets jbps is held to here, each with its measured ratio (defaults only)."""
+    out = []
+    cases = {c["k"]: c for c in doc["cases"]}
+    for k, c in cases.items():
+        out.append({"what": f"jbps / formula, k = {k}", "ratio": c["jbps"]["defaults"]["median_s"] / c["formula_s"],
+                    "target": "<= 1.10"})
+    gloo = doc["peers"].get("gloo")
+    if gloo:
+        n = doc["workers"]
+        if n in cases:
+            out.append({"what": f"gloo / jbps, k = {n}", "ratio": gloo["median_s"] /
+                        cases[n]["jbps"]["defaults"]["median_s"], "target": ">= 1.35"})
+        if 0 in cases:
+            out.append({"what": "jbps / gloo, k = 0", "ratio": cases[0]["jbps"]["defaults"]["median_s"] /
+                        gloo["median_s"], "target": "<= 1.00"})
+    return out
+
+
+def format_table(doc: dict) -> str:
+    n, names = doc["workers"], doc["variants"]
+    gloo, mpi = doc["peers"].get("gloo"), doc["peers"].get("mpi")
+    lines = [f"jbps.psum across emulated hosts: {n} worker hosts (each with a colocated server) + k CPU hosts, "
+             f"{format_rate(doc['rate_bits_per_s'])} each way per NIC, {format_size(doc['bytes'])} float32 per worker, "
+             f"median of {doc['iters']} calls (slowest process)", ""]
+    head = ["k", "formula"] + [f"jbps {v}" for v in names]
+    if gloo:
+        head += ["gloo / jbps"]
+    rows = []
+    for c in doc["cases"]:
+        row = [str(c["k"]), f"{c['formula_s']:.3f} s"]
+        for v in names:
+            t = c["jbps"][v]["median_s"]
+            row.append(f"{t:.3f} s ({t / c['formula_s']:.2f}x)")
+        if gloo:
+            row.append(f"{gloo['median_s'] / c['jbps']['defaults']['median_s']:.2f}")
+        rows.append(row)
+    widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
+    for r in [head] + rows:
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip())
+    lines.append("(jbps: time per psum, and its ratio to the formula)")
+    check = doc.get("link_check")
+    if check:
+        lines.append(f"Link check: plain TCP through all {check['hosts']} hosts' links at once carried "
+                     f"{check['share_of_cap_mean']:.2f} of the cap (slowest link {check['share_of_cap_min']:.2f}; "
+                     f"TCP/IP headers leave at most ~0.95 at MTU 1500) with the CPUs {check['cpu_busy']:.0%} busy"
+                     + ("; below 0.90 this machine, not the links, limits every tool at this rate" if
+                        check["share_of_cap_min"] < LINK_CHECK_MACHINE_BOUND else ""))
+    if gloo or mpi:
+        lines.append("")
+        ideal = doc.get("allreduce_ideal_s")
+        for label, peer in (("JAX gloo psum", gloo), ("MPI Allreduce (MPICH, TCP)", mpi)):
+            if peer:
+                lines.append(f"{label}: {peer['median_s']:.3f} s ({peer['median_s'] / ideal:.2f}x the ring all-reduce "
+                             f"ideal {ideal:.3f} s)")
+    lines.append("")
+    lines.append("Bytes each server received over the whole run (MiB, by host; hosts < n are worker hosts):")
+    for c in doc["cases"]:
+        got = c["jbps"]["defaults"]["server_mib_received"]
+        lines.append(f"  k = {c['k']}: " + ", ".join(f"host {h}: {mib:.0f}" for h, mib in got.items()))
+    lines.append("")
+    lines.append("Targets (defaults):")
+    for g in doc["goals"]:
+        lines.append(f"  {g['what']}: {g['ratio']:.2f} (target {g['target']})")
+    return "\n".join(lines)
+
+
+def plot(doc: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ks = [c["k"] for c in doc["cases"]]
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    ax.plot(ks, [c["formula_s"] for c in doc["cases"]], "k-", label="optimal split (formula)")
+    for v in doc["variants"]:
+        ax.plot(ks, [c["jbps"][v]["median_s"] for c in doc["cases"]], "o-", label=f"jbps ({v})")
+    styles = {"gloo": ("JAX gloo psum", "--"), "mpi": ("MPI Allreduce (TCP)", ":")}
+    for key, (label, style) in styles.items():
+        if key in doc["peers"]:
+            ax.axhline(doc["peers"][key]["median_s"], linestyle=style, color="gray" if key == "mpi" else "tab:red",
+                       label=label)
+    ax.set_xlabel("CPU-only hosts k")
+    ax.set_ylabel("seconds per psum")
+    ax.set_xticks(ks)
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"{doc['workers']} worker hosts, {format_rate(doc['rate_bits_per_s'])}, "
+                 f"{format_size(doc['bytes'])} per worker")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None, prog=None) -> int:
+    args = parse_args(argv, prog)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s",
+                        stream=sys.stderr)
+    log.setLevel(logging.INFO)
+    try:
+        doc = run(args)
+    except NetworkError as exc:
+        print(f"{prog or 'jbps bench network'}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted; everything it started is removed", file=sys.stderr)
+        return 130
+    except SystemExit:  # SIGTERM (emulated_network turns it into SystemExit once hosts exist)
+        print("terminated; everything it started is removed", file=sys.stderr)
+        raise
+    except RuntimeError as exc:
+        print(f"{prog or 'jbps bench network'}: {exc}", file=sys.stderr)
+        return 1
+    if args.plot:
+        plot(doc, args.plot)
+    print(json.dumps(doc, indent=1) if args.json else format_table(doc), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,186 @@
+"""The jbps_psum primitive: a psum over mapped axes and over every worker.
+
+A primitive, not a traced Python function, because what a psum does depends
+on which of its axes map over devices, and that is only certain when it is
+lowered (see mapped_axes.py): vmap axes are handled by the batching rule, the
+device axes by the lowering, which builds the hierarchical reduce:
+psum_scatter over the reduced axes (XLA's own local reduce), one jbps_psum
+custom call per device on its shard, all_gather back.
+
+`typed` marks a call whose result is typed replicated over its axes (shard_map
+with check_vma, or jax 0.5's check_rep rewrite): its transpose sums the
+cotangent over the workers only, since jax's typing already summed it over
+the mapped axes, where the untyped psum's transpose is a psum (see
+replication.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from functools import partial
+from typing import Hashable, Sequence
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax._src import core, dispatch
+from jax._src.interpreters import ad, batching, mlir
+
+from .. import runtime
+from ..partition import make_plan
+from . import mapped_axes, replication
+from .ffi import push_pull, tree_description
+
+AxisName = Hashable
+WHAT = "jbps.psum"
+
+
+@dataclasses.dataclass(frozen=True)
+class PsumSpec:
+    """Everything static about one psum call (a hashable primitive parameter)."""
+    name: str
+    axes: tuple[AxisName, ...] | None  # None: not given (refused under mapped device axes)
+    paths: tuple[str, ...]
+    priorities: tuple[int, ...] | None  # one per leaf; None: pytree order
+
+    def select(self, keep: Sequence[int], suffix: str, axes: tuple[AxisName, ...] | None = None) -> "PsumSpec":
+        """The spec of a derived call (tangent, transpose) over leaves `keep`."""
+        return PsumSpec(name=self.name + suffix, axes=self.axes if axes is None else axes,
+                        paths=tuple(self.paths[i] for i in keep),
+                        priorities=None if self.priorities is None else tuple(self.priorities[i] for i in keep))
+
+
+psum_p = core.Primitive("jbps_psum")
+psum_p.multiple_results = True
+
+
+def bind(leaves: Sequence[jax.Array], spec: PsumSpec) -> list[jax.Array]:
+    typed = replication.typed()
+    if typed and spec.axes:
+        # As lax.psum does: a value invariant along an axis is summed as
+        # |axis| copies, and must be typed varying to be reduced.
+        leaves = [replication.pvary(x, spec.axes) for x in leaves]
+    return psum_p.bind(*leaves, spec=spec, typed=typed)
+
+
+psum_p.def_impl(partial(dispatch.apply_primitive, psum_p))
+
+
+def _abstract_eval(*avals, spec, typed):
+    if not typed or not spec.axes:
+        return list(avals)
+    return [replication.with_varying(a, replication.varying(a) - set(spec.axes)) for a in avals]
+
+
+psum_p.def_abstract_eval(_abstract_eval)
+
+
+def _batch(axis_data, vals, dims, *, spec, typed):
+    if spec.axes is None or axis_data.name not in spec.axes:
+        # Elementwise: a batch of sums is the sum of the batch.
+        return psum_p.bind(*vals, spec=spec, typed=typed), list(dims)
+    # The vmap axis is one of the axes summed over: sum it here, on the
+    # device, and the rest as before; the result is the same for every element.
+    summed = [x * axis_data.size if d is None else jnp.sum(x, axis=d, dtype=x.dtype) for x, d in zip(vals, dims)]
+    rest = dataclasses.replace(spec, axes=tuple(a for a in spec.axes if a != axis_data.name))
+    return psum_p.bind(*summed, spec=rest, typed=typed), [None] * len(vals)
+
+
+batching.fancy_primitive_batchers[psum_p] = _batch
+
+
+def _live(values) -> list[int]:
+    return [i for i, v in enumerate(values) if type(v) is not ad.Zero]
+
+
+def _jvp(primals, tangents, *, spec, typed):
+    out = psum_p.bind(*primals, spec=spec, typed=typed)
+    live = _live(tangents)
+    tangents_out = [ad.Zero(replication.aval_of(x).to_tangent_aval()) for x in out]
+    if live:
+        summed = psum_p.bind(*[tangents[i] for i in live], spec=spec.select(live, "/jvp"), typed=typed)
+        for i, t in zip(live, summed):
+            tangents_out[i] = t
+    return out, tangents_out
+
+
+ad.primitive_jvps[psum_p] = _jvp
+
+
+def _transpose(cts, *args, spec, typed):
+    live = _live(cts)
+    out = [ad.Zero(x.aval) if ad.is_undefined_primal(x) else None for x in args]
+    if not live:
+        return out
+    cts_live = [cts[i] for i in live]
+    if typed:
+        # The cotangent is typed invariant along the axes (jax already summed
+        # it over them where it was pvary-ed); the workers are outside jax's
+        # types, so each device still sums it over them.
+        summed = psum_p.bind(*cts_live, spec=spec.select(live, "/grad", axes=()), typed=True)
+        summed = [replication.pvary(s, spec.axes or ()) for s in summed]
+    else:
+        summed = psum_p.bind(*cts_live, spec=spec.select(live, "/grad"), typed=False)
+    for i, s in zip(live, summed):
+        out[i] = s
+    return out
+
+
+ad.primitive_transposes[psum_p] = _transpose
+
+replication.register_check_rep_rules(psum_p, axes_of=lambda params: params["spec"].axes or (),
+                                     rewritten=lambda params: dict(params, typed=True))
+
+
+def _axis_index(axes: mapped_axes.Axes) -> jax.Array:
+    if not axes:
+        return jnp.zeros((), jnp.int32)
+    return lax.axis_index(tuple(n for n, _ in axes)).astype(jnp.int32)
+
+
+def _reduce_on_devices(*leaves: jax.Array, spec: PsumSpec, reduced: mapped_axes.Axes,
+                       grouped: mapped_axes.Axes) -> list[jax.Array]:
+    """What one device runs: its part of the sum over `reduced` and every
+    worker, apart from the devices at other positions along `grouped`."""
+    num_shards = math.prod(s for _, s in reduced)
+    num_groups = math.prod(s for _, s in grouped)
+    names = tuple(n for n, _ in reduced)
+    shapes, dtypes = [x.shape for x in leaves], [x.dtype for x in leaves]
+    # What this worker sends: each group's devices share out one copy of every leaf.
+    call_bytes = sum(x.size * x.dtype.itemsize for x in leaves) * num_groups
+    plan = make_plan(spec.name, spec.paths, shapes, dtypes, num_shards, num_groups=num_groups,
+                     partition_bytes=runtime.partition_bytes(call_bytes), server_fractions=runtime.server_fractions(),
+                     priorities=spec.priorities)
+    out = list(leaves)
+    todo = [i for i, p in enumerate(plan.leaves) if p.size > 0]  # empty arrays sum to themselves
+    if not todo:
+        return out
+    # The engine keys chunks by this slot: unique among the worker's devices,
+    # the same for the devices of every worker that sum together.
+    slot = _axis_index(grouped) * num_shards + _axis_index(reduced)
+    shards = []
+    for i in todo:
+        flat = jnp.ravel(leaves[i])
+        if plan.leaves[i].padded != plan.leaves[i].size:
+            flat = jnp.pad(flat, (0, plan.leaves[i].padded - plan.leaves[i].size))
+        if num_shards > 1:
+            flat = lax.psum_scatter(flat, names, scatter_dimension=0, tiled=True)
+        shards.append(flat)
+    summed = push_pull(slot, shards, plan, todo, tree_description(spec.name, spec.paths, shapes, dtypes))
+    for i, s in zip(todo, summed):
+        if num_shards > 1:
+            s = lax.all_gather(s, names, axis=0, tiled=True)
+        out[i] = s[: plan.leaves[i].size].reshape(plan.leaves[i].shape)
+    return out
+
+
+def _lower(ctx, *args, spec, typed):
+    del typed  # the same computation; only its typing and transpose differ
+    mapped = mapped_axes.device_axes(ctx)
+    reduced, grouped = mapped_axes.split(spec.axes, mapped, WHAT)
+    body = partial(_reduce_on_devices, spec=spec, reduced=reduced, grouped=grouped)
+    return mlir.lower_fun(body, multiple_results=True)(ctx, *args)
+
+
+mlir.register_lowering(psum_p, _lower)

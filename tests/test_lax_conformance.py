@@ -1,0 +1,65 @@
+"""jbps.psum agrees with lax.psum, case by case (tests/workers/conformance.py):
+meshes of 1 to 3 axes with psums over some or all of them, pmap, vmap, grads,
+scan, cond, donation, and the refusals. Once with one worker alone (a plain
+`python`, its server inside), once with 2 workers, whose sums run over both;
+each job runs every case once, and each case is a test of its own here."""
+
+import importlib.util
+import json
+
+import pytest
+
+from conftest import run_job, worker_script
+from test_launch import PYTHON, base_env, run
+
+SCRIPT = worker_script("conformance.py")
+_spec = importlib.util.spec_from_file_location("conformance_cases", SCRIPT)
+_module = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_module)
+CASES = [case.name for case in _module.cases()]
+# The reference maps every worker's devices in each process: 8 per worker.
+DEVICES_PER_WORKER = 8
+
+
+def reports(stdout):
+    """{case: report} from a worker's JSON lines."""
+    found = {}
+    for line in stdout.splitlines():
+        if line.startswith("{"):
+            report = json.loads(line)
+            found[report["case"]] = report
+    return found
+
+
+@pytest.fixture(scope="module")
+def alone():
+    env = base_env(XLA_FLAGS=f"--xla_force_host_platform_device_count={DEVICES_PER_WORKER}", JBPS_TIMEOUT_S="60")
+    proc, out, err = run([PYTHON, SCRIPT], env, timeout=600)
+    return [(reports(out), proc.returncode, err)]
+
+
+@pytest.fixture(scope="module")
+def two_workers():
+    results = run_job([SCRIPT], workers=2, servers=2, devices=2 * DEVICES_PER_WORKER, env={"JBPS_TIMEOUT_S": "60"},
+                      timeout_s=600)
+    return [(reports(r.stdout), r.returncode, r.stderr) for r in results]
+
+
+def check(workers, case):
+    for rank, (found, returncode, stderr) in enumerate(workers):
+        assert case in found, f"worker {rank} (exit {returncode}) did not report this case:\n{stderr[-4000:]}"
+        assert found[case]["ok"], f"worker {rank}: {found[case]['detail']}"
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_one_worker_alone_agrees_with_lax(alone, case):
+    check(alone, case)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_two_workers_agree_with_lax_over_both(two_workers, case):
+    check(two_workers, case)
+
+
+def test_every_case_has_a_distinct_name():  # reports are keyed by name
+    assert len(set(CASES)) == len(CASES)
