@@ -518,7 +518,7 @@ void Engine::Stop(const std::string& reason) {
   }
   s.watchdog_cv.notify_all();
   s.watchdog.join();
-  for (auto& c : victims) s.FailCall(c, "jbps was shut down while this psum was pending");
+  for (auto& c : victims) s.FailCall(c, "jbps: shut down while this psum was pending");
   {
     std::lock_guard<std::mutex> lock(s.mu);
     for (auto& c : s.conns) {
@@ -799,7 +799,7 @@ std::vector<std::pair<ServerConn*, std::vector<ChunkPtr>>> Engine::Impl::TakeDir
 
 void Engine::Impl::FailLost(const std::vector<Lost>& lost) {
   for (const Lost& l : lost)
-    FailCall(l.call, "jbps lost summation server " + conns[l.server]->addr.ToString() + " earlier in this job");
+    FailCall(l.call, "jbps: lost summation server " + conns[l.server]->addr.ToString() + " earlier in this job");
 }
 
 bool Engine::Impl::AckLocked(ServerConn* sc, const RoundKey& rk) {
