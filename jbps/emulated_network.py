@@ -60,6 +60,16 @@ MIN_BURST_BYTES = 160 << 10
 _NAME = re.compile(r"^jbps-(\d+)-[0-9a-f]{6}-")
 
 
+_HYDRA_LAUNCHER = """#!/bin/sh
+[ "$1" = "-x" ] && shift
+host=$1; shift
+exec ip netns exec "$host" sh -c "$*"
+"""
+# MPICH between emulated hosts: its TCP netmod, never shared memory (the hosts
+# share this machine's /dev/shm, which real hosts would not).
+MPI_TCP_ENV = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp", "MPIR_CVAR_NOLOCAL": "1", "FI_TCP_IFACE": "eth0"}
+
+
 class NetworkError(RuntimeError):
     """The emulated network cannot be made here (not root, no iproute2, bad input)."""
 
@@ -262,6 +272,20 @@ class EmulatedNetwork:
                                 stderr=stderr, cwd=cwd, start_new_session=True, text=True)
         self.procs.append(proc)
         return proc
+
+    def mpiexec(self, mpiexec: str, workdir: str, ranks_per_host: Mapping[int, int]) -> list[str]:
+        """The start of an MPICH `mpiexec` command line that runs its ranks on these
+        hosts, as a real cluster's host file would: `ranks_per_host` {host: ranks}
+        in rank order. Run it on the first of them (run(host, ...)) with MPI_TCP_ENV
+        in the environment. Hydra's ssh launcher runs `LAUNCHER [-x] HOST COMMAND`:
+        here the launcher, written into `workdir`, runs COMMAND in HOST's namespace."""
+        launcher = Path(workdir) / "netns-launcher"
+        launcher.write_text(_HYDRA_LAUNCHER)
+        launcher.chmod(0o755)
+        hostfile = Path(workdir) / "hosts"
+        hostfile.write_text("".join(f"{self.hosts[h].name}:{n}\n" for h, n in ranks_per_host.items()))
+        first = self.hosts[next(iter(ranks_per_host))].name
+        return [mpiexec, "-launcher", "ssh", "-launcher-exec", str(launcher), "-localhost", first, "-f", str(hostfile)]
 
     def cut(self, host: int) -> None:
         """Takes host `host`'s link down on the bridge side: its packets stop, with

@@ -5,6 +5,9 @@ on its own host. Needs root and iproute2 (CI has both); skipped, saying why,
 where they are missing."""
 
 import json
+import os
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -12,8 +15,11 @@ import pytest
 
 from conftest import job_free_env, last_json, worker_script
 from jbps.emulated_job import EmulatedJob, run_job
-from jbps.emulated_network import EmulatedNetwork, NetworkError, check_tools
+from jbps.emulated_network import MPI_TCP_ENV, EmulatedNetwork, NetworkError, check_tools
 from jbps.partition import defaults, server_fractions
+from jbps.procs import terminate
+
+MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
 
 
 def _unavailable() -> str | None:
@@ -98,3 +104,35 @@ def test_a_cut_link_fails_every_other_worker_naming_the_lost_peer(hosts, cut):
             assert report["error"] and any(name in report["error"] for name in names), (names, report)
             # Noticed within the bound the README states (plus scheduling slack on a busy machine).
             assert report["failed_at"] - cut_at <= max(4, timeout_s) + 6, (report, json.dumps(cut_at))
+
+
+@pytest.mark.skipif(not os.access(MPIEXEC, os.X_OK), reason="no mpiexec beside this Python (pip install 'jbps[mpi]')")
+def test_mpirun_with_a_host_file_places_servers_by_host(hosts, tmp_path):
+    # As on a real cluster: a host file in rank order (one worker on each of
+    # hosts 0 and 1, a `python -m jbps.server` rank on host 2), MPICH's TCP
+    # netmod between hosts. The bootstrap starts a colocated server inside the
+    # first worker of each host and makes the server rank dedicated.
+    argv = hosts.mpiexec(MPIEXEC, str(tmp_path), {0: 1, 1: 1, 2: 1})
+    argv += ["-n", "2", sys.executable, worker_script("random_trees.py"), "--rounds", "3", "--mode", "pmap",
+             "--seed", "5", "--big-elems", "1000000", ":", "-n", "1", sys.executable, "-m", "jbps.server"]
+    env = job_free_env(JBPS_TIMEOUT_S="60", XLA_FLAGS="--xla_force_host_platform_device_count=2", **MPI_TCP_ENV)
+    proc = hosts.run(0, argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(tmp_path))
+    try:
+        out, err = proc.communicate(timeout=240)
+    finally:
+        terminate([proc], 3.0, "mpiexec")
+    assert proc.returncode == 0, err[-3000:]
+    reports = [json.loads(line) for line in out.splitlines() if line.startswith('{"rank"')]
+    assert sorted(r["rank"] for r in reports) == [0, 1], out[-3000:]
+    assert len({r["digest"] for r in reports}) == 1, "workers got different sums"
+    # Servers on their hosts' addresses: workers' hosts first (colocated), the CPU host's last.
+    order = reports[0]["servers"]
+    assert [a.rpartition(":")[0] for a in order] == [hosts.hosts[h].address for h in (0, 1, 2)], order
+    assert f"jbps.server listening on {order[2]} for 2 workers (dedicated)" in out
+    fractions = server_fractions(["colocated", "colocated", "dedicated"], 2)
+    for r in reports:
+        pushed = r["stats"]["server_bytes_pushed"]
+        chunk = defaults.partition_bytes(sum(pushed) // 3, fractions, across_hosts=True)  # per call
+        for got, f in zip(pushed, fractions):
+            assert abs(got - f * sum(pushed)) <= 6 * chunk, (pushed, fractions)
+        assert r["stats"]["shm_servers"] == 1 and r["stats"]["bytes_shm"] > 0, r["stats"]

@@ -26,7 +26,6 @@ import json
 import logging
 import os
 import random
-import stat
 import subprocess
 import sys
 import tempfile
@@ -34,7 +33,7 @@ import time
 from pathlib import Path
 
 from ..emulated_job import JobFailed, python_env, run_job
-from ..emulated_network import EmulatedNetwork, NetworkError, format_rate, parse_rate
+from ..emulated_network import MPI_TCP_ENV, EmulatedNetwork, NetworkError, format_rate, parse_rate
 from ..partition.split import allreduce_time_s, optimal_split
 from ..procs import terminate
 from .report import parse_report
@@ -43,17 +42,6 @@ log = logging.getLogger("jbps.bench.network")
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
-# Hydra's ssh launcher runs `LAUNCHER [-x] HOST COMMAND...`: here HOST is a host's
-# namespace, and the command (quoted for a remote shell) runs inside it.
-_MPI_LAUNCHER = """#!/bin/sh
-[ "$1" = "-x" ] && shift
-host=$1; shift
-exec ip netns exec "$host" sh -c "$*"
-"""
-# MPICH between emulated hosts: its TCP netmod, never shared memory (the hosts share
-# this machine's /dev/shm, which real hosts would not).
-_MPI_TCP_ENV = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp", "MPIR_CVAR_NOLOCAL": "1",
-                "FI_TCP_IFACE": "eth0"}
 
 
 def parse_bytes(text: str, multiple: int = 4) -> int:
@@ -214,16 +202,11 @@ def bench_mpi(net: EmulatedNetwork, n: int, args) -> dict | None:
         log.warning("no mpiexec beside %s: no MPI column", sys.executable)
         return None
     with tempfile.TemporaryDirectory(prefix="jbps-mpi-") as tmp:
-        launcher = Path(tmp) / "netns-launcher"
-        launcher.write_text(_MPI_LAUNCHER)
-        launcher.chmod(launcher.stat().st_mode | stat.S_IEXEC)
-        hostfile = Path(tmp) / "hosts"
-        hostfile.write_text("".join(f"{net.hosts[i].name}\n" for i in range(n)))
-        cmd = [str(mpiexec), "-launcher", "ssh", "-launcher-exec", str(launcher), "-localhost", net.hosts[0].name,
-               "-f", str(hostfile), "-n", str(n), "-ppn", "1", sys.executable, "-m", "jbps.bench.mpi_peer",
-               "--sizes", str(args.size), "--iters", str(args.iters), "--warmup", str(args.warmup)]
+        cmd = [*net.mpiexec(str(mpiexec), tmp, {i: 1 for i in range(n)}), "-n", str(n),
+               sys.executable, "-m", "jbps.bench.mpi_peer", "--sizes", str(args.size), "--iters", str(args.iters),
+               "--warmup", str(args.warmup)]
         with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-            proc = net.run(0, cmd, env=python_env(**_MPI_TCP_ENV), stdout=out, stderr=err, cwd=tmp)
+            proc = net.run(0, cmd, env=python_env(**MPI_TCP_ENV), stdout=out, stderr=err, cwd=tmp)
             try:
                 _wait_all([proc], [(out, err)], args.timeout, "MPI Allreduce", grace_s=3.0)
             finally:
