@@ -17,6 +17,7 @@ from .sizes import parse_bytes
 ROLES = ("worker", "server", "scheduler")
 
 DEFAULT_TIMEOUT_S = 60.0
+DEFAULT_BUCKET_BYTES = 4 << 20  # see jbps/ops/buckets.py for how it was chosen
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +66,13 @@ def _positive_bytes(text: str) -> int:
     value = parse_bytes(text)
     if value < 1:
         raise ValueError("must be at least 1 byte")
+    return value
+
+
+def _non_negative_bytes(text: str) -> int:
+    value = parse_bytes(text)
+    if value < 0:
+        raise ValueError("must not be negative")
     return value
 
 
@@ -147,6 +155,9 @@ OPTIONS = (
     Option("scheduling_credit", ("JBPS_SCHEDULING_CREDIT", "BYTEPS_SCHEDULING_CREDIT"), _positive_int,
            None, "chunks pushed and not yet acknowledged, per worker (the credit window); default "
                  "max(4, 2 x servers) on one host, across hosts the servers that get bytes + 2"),
+    Option("bucket_bytes", ("JBPS_BUCKET_BYTES",), _non_negative_bytes, DEFAULT_BUCKET_BYTES,
+           "a psum of a larger tree is split into calls (buckets) of about this many bytes, in the order the "
+           "backward pass produces the leaves, so each can start while the rest is computed; 0: one call"),
     Option("timeout_s", ("JBPS_TIMEOUT_S",), _positive_float, DEFAULT_TIMEOUT_S,
            "seconds before connecting or a psum gives up with an error"),
     Option("shm", ("JBPS_SHM",), _switch, True,
@@ -234,6 +245,7 @@ class Config:
     colocated_servers: int
     partition_bytes: int | None  # None: sized per call (jbps/partition/defaults.py)
     scheduling_credit: int | None  # None until init() knows the servers' roles
+    bucket_bytes: int  # 0: one custom call per psum
     timeout_s: float
     shm: bool
     job_token: int

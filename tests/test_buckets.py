@@ -1,0 +1,76 @@
+"""Buckets: a large psum as several custom calls (jbps/ops/buckets.py), the
+same sums as one call, and gradients that travel while the backward pass
+still runs, read from the engine's trace."""
+
+import numpy as np
+import pytest
+
+from conftest import check_results, last_json, run_job, worker_script
+from jbps.config import Config
+from jbps.ops import buckets
+
+
+def test_buckets_follow_the_backward_order_and_their_size():
+    rng = np.random.default_rng(3)
+    nbytes = [int(b) for b in rng.integers(1, 5000, size=40)]
+    prios = [int(p) for p in rng.permutation(40)]
+    groups = buckets.split(nbytes, prios, 8000)
+    assert sorted(i for g in groups for i in g) == list(range(40))
+    # Lowest priority first: every leaf of a bucket comes before every leaf of the next.
+    for a, b in zip(groups, groups[1:]):
+        assert max(prios[i] for i in a) < min(prios[i] for i in b)
+    # Each bucket holds at most bucket_bytes, unless it is a single leaf; no two
+    # neighbours would have fit together.
+    for g in groups:
+        assert len(g) == 1 or sum(nbytes[i] for i in g) <= 8000
+    for a, b in zip(groups, groups[1:]):
+        assert sum(nbytes[i] for i in a) + nbytes[min(b, key=lambda i: prios[i])] > 8000
+
+
+def test_one_call_when_the_tree_fits_or_buckets_are_off():
+    assert buckets.split([100, 200], [0, -1], 300) == [[0, 1]]
+    assert buckets.split([100, 200], [0, -1], 0) == [[0, 1]]
+    # Default priorities (-index): the last leaf first, as backprop produces it.
+    assert buckets.split([100, 200, 300], [0, -1, -2], 250) == [[2], [1], [0]]
+
+
+@pytest.mark.parametrize("raw,expected", [("0", 0), ("1M", 1 << 20), ("65536", 65536)])
+def test_bucket_bytes_is_an_option(raw, expected):
+    assert Config.resolve({}, {"JBPS_BUCKET_BYTES": raw}).bucket_bytes == expected
+    assert Config.resolve({"bucket_bytes": raw}, {}).bucket_bytes == expected
+
+
+@pytest.mark.parametrize("mode,devices", [("pmap", 2), ("jit", 1)])
+def test_random_trees_in_small_buckets_match_numpy(mode, devices):
+    rounds = 3
+    results = run_job([worker_script("random_trees.py"), "--rounds", str(rounds), "--mode", mode, "--seed", "21"],
+                      workers=2, servers=2, devices=devices,
+                      env={"JBPS_BUCKET_BYTES": "4096", "JBPS_PARTITION_BYTES": "65536", "JBPS_TIMEOUT_S": "60"})
+    check_results(results, rounds)
+
+
+def test_a_training_step_pushes_its_first_bucket_before_the_last_is_entered(tmp_path):
+    def run(bucket_bytes, trace_dir):
+        results = run_job([worker_script("overlap_step.py"), "--bucket-bytes", str(bucket_bytes)],
+                          workers=2, servers=2, env={"JBPS_TRACE_DIR": str(trace_dir), "JBPS_TIMEOUT_S": "60"},
+                          timeout_s=300)
+        for r in results:
+            assert r.returncode == 0, r.stderr[-3000:]
+        return [last_json(r.stdout) for r in results]
+
+    bucketed = run(1 << 20, tmp_path / "buckets")
+    whole = run(0, tmp_path / "one")
+    # The same sums, so the same parameters, on every worker either way.
+    assert len({r["checksum"] for r in bucketed + whole}) == 1, (bucketed, whole)
+    assert all(len(r["calls"]) == 1 for r in whole)
+    for r in bucketed:
+        # (entered, first pushed, summed), in the order the calls were entered
+        calls = sorted(r["calls"].values())
+        assert len(calls) >= 6, r["calls"]
+        first_pushed, first_summed, last_entered = calls[0][1], calls[0][2], calls[-1][0]
+        # The last layers' gradients were on the wire, and even summed and back,
+        # before the backward pass had produced the first layer's (whose call is
+        # entered last). Without overlap XLA would enter the calls one after the
+        # other once the backward pass is done, microseconds apart, and no sum
+        # could make the round trip through the servers in between.
+        assert first_pushed < first_summed < last_entered, r["calls"]
