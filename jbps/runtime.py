@@ -7,6 +7,7 @@ import dataclasses
 import itertools
 import sys
 import threading
+import time
 
 import jax
 
@@ -22,6 +23,7 @@ from .partition import server_fractions as _fractions_for_roles
 FFI_TARGET = "jbps_psum"
 # The start of an uncaught exception's message that a goodbye carries to the servers.
 _REASON_CHARS = 300
+_EXIT_GRACE_S = 0.5  # at exit, for threads woken by the psums the stop failed
 
 _lock = threading.Lock()
 _config: Config | None = None
@@ -139,7 +141,16 @@ def _uncaught_exception() -> str:
 def _shutdown_at_exit() -> None:
     # The servers hear why this worker leaves, and tell the other workers at
     # once, naming it, instead of leaving them to time out in their next psum.
+    others = [t for t in threading.enumerate() if t is not threading.current_thread()]
     _shutdown(_uncaught_exception())
+    # A thread that waited on a psum the stop failed wakes up inside jaxlib and
+    # returns to Python: let it end now. Once the interpreter finalizes, such a
+    # thread is ended by a forced unwind through jaxlib's C++ frames, which
+    # aborts the process ("FATAL: exception not rethrown"). Bounded, for
+    # threads that never end.
+    deadline = time.monotonic() + _EXIT_GRACE_S
+    while time.monotonic() < deadline and any(t.is_alive() for t in others):
+        time.sleep(0.005)
 
 
 def _shutdown(reason: str) -> None:
