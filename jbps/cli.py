@@ -5,6 +5,7 @@
     jbps server --bind 0.0.0.0:9000 --num-workers 4    # a summation server
     jbps bench --sizes 4M,64M                           # jbps psum vs MPI and gloo
     jbps bench network --workers 4 --cpu-hosts 0-4      # the same across emulated hosts (root)
+    jbps bench overlap --workers 2 --cpu-hosts 0,2      # a training step's overlap there (root)
     jbps plan resnet50 --workers 4 --cpu-servers 0-4    # traffic split and predicted time
 
 Each subcommand's own options follow it (`jbps bench --help`).
@@ -23,6 +24,10 @@ def _bench(argv: list[str]) -> int:
         from .bench.network import main as network
 
         return network(argv[1:], prog="jbps bench network")
+    if argv[:1] == ["overlap"]:  # a training step across emulated hosts (needs root)
+        from .bench.overlap import main as overlap
+
+        return overlap(argv[1:], prog="jbps bench overlap")
     from .bench.__main__ import main
 
     return main(argv, prog="jbps bench")

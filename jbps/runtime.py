@@ -21,6 +21,7 @@ from .partition import defaults
 from .partition import server_fractions as _fractions_for_roles
 
 FFI_TARGET = "jbps_psum"
+JOIN_TARGET = "jbps_join"  # releases a bucketed psum's sums together (ops/ffi.py)
 # The start of an uncaught exception's message that a goodbye carries to the servers.
 _REASON_CHARS = 300
 _EXIT_GRACE_S = 0.5  # at exit, for threads woken by the psums the stop failed

@@ -19,19 +19,19 @@ def test_buckets_follow_the_backward_order_and_their_size():
     # Lowest priority first: every leaf of a bucket comes before every leaf of the next.
     for a, b in zip(groups, groups[1:]):
         assert max(prios[i] for i in a) < min(prios[i] for i in b)
-    # Each bucket holds at most bucket_bytes, unless it is a single leaf; no two
-    # neighbours would have fit together.
-    for g in groups:
-        assert len(g) == 1 or sum(nbytes[i] for i in g) <= 8000
-    for a, b in zip(groups, groups[1:]):
-        assert sum(nbytes[i] for i in a) + nbytes[min(b, key=lambda i: prios[i])] > 8000
+    # Every bucket but the last holds at least bucket_bytes, and would hold less
+    # without its last leaf (in the backward order).
+    for g in groups[:-1]:
+        last = max(g, key=lambda i: (prios[i], -i))
+        assert sum(nbytes[i] for i in g) >= 8000 > sum(nbytes[i] for i in g) - nbytes[last]
 
 
 def test_one_call_when_the_tree_fits_or_buckets_are_off():
     assert buckets.split([100, 200], [0, -1], 300) == [[0, 1]]
     assert buckets.split([100, 200], [0, -1], 0) == [[0, 1]]
     # Default priorities (-index): the last leaf first, as backprop produces it.
-    assert buckets.split([100, 200, 300], [0, -1, -2], 250) == [[2], [1], [0]]
+    assert buckets.split([100, 200, 300], [0, -1, -2], 250) == [[2], [0, 1]]
+    assert buckets.split([100, 200, 300], [0, -1, -2], 350) == [[1, 2], [0]]
 
 
 @pytest.mark.parametrize("raw,expected", [("0", 0), ("1M", 1 << 20), ("65536", 65536)])

@@ -177,6 +177,11 @@ struct ServerConn {
   std::vector<int> free_slots;
   std::unordered_map<RoundKey, int, RoundKeyHash> slot_of;
   std::condition_variable slot_cv;  // a slot came free
+  // A wait for a slot ran out: until one comes free, pushes that find none go
+  // over TCP at once instead of each waiting again (with several calls in
+  // flight the other workers may push these keys much later, and a wait per
+  // push would pace the connection at one push per kSlotWaitMs).
+  bool slots_starved = false;
   // The sender's pushes and the receiver's releases share the socket.
   std::mutex write_mu;
   std::atomic<uint64_t> bytes_pushed{0};
@@ -746,14 +751,15 @@ std::vector<ChunkPtr> Engine::Impl::TakeSendable(ServerConn* sc, size_t direct_b
       const bool in_slot = sc->push_region && ch->nbytes <= sc->slot_bytes;
       if (direct && taken + ch->nbytes > (in_slot ? direct_budget : std::min(direct_budget, kDirectSmallBytes))) break;
       if (in_slot) {
-        if (sc->free_slots.empty() && !direct && batch.empty() && lock != nullptr) {
+        if (sc->free_slots.empty() && !direct && batch.empty() && lock != nullptr && !sc->slots_starved) {
           // All slots parked on the server means this worker is ahead of the
           // others; their pushes free slots soon, so wait a little for one.
-          // Bounded, since a peer may be stuck on other keys: then TCP.
+          // Bounded, since a peer may be on other keys: then TCP.
           sc->sending = true;  // nobody else takes from sendq meanwhile
           sc->slot_cv.wait_for(*lock, std::chrono::milliseconds(kSlotWaitMs),
                                [&] { return !sc->free_slots.empty() || sc->failed; });
           if (sc->failed || sc->sendq.empty()) break;
+          sc->slots_starved = sc->free_slots.empty();
           ch = sc->sendq.front();
         }
         if (!sc->free_slots.empty()) {
@@ -937,6 +943,7 @@ bool Engine::Impl::WriteChunks(ServerConn* sc, std::vector<ChunkPtr>& batch) {
       if (ch->slot >= 0) {  // never sent: the slot was never the server's
         sc->slot_of.erase(RoundKey{ch->key, ch->round});
         sc->free_slots.push_back(ch->slot);
+        sc->slots_starved = false;
         sc->slot_cv.notify_one();
       }
     }
@@ -1037,6 +1044,7 @@ void Engine::Impl::RecvLoop(ServerConn* sc) {
       if (slot != sc->slot_of.end()) {  // the round is over on the server: the slot is ours again
         sc->free_slots.push_back(slot->second);
         sc->slot_of.erase(slot);
+        sc->slots_starved = false;
         sc->slot_cv.notify_one();
       }
       // A round's sum or error acknowledges this worker's push too: a server

@@ -12,6 +12,7 @@
 // call's handler first waits briefly for the sum itself (HandlerWait).
 #include "ffi_cpu.h"
 
+#include <cstring>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -94,7 +95,28 @@ ffi::Future PsumCpu(ffi::Buffer<ffi::S32> shard_index, ffi::RemainingArgs args, 
   return future;
 }
 
+// jbps_join: every operand is its result (aliased), so there is nothing to do
+// unless XLA gave a result its own buffer. Its purpose is the schedule: the
+// sums of a psum's buckets all pass through one join, so each stays live
+// until the last bucket's call, and XLA cannot hand a bucket's buffer to the
+// rest of the backward pass while that bucket is still on the network (the
+// executor would make that work wait for the sum).
+ffi::Error JoinCpu(ffi::RemainingArgs args, ffi::RemainingRets rets) {
+  if (args.size() != rets.size()) return ffi::Error(ffi::ErrorCode::kInvalidArgument, "jbps_join: counts differ");
+  for (size_t i = 0; i < args.size(); ++i) {
+    auto in = args.get<ffi::AnyBuffer>(i);
+    auto out = rets.get<ffi::AnyBuffer>(i);
+    if (!in.has_value() || !out.has_value())
+      return ffi::Error(ffi::ErrorCode::kInvalidArgument, "jbps_join: operand " + std::to_string(i));
+    if (in->untyped_data() != (*out)->untyped_data())
+      std::memcpy((*out)->untyped_data(), in->untyped_data(), in->size_bytes());
+  }
+  return ffi::Error::Success();
+}
+
 }  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JbpsJoinCpu, JoinCpu, ffi::Ffi::Bind().RemainingArgs().RemainingRets());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JbpsPsumCpu, PsumCpu,
                               BindPsumAttrs(ffi::Ffi::Bind()

@@ -8,5 +8,7 @@ namespace jbps {
 // XLA_FFI_Handler for platform "cpu"; registered from Python with
 // jax.ffi.register_ffi_target("jbps_psum", <capsule>, platform="cpu").
 extern "C" XLA_FFI_Error* JbpsPsumCpu(XLA_FFI_CallFrame* call_frame);
+// "jbps_join": releases the sums of a bucketed psum together (ffi_cpu.cc).
+extern "C" XLA_FFI_Error* JbpsJoinCpu(XLA_FFI_CallFrame* call_frame);
 
 }  // namespace jbps

@@ -151,6 +151,7 @@ NB_MODULE(_core, m) {
   m.def("ffi_targets", [] {
     nb::dict d;
     d["jbps_psum"] = FfiCapsule(reinterpret_cast<void*>(jbps::JbpsPsumCpu));
+    d["jbps_join"] = FfiCapsule(reinterpret_cast<void*>(jbps::JbpsJoinCpu));
     return d;
   });
   // The same target for platform "CUDA"; empty when built without CUDA.
@@ -158,6 +159,7 @@ NB_MODULE(_core, m) {
     nb::dict d;
 #ifdef JBPS_HAVE_CUDA
     d["jbps_psum"] = FfiCapsule(reinterpret_cast<void*>(jbps::JbpsPsumCuda));
+    d["jbps_join"] = FfiCapsule(reinterpret_cast<void*>(jbps::JbpsJoinCuda));
 #endif
     return d;
   });

@@ -24,9 +24,10 @@ from typing import Sequence
 
 def split(nbytes: Sequence[int], priorities: Sequence[int], bucket_bytes: int) -> list[list[int]]:
     """Leaf indices per bucket, in the order the backward pass produces them
-    (lowest priority first; among equals the later leaf first). A bucket is
-    closed once it holds `bucket_bytes` or more; a leaf larger than that is a
-    bucket of its own. `bucket_bytes` 0, or a tree within one bucket: one call."""
+    (lowest priority first; among equals the later leaf first). As DDP's
+    buckets, a bucket is closed once it holds `bucket_bytes` or more, so a
+    layer's small bias rides with the next kernel instead of travelling
+    alone. `bucket_bytes` 0, or a tree within one bucket: one call."""
     total = sum(nbytes)
     if bucket_bytes <= 0 or total <= bucket_bytes:
         return [list(range(len(nbytes)))]
@@ -34,7 +35,7 @@ def split(nbytes: Sequence[int], priorities: Sequence[int], bucket_bytes: int) -
     buckets: list[list[int]] = [[]]
     filled = 0
     for i in order:
-        if filled >= bucket_bytes or (buckets[-1] and filled + nbytes[i] > bucket_bytes):
+        if filled >= bucket_bytes:
             buckets.append([])
             filled = 0
         buckets[-1].append(i)

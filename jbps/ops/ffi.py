@@ -10,7 +10,7 @@ import numpy as np
 
 from ..partition import CallPlan
 from ..partition.plan import leaf_key
-from ..runtime import FFI_TARGET
+from ..runtime import FFI_TARGET, JOIN_TARGET
 
 
 # The tree check's key: a path no leaf has (keystr paths start with '[' or '.').
@@ -69,3 +69,15 @@ def push_pull(shard_index: jax.Array, shards: Sequence[jax.Array], plan: CallPla
         tree=tree,
         tree_key=np.int64(leaf_key(plan.name, TREE_PATH)),
     )
+
+
+def join(values: Sequence[jax.Array]) -> list[jax.Array]:
+    """The same values, released together by one jbps_join call (each result
+    aliases its operand, so nothing is copied). Every value stays live until
+    this call, which XLA can place only after the last of them exists: no
+    other computation gets the buffer of a bucket's sum while its custom call
+    may still be writing it, and none waits for it (XLA:CPU's executor orders
+    thunks by the buffers they touch)."""
+    call = jax.ffi.ffi_call(JOIN_TARGET, [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in values],
+                            vmap_method="broadcast_all", input_output_aliases={i: i for i in range(len(values))})
+    return list(call(*values))

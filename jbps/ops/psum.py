@@ -17,7 +17,6 @@ from jax import lax
 from .. import runtime
 from ..partition import check_dtypes, resolve_priorities
 from ..partition.priority import Priority
-from . import buckets
 from .psum_primitive import PsumSpec, bind
 
 AxisName = Hashable
@@ -62,10 +61,10 @@ def psum(tree: Any, axis_name: Any = None, *, average: bool = False, name: str |
     (-index). A mapping {leaf path (jax.tree_util.keystr): int} overrides the
     leaves it names; a callable (path, leaf) -> int sets every leaf.
     `jbps.forward_order(params)` gives flax params their forward order.
-    bucket_bytes: a tree of more bytes goes as several calls of about this
-    many bytes, grouped in the order the backward pass produces the leaves
-    (lowest priority first), so each starts as soon as its leaves exist
-    (buckets.py); default JBPS_BUCKET_BYTES (4 MiB); 0: one call.
+    bucket_bytes: a tree of more bytes goes as several custom calls of about
+    this many bytes, grouped in the order the backward pass produces the
+    leaves (lowest priority first), so each starts as soon as its leaves
+    exist (buckets.py); default JBPS_BUCKET_BYTES; 0: one call.
     """
     config = runtime.config_for_psum()  # a clear error before init() or after the job failed
     path_leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
@@ -82,18 +81,9 @@ def psum(tree: Any, axis_name: Any = None, *, average: bool = False, name: str |
         bucket_bytes = config.bucket_bytes
     elif isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 0:
         raise ValueError(f"jbps.psum: bucket_bytes must be a non-negative int, got {bucket_bytes!r}")
-    ranks = priorities if priorities is not None else [-i for i in range(len(leaves))]
-    groups = buckets.split([x.size * x.dtype.itemsize for x in leaves], ranks, bucket_bytes)
-    if len(groups) == 1:
-        out = bind(leaves, PsumSpec(name=name, axes=axes, paths=paths,
-                                    priorities=None if priorities is None else tuple(priorities)))
-    else:
-        out = [None] * len(leaves)
-        for b, idx in enumerate(groups):
-            spec = PsumSpec(name=f"{name}/bucket{b}", axes=axes, paths=tuple(paths[i] for i in idx),
-                            priorities=tuple(ranks[i] for i in idx))
-            for i, x in zip(idx, bind([leaves[i] for i in idx], spec)):
-                out[i] = x
+    spec = PsumSpec(name=name, axes=axes, paths=paths, priorities=None if priorities is None else tuple(priorities),
+                    bucket_bytes=bucket_bytes)
+    out = bind(leaves, spec)
     if average:
         out = [x / (count * runtime.size()) for x in out]
     return jax.tree_util.tree_unflatten(treedef, out)

@@ -30,8 +30,8 @@ from jax._src.interpreters import ad, batching, mlir
 
 from .. import runtime
 from ..partition import make_plan
-from . import kept_operands, mapped_axes, replication
-from .ffi import push_pull, tree_description
+from . import buckets, kept_operands, mapped_axes, replication
+from .ffi import join, push_pull, tree_description
 
 AxisName = Hashable
 WHAT = "jbps.psum"
@@ -44,12 +44,14 @@ class PsumSpec:
     axes: tuple[AxisName, ...] | None  # None: not given (refused under mapped device axes)
     paths: tuple[str, ...]
     priorities: tuple[int, ...] | None  # one per leaf; None: pytree order
+    bucket_bytes: int = 0  # 0: one custom call; else buckets of about this many bytes (buckets.py)
 
     def select(self, keep: Sequence[int], suffix: str, axes: tuple[AxisName, ...] | None = None) -> "PsumSpec":
         """The spec of a derived call (tangent, transpose) over leaves `keep`."""
         return PsumSpec(name=self.name + suffix, axes=self.axes if axes is None else axes,
                         paths=tuple(self.paths[i] for i in keep),
-                        priorities=None if self.priorities is None else tuple(self.priorities[i] for i in keep))
+                        priorities=None if self.priorities is None else tuple(self.priorities[i] for i in keep),
+                        bucket_bytes=self.bucket_bytes)
 
 
 psum_p = core.Primitive("jbps_psum")
@@ -148,35 +150,62 @@ def _reduce_on_devices(*leaves: jax.Array, spec: PsumSpec, reduced: mapped_axes.
     num_shards = math.prod(s for _, s in reduced)
     num_groups = math.prod(s for _, s in grouped)
     names = tuple(n for n, _ in reduced)
-    shapes, dtypes = [x.shape for x in leaves], [x.dtype for x in leaves]
-    # What this worker sends: each group's devices share out one copy of every leaf.
-    call_bytes = sum(x.size * x.dtype.itemsize for x in leaves) * num_groups
-    plan = make_plan(spec.name, spec.paths, shapes, dtypes, num_shards, num_groups=num_groups,
-                     partition_bytes=runtime.partition_bytes(call_bytes), server_fractions=runtime.server_fractions(),
-                     priorities=spec.priorities)
     out = list(leaves)
-    todo = [i for i, p in enumerate(plan.leaves) if p.size > 0]  # empty arrays sum to themselves
-    if not todo:
+    live = [i for i, x in enumerate(leaves) if x.size > 0]  # empty arrays sum to themselves
+    if not live:
         return out
     # The engine keys chunks by this slot: unique among the worker's devices,
     # the same for the devices of every worker that sum together.
     slot = _axis_index(grouped) * num_shards + _axis_index(reduced)
+    ranks = spec.priorities or tuple(-i for i in range(len(leaves)))
+    groups = buckets.split([leaves[i].size * leaves[i].dtype.itemsize for i in live], [ranks[i] for i in live],
+                           spec.bucket_bytes)
+    results: list[tuple[int, jax.Array]] = []  # (leaf, its summed shard)
+    plans = {}
+    for b, members in enumerate(groups):
+        idx = [live[m] for m in members]
+        call = spec.name if len(groups) == 1 else f"{spec.name}/bucket{b}"
+        for i, s in zip(idx, _push_pull_call(leaves, idx, call, spec.paths, ranks, slot, num_shards,
+                                             num_groups, names, kept, plans)):
+            results.append((i, s))
+    summed = [s for _, s in results]
+    if len(groups) > 1:
+        summed = join(summed)
+    for (i, _), s in zip(results, summed):
+        if num_shards > 1:
+            s = lax.all_gather(s, names, axis=0, tiled=True)
+        leaf = plans[i]
+        out[i] = s[: leaf.size].reshape(leaf.shape)
+    return out
+
+
+def _push_pull_call(leaves, idx, call, paths, priorities, slot, num_shards, num_groups, names, kept, plans):
+    """One jbps_psum custom call over leaves `idx` (all non-empty), named
+    `call`: each device's shard of every leaf (reduce-scattered over the
+    reduced local axes first), pushed and pulled. Records each leaf's plan in
+    `plans`; returns the summed shards, in `idx` order."""
+    sub = [leaves[i] for i in idx]
+    shapes, dtypes = [x.shape for x in sub], [x.dtype for x in sub]
+    sub_paths = tuple(paths[i] for i in idx)
+    # What this worker sends: each group's devices share out one copy of every leaf.
+    call_bytes = sum(x.size * x.dtype.itemsize for x in sub) * num_groups
+    plan = make_plan(call, sub_paths, shapes, dtypes, num_shards, num_groups=num_groups,
+                     partition_bytes=runtime.partition_bytes(call_bytes), server_fractions=runtime.server_fractions(),
+                     priorities=tuple(priorities[i] for i in idx))
     shards, in_place = [], []
-    for i in todo:
+    for j, i in enumerate(idx):
+        leaf = plan.leaves[j]
+        plans[i] = leaf
         # A kept parameter that reaches the custom call as it is gets a fresh output.
-        in_place.append(not (kept[i] and num_shards == 1 and plan.leaves[i].padded == plan.leaves[i].size))
+        in_place.append(not (kept[i] and num_shards == 1 and leaf.padded == leaf.size))
         flat = jnp.ravel(leaves[i])
-        if plan.leaves[i].padded != plan.leaves[i].size:
-            flat = jnp.pad(flat, (0, plan.leaves[i].padded - plan.leaves[i].size))
+        if leaf.padded != leaf.size:
+            flat = jnp.pad(flat, (0, leaf.padded - leaf.size))
         if num_shards > 1:
             flat = lax.psum_scatter(flat, names, scatter_dimension=0, tiled=True)
         shards.append(flat)
-    summed = push_pull(slot, shards, plan, todo, tree_description(spec.name, spec.paths, shapes, dtypes), in_place)
-    for i, s in zip(todo, summed):
-        if num_shards > 1:
-            s = lax.all_gather(s, names, axis=0, tiled=True)
-        out[i] = s[: plan.leaves[i].size].reshape(plan.leaves[i].shape)
-    return out
+    return push_pull(slot, shards, plan, list(range(len(idx))), tree_description(call, sub_paths, shapes, dtypes),
+                     in_place)
 
 
 def _lower(ctx, *args, spec, typed):
