@@ -102,16 +102,10 @@ ffi::Future PsumCpu(ffi::Buffer<ffi::S32> shard_index, ffi::RemainingArgs args, 
 // rest of the backward pass while that bucket is still on the network (the
 // executor would make that work wait for the sum).
 ffi::Error JoinCpu(ffi::RemainingArgs args, ffi::RemainingRets rets) {
-  if (args.size() != rets.size()) return ffi::Error(ffi::ErrorCode::kInvalidArgument, "jbps_join: counts differ");
-  for (size_t i = 0; i < args.size(); ++i) {
-    auto in = args.get<ffi::AnyBuffer>(i);
-    auto out = rets.get<ffi::AnyBuffer>(i);
-    if (!in.has_value() || !out.has_value())
-      return ffi::Error(ffi::ErrorCode::kInvalidArgument, "jbps_join: operand " + std::to_string(i));
-    if (in->untyped_data() != (*out)->untyped_data())
-      std::memcpy((*out)->untyped_data(), in->untyped_data(), in->size_bytes());
-  }
-  return ffi::Error::Success();
+  return JoinOperands(args, rets, [](void* dst, const void* src, size_t n) {
+    std::memcpy(dst, src, n);
+    return std::string();
+  });
 }
 
 }  // namespace

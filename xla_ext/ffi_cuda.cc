@@ -292,19 +292,10 @@ ffi::Error PsumCuda(cudaStream_t stream, ffi::Buffer<ffi::S32> shard_index, ffi:
 }
 
 ffi::Error JoinCuda(cudaStream_t stream, ffi::RemainingArgs args, ffi::RemainingRets rets) {
-  if (args.size() != rets.size()) return ffi::Error(ffi::ErrorCode::kInvalidArgument, "jbps_join: counts differ");
-  for (size_t i = 0; i < args.size(); ++i) {
-    auto in = args.get<ffi::AnyBuffer>(i);
-    auto out = rets.get<ffi::AnyBuffer>(i);
-    if (!in.has_value() || !out.has_value())
-      return ffi::Error(ffi::ErrorCode::kInvalidArgument, "jbps_join: operand " + std::to_string(i));
-    if (in->untyped_data() == (*out)->untyped_data()) continue;
-    cudaError_t rc = cudaMemcpyAsync((*out)->untyped_data(), in->untyped_data(), in->size_bytes(),
-                                     cudaMemcpyDeviceToDevice, stream);
-    if (rc != cudaSuccess)
-      return ffi::Error(ffi::ErrorCode::kInternal, std::string("jbps_join: ") + cudaGetErrorString(rc));
-  }
-  return ffi::Error::Success();
+  return JoinOperands(args, rets, [stream](void* dst, const void* src, size_t n) {
+    cudaError_t rc = cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, stream);
+    return rc == cudaSuccess ? std::string() : std::string(cudaGetErrorString(rc));
+  });
 }
 
 }  // namespace

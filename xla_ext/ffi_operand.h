@@ -57,4 +57,22 @@ auto BindPsumAttrs(Binding binding) {
       .template Attr<int64_t>("tree_key");
 }
 
+// jbps_join's body on any platform: every result aliases its operand, so
+// copy(dst, src, bytes) runs only where XLA gave a result its own buffer.
+template <typename Copy>
+xla::ffi::Error JoinOperands(xla::ffi::RemainingArgs args, xla::ffi::RemainingRets rets, Copy copy) {
+  namespace ffi = xla::ffi;
+  if (args.size() != rets.size()) return ffi::Error(ffi::ErrorCode::kInvalidArgument, "jbps_join: counts differ");
+  for (size_t i = 0; i < args.size(); ++i) {
+    auto in = args.get<ffi::AnyBuffer>(i);
+    auto out = rets.get<ffi::AnyBuffer>(i);
+    if (!in.has_value() || !out.has_value())
+      return ffi::Error(ffi::ErrorCode::kInvalidArgument, "jbps_join: operand " + std::to_string(i));
+    if (in->untyped_data() == (*out)->untyped_data()) continue;
+    std::string err = copy((*out)->untyped_data(), in->untyped_data(), in->size_bytes());
+    if (!err.empty()) return ffi::Error(ffi::ErrorCode::kInternal, "jbps_join: " + err);
+  }
+  return ffi::Error::Success();
+}
+
 }  // namespace jbps
