@@ -3,7 +3,7 @@ reduced as one call, in buckets, by JAX's own pmean, against the step alone
 and the communication alone.
 
     python -m jbps.bench.overlap [--workers 2] [--cpu-hosts 0,2] [--rate 1G]
-                                 [--layers 4] [--width 1024] [--batch 512] [--steps 8]
+                                 [--layers 8] [--width 1024] [--batch 1024] [--steps 9]
                                  [--bucket-bytes 1M,16M] [--skip-gloo] [--json] [--plot timeline.png]
     jbps bench overlap ...                       (the same)
 
@@ -48,9 +48,9 @@ def parse_args(argv=None, prog=None):
     p.add_argument("--cpu-hosts", type=parse_range, default=parse_range("0,2"),
                    help="CPU-only hosts k to try, a range or list (default 0,2)")
     p.add_argument("--rate", default="1G", help="each NIC's rate each way, bits/s (default 1G)")
-    p.add_argument("--layers", type=int, default=4, help="square layers of the MLP (default 4)")
+    p.add_argument("--layers", type=int, default=8, help="square layers of the MLP (default 8)")
     p.add_argument("--width", type=int, default=1024, help="their width (default 1024: 4 MiB each)")
-    p.add_argument("--batch", type=int, default=512, help="examples per worker per step (default 512)")
+    p.add_argument("--batch", type=int, default=1024, help="examples per worker per step (default 1024)")
     p.add_argument("--steps", type=int, default=9, help="timed steps (default 9)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
     p.add_argument("--bucket-bytes", default="",
@@ -228,7 +228,7 @@ def plot(doc: dict, path: str) -> None:
     k, case = list(doc["cases"].items())[-1]
     head, *rows = case["buckets"]["trace"]
     fig, ax = plt.subplots(figsize=(9, 1.2 + 0.45 * len(rows)))
-    ax.barh(len(rows), head["step_ms"], left=0, height=0.6, color="0.75", label="the step (compute and waits)")
+    ax.barh(len(rows), head["step_ms"], left=0, height=0.6, color="0.75")
     for y, r in enumerate(reversed(rows)):
         for a, b in r["pushes"]:
             ax.barh(y + 0.15, max(b - a, 0.05), left=a, height=0.3, color="tab:blue")
@@ -237,10 +237,14 @@ def plot(doc: dict, path: str) -> None:
         ax.plot([r["entered"]], [y], marker="|", markersize=14, color="black")
     ax.set_yticks(range(len(rows) + 1), [r["call"] for r in reversed(rows)] + ["step"])
     ax.set_xlabel("ms since the step started (worker 0)")
-    ax.barh([], [], color="tab:blue", label="pushes")
-    ax.barh([], [], color="tab:orange", label="pulls")
-    ax.plot([], [], marker="|", linestyle="", markersize=14, color="black", label="call entered")
-    ax.legend(loc="lower right", fontsize=8)
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    ax.legend(handles=[Patch(color="0.75", label="the step (compute and waits)"),
+                       Patch(color="tab:blue", label="pushes (until acknowledged)"),
+                       Patch(color="tab:orange", label="pulls (sum arriving)"),
+                       Line2D([], [], marker="|", linestyle="", markersize=14, color="black", label="call entered")],
+              loc="lower right", fontsize=8)
     ax.set_title(f"One bucketed step, k = {k} CPU hosts, {format_rate(doc['rate_bits'])}")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
