@@ -45,7 +45,7 @@ def run_order(params, order, iters, warmup, barrier):
     count = len(params)
     priority = None if order == "forward" else (lambda path, leaf: int(path.strip("[]")))
     name = f"bench.priority.{order}"
-    f = jax.jit(lambda tree: jbps.psum(tree, name=name, priority=priority))
+    f = jax.jit(lambda tree: jbps.psum(tree, name=name, priority=priority, bucket_bytes=0))  # one call: priority within it
     first_tensor = f"{name}[0]"
     firsts, totals = [], []
     for i in range(warmup + iters):

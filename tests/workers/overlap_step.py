@@ -1,6 +1,7 @@
 """A flax training step with jbps.optax.distributed in buckets, traced: prints,
 for each bucket's call of the last step, when it was entered, when its first
-chunk was pushed and when its whole sum was back, from this worker's trace."""
+chunk was pushed and when a server first acknowledged one of its chunks, from
+this worker's trace."""
 
 import argparse
 import json
@@ -70,8 +71,8 @@ def main():
         if c.round != last_round[c.tensor]:
             continue
         call = c.tensor.split("[", 1)[0]
-        entered, pushed, summed = calls.get(call, (float("inf"), float("inf"), 0.0))
-        calls[call] = (min(entered, c.queued), min(pushed, c.sent_start), max(summed, c.pulled))
+        entered, pushed, acked = calls.get(call, (float("inf"), float("inf"), float("inf")))
+        calls[call] = (min(entered, c.queued), min(pushed, c.sent_start), min(acked, c.acked))
     sys.stdout.write(json.dumps({"rank": rank, "checksum": checksum, "calls": calls}) + "\n")
 
 
