@@ -23,12 +23,13 @@ import sys
 
 import numpy as np
 
+from . import defaults
 from .assign import COLOCATED, DEDICATED, server_fractions
 from .models import BUILTIN_MODELS, builtin_model, load_model_spec
 from .plan import make_plan
 from .split import allreduce_time_s, optimal_split, ps_time_s
 from .traffic import busiest_nic_bytes, standard_placement
-from ..sizes import parse_bytes
+from ..sizes import format_bytes, parse_bytes
 
 log = logging.getLogger("jbps.plan")
 MiB = 2**20
@@ -71,21 +72,26 @@ def load_model(model: str) -> tuple[list[str], list[tuple[int, ...]], list[str]]
     return list(names), list(shapes), list(dtypes)
 
 
-def plan_rows(model: str, workers: int, cpu_servers: list[int], bandwidth_gbit: float, partition_bytes: int,
+def plan_rows(model: str, workers: int, cpu_servers: list[int], bandwidth_gbit: float, partition_bytes: int | None,
               local_devices: int) -> dict:
+    """partition_bytes None: for each k, the chunk size jbps picks for this
+    model's psum across hosts (jbps/partition/defaults.py)."""
     names, shapes, dtypes = load_model(model)
     bandwidth = bandwidth_gbit * 1e9 / 8  # bytes per second
+    tree_bytes = sum(int(np.prod(s)) * np.dtype(d).itemsize for s, d in zip(shapes, dtypes))
     rows = []
     for k in cpu_servers:
         roles = [COLOCATED] * workers + [DEDICATED] * k
         fractions = server_fractions(roles, workers)
+        chunk = partition_bytes or defaults.partition_bytes(tree_bytes, fractions, across_hosts=True)
         plan = make_plan(model, names, shapes, [np.dtype(d) for d in dtypes], local_devices,
-                         partition_bytes=partition_bytes, server_fractions=fractions)
+                         partition_bytes=chunk, server_fractions=fractions)
         per_server = plan.server_bytes(len(roles))
         model_bytes = sum(per_server)
         split = optimal_split(workers, k)
         rows.append({
             "k": k,
+            "partition_bytes": chunk,
             "chunks": len(plan.chunk_servers),
             "model_bytes": model_bytes,
             "x": split.cpu_fraction,
@@ -109,11 +115,18 @@ def _span(values: list[int]) -> str:
     return f"{lo:.2f}" if abs(hi - lo) < 0.005 else f"{lo:.2f}-{hi:.2f}"
 
 
+def _partition(report: dict) -> str:
+    if report["partition_bytes"] is not None:
+        return format_bytes(report["partition_bytes"])
+    sizes = sorted({r["partition_bytes"] for r in report["rows"]})
+    return "the across-hosts default: " + ", ".join(format_bytes(b) for b in sizes)
+
+
 def format_table(report: dict) -> str:
     rows = report["rows"]
     header = (f"{report['model']}: {rows[0]['model_bytes'] / MiB:.1f} MiB of gradient per worker, "
               f"n = {report['workers']} workers, {report['bandwidth_gbit']:g} Gbit/s per NIC, "
-              f"partition {report['partition_bytes'] / MiB:g} MiB, {report['local_devices']} local device(s)")
+              f"partition {_partition(report)}, {report['local_devices']} local device(s)")
     cols = ["k", "chunks", "x", "y", "colocated MiB each", "dedicated MiB each", "jbps ms", "formula ms",
             "all-reduce ms", "PS ms", "all-reduce/jbps"]
     table = []
@@ -165,8 +178,9 @@ def main(argv=None, prog: str | None = None) -> int:
     p.add_argument("--cpu-servers", "-k", type=_counts, default=None,
                    help="CPU-only machines k: a range 0-4 or a list 0,2,8 (default 0..n)")
     p.add_argument("--bandwidth", type=_positive(float), default=100.0, help="Gbit/s per NIC (default 100)")
-    p.add_argument("--partition-bytes", type=_positive(parse_bytes), default=4 * MiB,
-                   help="chunk size: bytes, or e.g. 4M (default 4 MiB)")
+    p.add_argument("--partition-bytes", type=_positive(parse_bytes), default=None,
+                   help="chunk size: bytes, or e.g. 4M (default: what jbps picks across hosts for this "
+                        "model and k, jbps/partition/defaults.py)")
     p.add_argument("--local-devices", type=_positive(int), default=1,
                    help="devices per worker: each tensor is split into this many shards (default 1)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
