@@ -33,21 +33,22 @@ __all__ = ["DistributedOptimizer", "MultiSteps", "MultiStepsState", "distributed
 
 
 def psum_gradients(axis_name: Any = None, *, average: bool = True, name: str | None = None,
-                   priority: Priority = None, bucket_bytes: int | None = None) -> optax.GradientTransformation:
+                   priority: Priority = None, bucket_bytes: int | None = None,
+                   compression: str | None = None) -> optax.GradientTransformation:
     """A stateless transformation that reduces the updates with jbps.psum, to
     put first in an optax.chain."""
 
     def update_fn(updates, state, params=None):
         del params
         return psum(updates, axis_name, average=average, name=name, priority=priority,
-                    bucket_bytes=bucket_bytes), state
+                    bucket_bytes=bucket_bytes, compression=compression), state
 
     return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
 
 
 def distributed(tx: optax.GradientTransformation, *, axis_name: Any = None, average: bool = True,
-                name: str | None = None, priority: Priority = None,
-                bucket_bytes: int | None = None) -> optax.GradientTransformationExtraArgs:
+                name: str | None = None, priority: Priority = None, bucket_bytes: int | None = None,
+                compression: str | None = None) -> optax.GradientTransformationExtraArgs:
     """`tx`, with its update applied to the gradients reduced over the job.
 
     axis_name: the pmap/shard_map axes to average over besides the workers
@@ -56,7 +57,8 @@ def distributed(tx: optax.GradientTransformation, *, axis_name: Any = None, aver
     average: True (the default, as Horovod's DistributedOptimizer) averages
     over all devices of all workers, so a mean loss per device gives the
     gradient of the mean loss over the global batch; False sums.
-    name, priority, bucket_bytes: as for jbps.psum. Flax params flatten in
+    name, priority, bucket_bytes, compression: as for jbps.psum
+    (compression="bf16" or "fp16" halves the bytes of float32 gradients). Flax params flatten in
     alphabetical module order; priority=jbps.forward_order(params) sends the
     first layers first, which the next forward pass needs first, and groups
     the buckets in the order the backward pass produces the gradients, so
@@ -65,7 +67,8 @@ def distributed(tx: optax.GradientTransformation, *, axis_name: Any = None, aver
     inner = optax.with_extra_args_support(tx)
 
     def update_fn(updates, state, params=None, **extra_args):
-        reduced = psum(updates, axis_name, average=average, name=name, priority=priority, bucket_bytes=bucket_bytes)
+        reduced = psum(updates, axis_name, average=average, name=name, priority=priority, bucket_bytes=bucket_bytes,
+                       compression=compression)
         return inner.update(reduced, state, params, **extra_args)
 
     return optax.GradientTransformationExtraArgs(inner.init, update_fn)
@@ -82,7 +85,7 @@ class MultiStepsState(NamedTuple):
 
 def MultiSteps(tx: optax.GradientTransformation, every_k_schedule: int, *, axis_name: Any = None,  # noqa: N802
                average: bool = True, name: str | None = None, priority: Priority = None,
-               bucket_bytes: int | None = None) -> optax.GradientTransformationExtraArgs:
+               bucket_bytes: int | None = None, compression: str | None = None) -> optax.GradientTransformationExtraArgs:
     """Gradient accumulation over `every_k_schedule` mini-steps with one
     communication per real step: each worker averages its own mini-step
     gradients, and only on the k-th does the mean travel (a lax.cond, so
@@ -102,7 +105,8 @@ def MultiSteps(tx: optax.GradientTransformation, every_k_schedule: int, *, axis_
                                      updates, state.acc_grads)
 
         def communicate(acc, inner_state):
-            reduced = psum(acc, axis_name, average=average, name=name, priority=priority, bucket_bytes=bucket_bytes)
+            reduced = psum(acc, axis_name, average=average, name=name, priority=priority, bucket_bytes=bucket_bytes,
+                           compression=compression)
             return inner.update(reduced, inner_state, params, **extra_args)
 
         def accumulate(acc, inner_state):

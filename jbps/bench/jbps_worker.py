@@ -49,6 +49,8 @@ def parse_args(argv=None):
     p.add_argument("--out-of-place", action="store_true",
                    help="also time each size with its input kept alive (XLA gives the sum a fresh output)")
     p.add_argument("--stages", action="store_true", help="also report the latency breakdown (stages.py)")
+    p.add_argument("--compression", choices=("bf16", "fp16"), default=None,
+                   help="the timed psums' compression (jbps.psum's compression=)")
     args = p.parse_args(argv)
     args.tree_sizes = [int(s) for s in args.tree_sizes.split(",") if s]
     args.memory = [int(s) for s in args.memory.split(",") if s]
@@ -100,8 +102,11 @@ def in_place(name):
     donated argument), so each sum lands in its own input's buffer (jbps's custom call aliases
     them) and no fresh output is allocated. As MPI_IN_PLACE for the MPI peer, which reuses its
     buffers too."""
-    return jax.jit(lambda t: jbps.psum(t, name=name), donate_argnums=0)
+    return jax.jit(lambda t: jbps.psum(t, name=name, compression=_compression), donate_argnums=0)
 
+
+# --compression: the timed psums send 16-bit floats (the values, small integers, stay exact).
+_compression = None
 
 # Untimed, before every call: each worker's contribution back to rank+1, in the same buffers.
 _refill = jax.jit(lambda t: jax.tree_util.tree_map(lambda a: jnp.full_like(a, jbps.rank() + 1), t),
@@ -124,7 +129,7 @@ def out_of_place(name):
     """The psum of an input that stays alive (`jax.jit(lambda g: jbps.psum(g))(g)` with g used
     again): XLA copies it into a fresh output buffer every call and the sum lands there. As an
     MPI Allreduce into a separate receive buffer; the MPI peer reuses its receive buffer."""
-    return jax.jit(lambda t: jbps.psum(t, name=name))
+    return jax.jit(lambda t: jbps.psum(t, name=name, compression=_compression))
 
 
 def _stamped(run, stages_of):
@@ -228,7 +233,9 @@ def bench_tree(leaf_bytes, iters, warmup):
 
 
 def main(argv=None):
+    global _compression
     args = parse_args(argv)
+    _compression = args.compression
     jbps.init()
     try:
         report = {"tool": TOOL, "workers": jbps.size()}

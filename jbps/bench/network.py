@@ -2,7 +2,8 @@
 
     python -m jbps.bench.network [--workers 4] [--cpu-hosts 0-4] [--size 32M] [--rate 1G]
                                  [--iters 8] [--warmup 2] [--partition 4M,256K] [--credit 8]
-                                 [--skip-peers] [--json] [--plot out.png] [--trace-dir DIR]
+                                 [--compression bf16,fp16] [--skip-peers] [--json] [--plot out.png]
+                                 [--trace-dir DIR]
     jbps bench network ...                       (the same)
 
 Needs root: every host is a network namespace on this machine (jbps.emulated_network),
@@ -16,7 +17,8 @@ Allreduce over TCP (mpi4py), every result checked too. Each time is the median o
 predicts, T = 2n(n-1)M / ((n² + kn - 2k)B) (docs/design.md), and the ratios.
 
 --partition and --credit (comma lists) add jbps runs with those settings beside the
-defaults, to compare. Progress goes to stderr; the table (or --json) to stdout.
+defaults, to compare; --compression bf16,fp16 adds a column per compressor (16-bit floats
+on the wire, see jbps/ops/compression.py). Progress goes to stderr; the table (or --json) to stdout.
 """
 
 from __future__ import annotations
@@ -106,6 +108,8 @@ def parse_args(argv=None, prog=None) -> argparse.Namespace:
                    help="comma list of partition sizes (e.g. 256K,1M): extra jbps runs beside the defaults")
     p.add_argument("--credit", default="",
                    help="comma list of credit windows (chunks in flight): extra jbps runs beside the defaults")
+    p.add_argument("--compression", default="",
+                   help="comma list of jbps.psum compressions (bf16, fp16): extra jbps runs beside the defaults")
     p.add_argument("--skip-peers", action="store_true", help="do not run gloo and MPI")
     p.add_argument("--timeout", type=float, default=600, help="seconds any one job may take (default 600)")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
@@ -125,7 +129,11 @@ def parse_args(argv=None, prog=None) -> argparse.Namespace:
         p.error(f"--partition/--credit: {exc}")
     if any(c < 1 for c in credits):
         p.error("--credit values must be at least 1")
-    args.variants = variants(partitions, credits)
+    compressions = [c.strip() for c in args.compression.split(",") if c.strip()]
+    bad = [c for c in compressions if c not in ("bf16", "fp16")]
+    if bad:
+        p.error(f"--compression: {bad[0]!r} is not bf16 or fp16")
+    args.variants = variants(partitions, credits, compressions)
     if args.plot:
         import importlib.util
 
@@ -134,9 +142,10 @@ def parse_args(argv=None, prog=None) -> argparse.Namespace:
     return args
 
 
-def variants(partitions: list[int], credits: list[int]) -> list[dict]:
-    """The jbps settings to run: the defaults, then each combination asked for."""
+def variants(partitions: list[int], credits: list[int], compressions: list[str] = ()) -> list[dict]:
+    """The jbps settings to run: the defaults, each compression, then each combination asked for."""
     out = [{"name": "defaults", "env": {}}]
+    out += [{"name": f"compression {c}", "env": {}, "args": ["--compression", c]} for c in compressions]
     for part in partitions or [None]:
         for credit in credits or [None]:
             if part is None and credit is None:
@@ -158,7 +167,7 @@ def bench_jbps(net: EmulatedNetwork, n: int, k: int, args, variant: dict) -> dic
         tag = variant["name"].replace(" ", "").replace(",", "_")
         env["JBPS_TRACE_DIR"] = str(Path(args.trace_dir).resolve() / f"k{k}" / tag)
     argv = ["-m", "jbps.bench.jbps_worker", "--sizes", str(args.size), "--iters", str(args.iters),
-            "--warmup", str(args.warmup)]
+            "--warmup", str(args.warmup), *variant.get("args", [])]
     result = run_job(net, list(range(n)), list(range(n + k)), argv, env=env, timeout_s=args.timeout)
     report = parse_report(result.workers[0].stdout, "jbps worker 0")
     timing = report["results"][args.size]

@@ -17,6 +17,7 @@ from jax import lax
 from .. import runtime
 from ..partition import check_dtypes, resolve_priorities
 from ..partition.priority import Priority
+from . import compression as wire
 from .psum_primitive import PsumSpec, bind
 
 AxisName = Hashable
@@ -43,7 +44,7 @@ def _axis_size(axes: tuple[AxisName, ...]) -> int:
 
 
 def psum(tree: Any, axis_name: Any = None, *, average: bool = False, name: str | None = None,
-         priority: Priority = None, bucket_bytes: int | None = None) -> Any:
+         priority: Priority = None, bucket_bytes: int | None = None, compression: str | None = None) -> Any:
     """Sums every leaf of `tree` over the named mapped axes and every worker.
 
     axis_name: the mapped axis (or tuple of axes) to sum over besides the
@@ -65,6 +66,9 @@ def psum(tree: Any, axis_name: Any = None, *, average: bool = False, name: str |
     this many bytes, grouped in the order the backward pass produces the
     leaves (lowest priority first), so each starts as soon as its leaves
     exist (buckets.py); default JBPS_BUCKET_BYTES; 0: one call.
+    compression: None, "bf16" or "fp16": float32/float64 leaves travel as
+    16-bit floats (half the bytes), summed in float32 by the servers and
+    cast back (compression.py); the same on every worker.
     """
     config = runtime.config_for_psum()  # a clear error before init() or after the job failed
     path_leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
@@ -73,6 +77,7 @@ def psum(tree: Any, axis_name: Any = None, *, average: bool = False, name: str |
     paths = tuple(jax.tree_util.keystr(p) for p, _ in path_leaves)
     leaves = tuple(jnp.asarray(x) for _, x in path_leaves)
     check_dtypes(paths, [x.dtype for x in leaves], "jbps.psum")
+    wire.check(compression, "jbps.psum")
     priorities = resolve_priorities(paths, leaves, priority)
     axes = _normalize_axes(axis_name)
     count = _axis_size(axes or ())
@@ -83,13 +88,14 @@ def psum(tree: Any, axis_name: Any = None, *, average: bool = False, name: str |
         raise ValueError(f"jbps.psum: bucket_bytes must be a non-negative int, got {bucket_bytes!r}")
     spec = PsumSpec(name=name, axes=axes, paths=paths, priorities=None if priorities is None else tuple(priorities),
                     bucket_bytes=bucket_bytes)
-    out = bind(leaves, spec)
+    out = wire.decompress(bind(wire.compress(leaves, compression), spec), leaves)
     if average:
         out = [x / (count * runtime.size()) for x in out]
     return jax.tree_util.tree_unflatten(treedef, out)
 
 
 def pmean(tree: Any, axis_name: Any = None, *, name: str | None = None, priority: Priority = None,
-          bucket_bytes: int | None = None) -> Any:
+          bucket_bytes: int | None = None, compression: str | None = None) -> Any:
     """psum(..., average=True): the mean over the named axes and every worker."""
-    return psum(tree, axis_name, average=True, name=name, priority=priority, bucket_bytes=bucket_bytes)
+    return psum(tree, axis_name, average=True, name=name, priority=priority, bucket_bytes=bucket_bytes,
+                compression=compression)
