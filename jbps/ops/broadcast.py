@@ -73,7 +73,10 @@ def _broadcast_traced(tree: Any, root: int, axis_name: Any, name: str) -> Any:
         words = [jnp.where(first, w, 0) if contributes else jnp.zeros_like(w) for w in words]
     elif not contributes:
         words = [jnp.zeros_like(w) for w in words]
-    summed = psum(words, axis_name, name=name)
+    # One call: the root's program differs from the others' (zeros here), so
+    # XLA may order buckets differently on each, and where it runs them one by
+    # one (small programs) each worker would wait on a different bucket.
+    summed = psum(words, axis_name, name=name, bucket_bytes=0)
     return jax.tree_util.tree_unflatten(treedef, [_from_words(s, x) for s, x in zip(summed, leaves)])
 
 
