@@ -13,8 +13,10 @@ layers x width² x 4 bytes; the defaults make compute and communication take
 about as long on the development machine. For each k CPU hosts: the step
 with jbps.optax.distributed as one call (bucket_bytes 0) and in buckets
 (the default, and each --bucket-bytes), and the psum of the same gradients
-alone; once on the worker hosts: the step alone on every worker at once (no
-communication) and the step with lax.pmean over gloo (jax.distributed).
+alone; once: the step in one process without jbps, the step alone on every
+worker host at once (no communication; the bound uses this one, since the
+workers share this machine's cores) and the step with lax.pmean over gloo
+(jax.distributed).
 Times are the slowest worker's median. The target: a bucketed step within
 1.15 x max(step alone, communication alone). --plot draws worker 0's
 bucketed step of median time from the engine's trace (the last k): when each
@@ -142,6 +144,9 @@ def run(args) -> dict:
                                 " --xla_force_host_platform_device_count=1").strip())
     with EmulatedNetwork(n + max(ks), args.rate) as net, tempfile.TemporaryDirectory(prefix="jbps-overlap-") as tmp:
         log.info("%d emulated hosts at %s; the step alone ...", len(net.hosts), format_rate(args.rate))
+        doc["one_process"] = _slowest(run_on_workers(
+            net, 1, lambda i: ["-m", "jbps.bench.step_worker", "--mode", "compute", *_model_args(args)],
+            env, args.timeout, "the step in one process"))
         doc["compute"] = _slowest(run_on_workers(
             net, n, lambda i: ["-m", "jbps.bench.step_worker", "--mode", "compute", *_model_args(args)],
             env, args.timeout, "the step alone"))
@@ -201,6 +206,7 @@ def format_table(doc: dict) -> str:
              f"{format_rate(doc['rate_bits'])} each way per NIC, an MLP of {doc['layers']} x {doc['width']}² float32 "
              f"({doc['grad_bytes'] / 2**20:.1f} MiB of gradients), batch {doc['batch']} per worker; "
              f"median of {doc['steps']} steps (slowest worker)", ""]
+    lines.append(f"step in one process, no jbps (the machine otherwise idle): {ms(doc['one_process']['median_s'])}")
     lines.append(f"step alone, every worker at once (no communication): {ms(doc['compute']['median_s'])}")
     if "gloo" in doc:
         lines.append(f"step with JAX's pmean over gloo: {ms(doc['gloo']['median_s'])}")

@@ -1,0 +1,84 @@
+"""`jbps bench network` and `jbps bench overlap` across emulated hosts, run
+small: every column they print comes from a real run whose results were
+checked in the workers; bad input is one line and leaves nothing behind.
+Needs root and iproute2, as tests/test_multihost.py."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import job_free_env
+from jbps.emulated_network import NetworkError, check_tools
+
+
+def _unavailable():
+    try:
+        check_tools()
+    except NetworkError as exc:
+        return str(exc)
+    return None
+
+
+pytestmark = pytest.mark.skipif(_unavailable() is not None, reason=_unavailable() or "")
+
+
+def _run(module, *argv, timeout=600):
+    return subprocess.run([sys.executable, "-m", module, *argv], env=job_free_env(), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _namespaces():
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30).stdout
+    return {line.split()[0] for line in out.splitlines() if line.startswith("jbps-")}
+
+
+def test_network_bench_runs_every_tool_and_reports_the_split():
+    before = _namespaces()
+    proc = _run("jbps.bench.network", "--workers", "2", "--cpu-hosts", "0,1", "--size", "1M", "--rate", "1G",
+                "--iters", "2", "--warmup", "1", "--compression", "bf16", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)
+    cases = {c["k"]: c["jbps"] for c in doc["cases"]}
+    for k in (0, 1):
+        assert cases[k]["defaults"]["median_s"] > 0 and cases[k]["compression bf16"]["median_s"] > 0, cases[k]
+    assert doc["peers"]["gloo"]["median_s"] > 0 and doc["peers"]["mpi"]["median_s"] > 0
+    assert doc["link_check"]["share_of_cap_min"] > 0
+    # With one CPU host and 2 workers the CPU host's server gets half the bytes (x = 1/2).
+    received = cases[1]["defaults"]["server_mib_received"]
+    assert abs(received["2"] - (received["0"] + received["1"])) <= 0.25 * received["2"], received
+    assert _namespaces() == before
+
+
+def test_overlap_bench_times_every_case():
+    before = _namespaces()
+    proc = _run("jbps.bench.overlap", "--cpu-hosts", "0", "--layers", "3", "--width", "256", "--batch", "64",
+                "--steps", "3", "--warmup", "1", "--bucket-bytes", "64K", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)
+    case = doc["cases"]["0"]
+    for name in ("comm", "one call", "buckets", "buckets 64 KiB"):
+        assert case[name]["median_s"] > 0, name
+    assert doc["one_process"]["median_s"] > 0 and doc["compute"]["median_s"] > 0 and doc["gloo"]["median_s"] > 0
+    # The trace of a bucketed step: one row per bucket's call (3 kernels and their biases).
+    rows = case["buckets"]["trace"][1:]
+    assert rows and all(r["pushes"] and r["pulls"] for r in rows), rows
+    assert _namespaces() == before
+
+
+@pytest.mark.parametrize("module,argv,needle", [
+    ("jbps.bench.network", ["--rate", "fast"], "fast"),
+    ("jbps.bench.network", ["--size", "12 apples"], "12 apples"),
+    ("jbps.bench.network", ["--workers", "200", "--cpu-hosts", "60"], "254"),
+    ("jbps.bench.network", ["--compression", "int8"], "int8"),
+    ("jbps.bench.overlap", ["--rate", "fast"], "fast"),
+    ("jbps.bench.overlap", ["--bucket-bytes", "lots"], "lots"),
+])
+def test_bad_input_is_one_line_naming_it(module, argv, needle):
+    before = _namespaces()
+    proc = _run(module, *argv, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert needle in last and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert _namespaces() == before
