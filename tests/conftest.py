@@ -72,3 +72,19 @@ def check_results(results, rounds):
     assert [rep["rounds"] for rep in reports] == [rounds] * len(results)
     digests = {rep["digest"] for rep in reports}
     assert len(digests) == 1, f"workers got different sums: {reports}"
+
+
+def _emulated_hosts_unavailable() -> str | None:
+    """Why network namespaces cannot be made here (not root, no iproute2), or None."""
+    from jbps.emulated_network import NetworkError, check_tools
+
+    try:
+        check_tools()
+    except NetworkError as exc:
+        return str(exc)
+    return None
+
+
+# Tests across emulated hosts (jbps.emulated_network): skipped, saying why, where they cannot run.
+needs_emulated_hosts = pytest.mark.skipif(_emulated_hosts_unavailable() is not None,
+                                          reason=_emulated_hosts_unavailable() or "")

@@ -9,19 +9,9 @@ import sys
 
 import pytest
 
-from conftest import job_free_env
-from jbps.emulated_network import NetworkError, check_tools
+from conftest import job_free_env, needs_emulated_hosts
 
-
-def _unavailable():
-    try:
-        check_tools()
-    except NetworkError as exc:
-        return str(exc)
-    return None
-
-
-pytestmark = pytest.mark.skipif(_unavailable() is not None, reason=_unavailable() or "")
+pytestmark = needs_emulated_hosts
 
 
 def _run(module, *argv, timeout=600):
@@ -34,12 +24,18 @@ def _namespaces():
     return {line.split()[0] for line in out.splitlines() if line.startswith("jbps-")}
 
 
-def test_network_bench_runs_every_tool_and_reports_the_split():
+def _run_json(module, *argv):
+    """The bench's --json document; it must have removed every namespace it made."""
     before = _namespaces()
-    proc = _run("jbps.bench.network", "--workers", "2", "--cpu-hosts", "0,1", "--size", "1M", "--rate", "1G",
-                "--iters", "2", "--warmup", "1", "--compression", "bf16", "--json")
+    proc = _run(module, *argv, "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    doc = json.loads(proc.stdout)
+    assert _namespaces() == before
+    return json.loads(proc.stdout)
+
+
+def test_network_bench_runs_every_tool_and_reports_the_split():
+    doc = _run_json("jbps.bench.network", "--workers", "2", "--cpu-hosts", "0,1", "--size", "1M", "--rate", "1G",
+                    "--iters", "2", "--warmup", "1", "--compression", "bf16")
     cases = {c["k"]: c["jbps"] for c in doc["cases"]}
     for k in (0, 1):
         assert cases[k]["defaults"]["median_s"] > 0 and cases[k]["compression bf16"]["median_s"] > 0, cases[k]
@@ -48,15 +44,11 @@ def test_network_bench_runs_every_tool_and_reports_the_split():
     # With one CPU host and 2 workers the CPU host's server gets half the bytes (x = 1/2).
     received = cases[1]["defaults"]["server_mib_received"]
     assert abs(received["2"] - (received["0"] + received["1"])) <= 0.25 * received["2"], received
-    assert _namespaces() == before
 
 
 def test_overlap_bench_times_every_case():
-    before = _namespaces()
-    proc = _run("jbps.bench.overlap", "--cpu-hosts", "0", "--layers", "3", "--width", "256", "--batch", "64",
-                "--steps", "3", "--warmup", "1", "--bucket-bytes", "64K", "--json")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    doc = json.loads(proc.stdout)
+    doc = _run_json("jbps.bench.overlap", "--cpu-hosts", "0", "--layers", "3", "--width", "256", "--batch", "64",
+                    "--steps", "3", "--warmup", "1", "--bucket-bytes", "64K")
     case = doc["cases"]["0"]
     for name in ("comm", "one call", "buckets", "buckets 64 KiB"):
         assert case[name]["median_s"] > 0, name
@@ -64,7 +56,6 @@ def test_overlap_bench_times_every_case():
     # The trace of a bucketed step: one row per bucket's call (3 kernels and their biases).
     rows = case["buckets"]["trace"][1:]
     assert rows and all(r["pushes"] and r["pulls"] for r in rows), rows
-    assert _namespaces() == before
 
 
 @pytest.mark.parametrize("module,argv,needle", [

@@ -13,24 +13,16 @@ import time
 import numpy as np
 import pytest
 
-from conftest import job_free_env, last_json, worker_script
+from conftest import job_free_env, last_json, needs_emulated_hosts, worker_script
 from jbps.emulated_job import EmulatedJob, run_job
-from jbps.emulated_network import MPI_TCP_ENV, EmulatedNetwork, NetworkError, check_tools
+from jbps.emulated_network import MPI_TCP_ENV, EmulatedNetwork
 from jbps.partition import defaults, server_fractions
 from jbps.procs import terminate
 
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
 
 
-def _unavailable() -> str | None:
-    try:
-        check_tools()
-    except NetworkError as exc:
-        return str(exc)
-    return None
-
-
-pytestmark = pytest.mark.skipif(_unavailable() is not None, reason=_unavailable() or "")
+pytestmark = needs_emulated_hosts
 
 WORKER_HOSTS, SERVER_HOSTS = [0, 1], [0, 1, 2]  # host 2: a CPU-only machine
 
