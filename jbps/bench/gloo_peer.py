@@ -22,6 +22,10 @@ from jax.experimental import multihost_utils  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 TOOL = "JAX gloo psum"
+# jax.shard_map from jax 0.6 on; jax.experimental.shard_map before.
+shard_map = getattr(jax, "shard_map", None)
+if shard_map is None:
+    from jax.experimental.shard_map import shard_map  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -50,7 +54,7 @@ def timed_psum(mesh, leaf_bytes, iters, warmup, tag):
         return jax.make_array_from_single_device_arrays((nproc, nbytes // 4), sharding, [local])
 
     xs = [global_array(b) for b in leaf_bytes]
-    psum = jax.jit(jax.shard_map(lambda a: jax.lax.psum(a, "i"), mesh=mesh,
+    psum = jax.jit(shard_map(lambda a: jax.lax.psum(a, "i"), mesh=mesh,
                                  in_specs=P("i"), out_specs=P("i")))
 
     times = []
