@@ -102,15 +102,16 @@ void TuneSocket(int fd) {
   ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
 }
 
-int LivenessBoundSeconds(double timeout_s) {
-  const int probe_s = std::max(1, static_cast<int>(timeout_s / 4));
-  return 4 * probe_s;
-}
+// Half the psum timeout: a server that loses a worker tells the other workers,
+// naming it, before their own psum timeout fires with a vaguer message.
+static int ProbeSeconds(double timeout_s) { return std::max(1, static_cast<int>(timeout_s / 8)); }
+
+int LivenessBoundSeconds(double timeout_s) { return 4 * ProbeSeconds(timeout_s); }
 
 void SetLiveness(int fd, double timeout_s) {
-  const int probe_s = std::max(1, static_cast<int>(timeout_s / 4));
+  const int probe_s = ProbeSeconds(timeout_s);
   const int count = 3;
-  const unsigned user_timeout_ms = static_cast<unsigned>(std::min(timeout_s * 1000, 2e9));
+  const unsigned user_timeout_ms = static_cast<unsigned>(LivenessBoundSeconds(timeout_s)) * 1000u;
   int one = 1;
   ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
   ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &probe_s, sizeof(probe_s));

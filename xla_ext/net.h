@@ -33,10 +33,10 @@ void TuneSocket(int fd);
 
 // Liveness of a peer whose host may vanish without closing the connection
 // (power loss, network cut): TCP keepalive probes an idle connection every
-// max(1, timeout_s / 4) s and gives up after 3 unanswered probes, and unacked
-// sent data fails after timeout_s (TCP_USER_TIMEOUT). A dead host is thus
-// noticed within max(4 s, timeout_s); a killed process on a live host at once
-// (its kernel closes the connection).
+// max(1, timeout_s / 8) s and gives up after 3 unanswered probes, and sent
+// data unacknowledged as long fails too (TCP_USER_TIMEOUT). A dead host is
+// thus noticed within max(4 s, timeout_s / 2), before a psum timeout; a killed
+// process on a live host at once (its kernel closes the connection).
 void SetLiveness(int fd, double timeout_s);
 // The bound SetLiveness gives, in seconds.
 int LivenessBoundSeconds(double timeout_s);
