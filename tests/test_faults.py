@@ -99,11 +99,12 @@ def test_a_killed_server_fails_every_workers_psums_naming_it(tmp_path):
 
 
 def test_connections_carry_the_stated_liveness_bound():
-    # JBPS_TIMEOUT_S=8: keepalive probes every 8/4 = 2 s, 3 of them, and
-    # unacknowledged data gives up after 8 s: a vanished host is noticed within 8 s.
-    srv = _core.Server("127.0.0.1:0", 1, timeout_s=8.0)
+    # JBPS_TIMEOUT_S=16: keepalive probes every 16/8 = 2 s, 3 of them, and
+    # unacknowledged data gives up after as long (8 s): a vanished host is
+    # noticed within 8 s, half the psum timeout.
+    srv = _core.Server("127.0.0.1:0", 1, timeout_s=16.0)
     try:
-        with jbps.init(servers=[f"127.0.0.1:{srv.port}"], num_workers=1, worker_rank=0, timeout_s=8.0):
+        with jbps.init(servers=[f"127.0.0.1:{srv.port}"], num_workers=1, worker_rank=0, timeout_s=16.0):
             checked = 0
             for fd in map(int, os.listdir("/proc/self/fd")):
                 try:
