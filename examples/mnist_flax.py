@@ -6,6 +6,8 @@ broadcast to every worker.
     python examples/mnist_flax.py                  # alone: one worker
     jbps run -n 2 python examples/mnist_flax.py    # two workers on this machine
     mpirun -np 2 python examples/mnist_flax.py     # the same under MPI
+    jbps run -n 2 python examples/mnist_flax.py --compression onebit --optimizer sgd
+                                                   # gradients at 1/25.6 of their bytes
 
 Every worker trains on its share of each global batch; the gradients are
 averaged over the job by the summation servers, so each worker applies the
@@ -72,7 +74,11 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--epochs", type=int, default=12)
     p.add_argument("--batch-size", type=int, default=64, help="global batch, split over the workers")
-    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--compression", choices=["bf16", "fp16", "onebit"], default=None,
+                   help="gradients on the wire (default: float32 as computed)")
+    p.add_argument("--optimizer", choices=["adam", "sgd"], default="adam",
+                   help="sgd: with momentum 0.9 (what onebit compression suits best)")
+    p.add_argument("--lr", type=float, default=None, help="default: 2e-3 for adam, 0.05 for sgd")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
 
@@ -87,7 +93,11 @@ def main():
     params = model.init(jax.random.PRNGKey(args.seed), x_train[:1])["params"]
     order = jbps.forward_order(params)  # from init's insertion order: first layers are sent first
     params = jbps.broadcast_parameters(params)  # every worker starts from rank 0's parameters
-    tx = jbps.optax.distributed(optax.adam(args.lr), priority=order)
+    if args.optimizer == "adam":
+        opt = optax.adam(args.lr or 2e-3)
+    else:
+        opt = optax.sgd(args.lr or 0.05, momentum=0.9)
+    tx = jbps.optax.distributed(opt, priority=order, compression=args.compression)
     state = train_state.TrainState.create(apply_fn=model.apply, params=params, tx=tx)
 
     steps_per_epoch = len(x_train) // args.batch_size

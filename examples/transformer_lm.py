@@ -98,6 +98,8 @@ def main():
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--compression", choices=["bf16", "fp16", "onebit"], default=None,
+                   help="gradients on the wire (default: float32 as computed)")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--corpus-bytes", type=int, default=2_000_000)
     p.add_argument("--log-every", type=int, default=25)
@@ -109,7 +111,7 @@ def main():
     model = LM(args.seq_len + 1, args.dim, args.heads, args.layers, rngs=nnx.Rngs(0))
     graphdef, params = nnx.split(model)
     nnx.update(model, jbps.broadcast_parameters(params))  # every worker starts from rank 0's
-    tx = jbps.optax.distributed(optax.adamw(args.lr, weight_decay=0.01))
+    tx = jbps.optax.distributed(optax.adamw(args.lr, weight_decay=0.01), compression=args.compression)
     optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
     if rank == 0:
         count = sum(x.size for x in jax.tree_util.tree_leaves(nnx.state(model, nnx.Param)))

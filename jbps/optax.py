@@ -26,10 +26,13 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
-from .ops import psum
+from .ops import compression as wire
+from .ops import onebit, psum
+from .ops.psum import psum_with_feedback
 from .partition.priority import Priority
 
-__all__ = ["DistributedOptimizer", "MultiSteps", "MultiStepsState", "distributed", "psum_gradients"]
+__all__ = ["DistributedOptimizer", "FeedbackState", "MultiSteps", "MultiStepsState", "distributed",
+           "psum_gradients", "zero_residuals"]
 
 
 def psum_gradients(axis_name: Any = None, *, average: bool = True, name: str | None = None,
@@ -37,6 +40,8 @@ def psum_gradients(axis_name: Any = None, *, average: bool = True, name: str | N
                    compression: str | None = None) -> optax.GradientTransformation:
     """A stateless transformation that reduces the updates with jbps.psum, to
     put first in an optax.chain."""
+
+    wire.check(compression, "jbps.optax.psum_gradients")  # stateless: no onebit
 
     def update_fn(updates, state, params=None):
         del params
@@ -57,14 +62,21 @@ def distributed(tx: optax.GradientTransformation, *, axis_name: Any = None, aver
     average: True (the default, as Horovod's DistributedOptimizer) averages
     over all devices of all workers, so a mean loss per device gives the
     gradient of the mean loss over the global batch; False sums.
-    name, priority, bucket_bytes, compression: as for jbps.psum
-    (compression="bf16" or "fp16" halves the bytes of float32 gradients). Flax params flatten in
+    name, priority, bucket_bytes: as for jbps.psum.
+    compression: as for jbps.psum ("bf16" or "fp16" halves the bytes of
+    float32 gradients), or "onebit": a sign bit per value and a scale per
+    256 values (1/25.6 of the bytes) with error feedback; the state is
+    then a FeedbackState holding tx's state and the residuals. Flax params flatten in
     alphabetical module order; priority=jbps.forward_order(params) sends the
     first layers first, which the next forward pass needs first, and groups
     the buckets in the order the backward pass produces the gradients, so
     each bucket travels while the rest of the backward pass runs.
     """
+    wire.check(compression, "jbps.optax.distributed", stateful_ok=True)
     inner = optax.with_extra_args_support(tx)
+    if compression == "onebit":
+        return _with_feedback(inner, axis_name=axis_name, average=average, name=name, priority=priority,
+                              bucket_bytes=bucket_bytes)
 
     def update_fn(updates, state, params=None, **extra_args):
         reduced = psum(updates, axis_name, average=average, name=name, priority=priority, bucket_bytes=bucket_bytes,
@@ -72,6 +84,36 @@ def distributed(tx: optax.GradientTransformation, *, axis_name: Any = None, aver
         return inner.update(reduced, state, params, **extra_args)
 
     return optax.GradientTransformationExtraArgs(inner.init, update_fn)
+
+
+class FeedbackState(NamedTuple):
+    """distributed(tx, compression="onebit")'s state: tx's, and per leaf what
+    this worker's onebit encodings have not sent yet (float32, the leaf's
+    shape; an empty array for leaves that travel as they are: integers and
+    leaves of fewer than 1024 values). It lives on
+    the device and checkpoints with the rest; restored, it resumes the
+    feedback exactly (the servers' residuals start from zero in a new job)."""
+    residuals: Any
+    inner_state: Any
+
+
+def zero_residuals(params: Any) -> Any:
+    """The residuals before the first step."""
+    return jax.tree_util.tree_map(
+        lambda p: jnp.zeros(jnp.shape(p), jnp.float32) if onebit.compressed(jnp.shape(p), jnp.result_type(p))
+        else jnp.zeros((0,), jnp.float32), params)
+
+
+def _with_feedback(inner, **psum_args) -> optax.GradientTransformationExtraArgs:
+    def init_fn(params):
+        return FeedbackState(zero_residuals(params), inner.init(params))
+
+    def update_fn(updates, state, params=None, **extra_args):
+        reduced, residuals = psum_with_feedback(updates, state.residuals, **psum_args)
+        new_updates, inner_state = inner.update(reduced, state.inner_state, params, **extra_args)
+        return new_updates, FeedbackState(residuals, inner_state)
+
+    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
 DistributedOptimizer = distributed
@@ -94,6 +136,10 @@ def MultiSteps(tx: optax.GradientTransformation, every_k_schedule: int, *, axis_
     gradients; other arguments as for distributed()."""
     if isinstance(every_k_schedule, bool) or not isinstance(every_k_schedule, int) or every_k_schedule < 1:
         raise TypeError(f"jbps.optax.MultiSteps: every_k_schedule must be a positive int, got {every_k_schedule!r}")
+    if compression == "onebit":
+        raise NotImplementedError("jbps.optax.MultiSteps: compression='onebit' is not supported yet "
+                                  "(jbps.optax.distributed takes it)")
+    wire.check(compression, "jbps.optax.MultiSteps")
     inner = optax.with_extra_args_support(tx)
 
     def init_fn(params):

@@ -31,7 +31,7 @@ from jbps.procs import terminate
 TOKEN = 0x5EC12E7
 CONNECTIONS = 10_000
 HEADER = struct.Struct("<IHHQQIB3sIIQ")  # xla_ext/protocol.h's FrameHeader, 48 bytes
-MAGIC, VERSION = 0x5350424A, 1
+MAGIC, VERSION = 0x5350424A, 2
 HELLO, PUSH, BYE, TREE = 1, 3, 7, 8
 
 

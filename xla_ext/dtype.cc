@@ -1,5 +1,7 @@
 #include "dtype.h"
 
+#include "onebit.h"
+
 namespace jbps {
 
 bool DTypeValid(uint8_t raw) { return raw < kNumDTypes; }
@@ -11,6 +13,7 @@ size_t DTypeSize(DType d) {
     case DType::kF16: return 2;
     case DType::kBF16: return 2;
     case DType::kI32: return 4;
+    case DType::kOneBit: return kOneBitRecordBytes;
   }
   return 0;
 }
@@ -22,11 +25,13 @@ const char* DTypeName(DType d) {
     case DType::kF16: return "float16";
     case DType::kBF16: return "bfloat16";
     case DType::kI32: return "int32";
+    case DType::kOneBit: return "onebit";
   }
   return "invalid";
 }
 
 size_t AccumulatorSize(DType d) {
+  if (d == DType::kOneBit) return kOneBitAccFloats * sizeof(float);
   return (d == DType::kF16 || d == DType::kBF16) ? 4 : DTypeSize(d);
 }
 

@@ -6,16 +6,19 @@
 
 namespace jbps {
 
-enum class DType : uint8_t { kF32 = 0, kF64 = 1, kF16 = 2, kBF16 = 3, kI32 = 4 };
+// kOneBit: compressed float32 (onebit.h); its element is one record, a
+// block of kOneBitBlock values, and it accumulates as those values in float32.
+enum class DType : uint8_t { kF32 = 0, kF64 = 1, kF16 = 2, kBF16 = 3, kI32 = 4, kOneBit = 5 };
 
-constexpr int kNumDTypes = 5;
+constexpr int kNumDTypes = 6;
 
 bool DTypeValid(uint8_t raw);
 size_t DTypeSize(DType d);
 const char* DTypeName(DType d);
 
 // Servers accumulate 16-bit floats in float32 so that sums over many workers
-// do not lose precision at every addition; other types accumulate as themselves.
+// do not lose precision at every addition, onebit records as their decoded
+// float32 values; other types accumulate as themselves.
 size_t AccumulatorSize(DType d);
 
 }  // namespace jbps

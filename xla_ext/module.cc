@@ -54,8 +54,9 @@ KernelDType WireDType(jbps::DType d) {
     case jbps::DType::kI32: return {nb::dtype<int32_t>(), false, "int32"};
     case jbps::DType::kF16:
     case jbps::DType::kBF16: return {nb::dtype<uint16_t>(), true, "a 2-byte dtype"};
+    case jbps::DType::kOneBit: break;  // records, not elements: tested through a server
   }
-  throw std::invalid_argument("jbps kernels: invalid dtype");
+  throw std::invalid_argument(std::string("jbps kernels: no kernel binding for ") + jbps::DTypeName(d));
 }
 
 KernelDType AccumulatorDType(jbps::DType d) {

@@ -22,6 +22,7 @@
 #include "aligned_buffer.h"
 #include "log.h"
 #include "net.h"
+#include "onebit.h"
 #include "protocol.h"
 #include "shm.h"
 #include "steady_clock.h"
@@ -334,6 +335,9 @@ struct EngineThread {
   std::atomic<bool> reader_running{false};  // run_mu is a reader's, for a small push
   // Guarded by run_mu.
   std::unordered_map<RoundKey, RoundState, RoundKeyHash> rounds;
+  // Per onebit key: what encoding its sums lost so far (error feedback),
+  // added to its next sum. A new job starts from zeros.
+  std::unordered_map<uint64_t, std::vector<float>> onebit_residuals;
   std::atomic<uint64_t> epoch{0};  // rounds of older jobs are dropped; written under run_mu
   uint64_t next_epoch = 0;  // guarded by mu: a job ended, drop its rounds now (DropEndedJobs)
 };
@@ -1253,6 +1257,7 @@ void SummationServer::Impl::RunTask(EngineThread* e, Task& t) {
   }
   if (ended > e->epoch) {
     e->rounds.clear();
+    e->onebit_residuals.clear();
     e->epoch = ended;
   }
   if (!t.conn) return;
@@ -1260,6 +1265,7 @@ void SummationServer::Impl::RunTask(EngineThread* e, Task& t) {
   if (t.conn->epoch >= e->epoch) {
     if (t.conn->epoch > e->epoch) {
       e->rounds.clear();
+      e->onebit_residuals.clear();
       e->epoch = t.conn->epoch;
     }
     Process(t, e);
@@ -1375,7 +1381,13 @@ void SummationServer::Impl::Process(Task& t, EngineThread* e) {
   // Every worker pushed, so in deterministic mode every push is folded too.
   if (st.error.empty()) {
     Payload result = st.acc;
-    if (!AccumulatorIsWire(st.dtype)) {
+    if (st.dtype == DType::kOneBit) {
+      size_t records = st.nbytes / kOneBitRecordBytes;
+      std::vector<float>& residual = e->onebit_residuals[t.key];
+      if (residual.size() != records * kOneBitBlock) residual.assign(records * kOneBitBlock, 0.0f);
+      result = NewBlock(st.nbytes);
+      OneBitEncodeWithFeedback(reinterpret_cast<uint8_t*>(result->data()), reinterpret_cast<float*>(st.acc->data()), residual.data(), records);
+    } else if (!AccumulatorIsWire(st.dtype)) {
       size_t count = st.nbytes / DTypeSize(st.dtype);
       result = NewBlock(st.nbytes);
       AccumulatorFinish(st.dtype, result->data(), st.acc->data(), count);

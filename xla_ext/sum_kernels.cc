@@ -30,6 +30,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "onebit.h"
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define JBPS_F16C_KERNELS 1
@@ -189,6 +191,9 @@ void AccumulatorInit(DType d, void* acc, const void* src, size_t count) {
     case DType::kF16:
       InitF16(static_cast<float*>(acc), src, count);
       return;
+    case DType::kOneBit:
+      OneBitDecode(static_cast<float*>(acc), static_cast<const uint8_t*>(src), count);
+      return;
   }
 }
 
@@ -209,6 +214,9 @@ void AccumulatorAdd(DType d, void* acc, const void* src, size_t count) {
     case DType::kF16:
       AddF16(static_cast<float*>(acc), src, count);
       return;
+    case DType::kOneBit:
+      OneBitDecodeAdd(static_cast<float*>(acc), static_cast<const uint8_t*>(src), count);
+      return;
   }
 }
 
@@ -225,6 +233,7 @@ void AccumulatorInitSum(DType d, void* acc, const void* a, const void* b, size_t
       return;
     case DType::kBF16:
     case DType::kF16:
+    case DType::kOneBit:
       AccumulatorInit(d, acc, a, count);
       AccumulatorAdd(d, acc, b, count);
       return;
@@ -243,6 +252,9 @@ void AccumulatorFinish(DType d, void* dst, const void* acc, size_t count) {
       return;
     case DType::kF16:
       FinishF16(dst, static_cast<const float*>(acc), count);
+      return;
+    case DType::kOneBit:
+      OneBitEncode(static_cast<uint8_t*>(dst), static_cast<const float*>(acc), count);
       return;
   }
 }

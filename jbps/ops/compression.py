@@ -9,6 +9,9 @@ the sum of the inputs rounded to 16 bits, added in float32, rounded to 16 bits.
 Leaves already 16-bit, and integer leaves, travel as they are. Every worker
 must use the same choice: a psum whose workers disagree fails with the tree
 check's error naming the first leaf whose dtype differs.
+
+`compression="onebit"` (onebit.py) needs a residual per leaf, so only the
+optax wrappers offer it, keeping the residual in their state.
 """
 
 from __future__ import annotations
@@ -23,9 +26,17 @@ WIRE_TYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16}
 _COMPRESSIBLE = (np.dtype(np.float32), np.dtype(np.float64))
 
 
-def check(compression: str | None, what: str) -> None:
-    if compression is not None and compression not in WIRE_TYPES:
-        raise ValueError(f"{what}: compression must be None, 'bf16' or 'fp16', got {compression!r}")
+STATEFUL = ("onebit",)  # error feedback keeps a residual: only the optax wrappers have the state
+
+
+def check(compression: str | None, what: str, *, stateful_ok: bool = False) -> None:
+    if compression is None or compression in WIRE_TYPES or (stateful_ok and compression in STATEFUL):
+        return
+    if compression in STATEFUL:
+        raise ValueError(f"{what}: compression={compression!r} keeps an error-feedback residual, which needs "
+                         f"optimizer state: use jbps.optax.distributed(tx, compression={compression!r})")
+    choices = "None, 'bf16', 'fp16' or 'onebit'" if stateful_ok else "None, 'bf16' or 'fp16'"
+    raise ValueError(f"{what}: compression must be {choices}, got {compression!r}")
 
 
 def compress(leaves: Sequence[jax.Array], compression: str | None) -> list[jax.Array]:

@@ -20,9 +20,11 @@ MAX_TREE_BYTES = 1 << 20
 
 
 def tree_description(name: str, paths: Sequence[str], shapes: Sequence[tuple[int, ...]],
-                     dtypes: Sequence[np.dtype]) -> str:
-    """"psum NAME", then "PATH DTYPE[SHAPE]" per leaf: what every worker must agree on."""
-    lines = [f"psum {name}"] + [f"{path} {np.dtype(dtype).name}[{','.join(map(str, shape))}]"
+                     dtypes: Sequence[np.dtype | str]) -> str:
+    """"psum NAME", then "PATH DTYPE[SHAPE]" per leaf: what every worker must
+    agree on. A dtype given as a string names a compressed leaf ("onebit")."""
+    lines = [f"psum {name}"] + [f"{path} {dtype if isinstance(dtype, str) else np.dtype(dtype).name}"
+                                f"[{','.join(map(str, shape))}]"
                                 for path, shape, dtype in zip(paths, shapes, dtypes)]
     text = "\n".join(lines)
     if len(text.encode()) > MAX_TREE_BYTES:

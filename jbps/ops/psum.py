@@ -18,6 +18,7 @@ from .. import runtime
 from ..partition import check_dtypes, resolve_priorities
 from ..partition.priority import Priority
 from . import compression as wire
+from . import onebit
 from .psum_primitive import PsumSpec, bind
 
 AxisName = Hashable
@@ -70,14 +71,33 @@ def psum(tree: Any, axis_name: Any = None, *, average: bool = False, name: str |
     16-bit floats (half the bytes), summed in float32 by the servers and
     cast back (compression.py); the same on every worker.
     """
+    wire.check(compression, "jbps.psum")
+    out, _ = _psum(tree, None, axis_name, average=average, name=name, priority=priority, bucket_bytes=bucket_bytes,
+                   compression=compression)
+    return out
+
+
+def psum_with_feedback(tree: Any, residuals: Any, axis_name: Any = None, *, average: bool = False,
+                       name: str | None = None, priority: Priority = None,
+                       bucket_bytes: int | None = None) -> tuple[Any, Any]:
+    """psum with onebit compression and error feedback (onebit.py):
+    returns (the sums, the new residuals). `residuals` has the tree's
+    structure, a float32 array of the shape of each leaf that travels as
+    onebit (onebit.compressed; zeros at first), anything for the other
+    leaves, which travel as they are; the optax wrappers keep it in their
+    state."""
+    return _psum(tree, residuals, axis_name, average=average, name=name, priority=priority,
+                 bucket_bytes=bucket_bytes, compression="onebit")
+
+
+def _psum(tree, residuals, axis_name, *, average, name, priority, bucket_bytes, compression):
     config = runtime.config_for_psum()  # a clear error before init() or after the job failed
     path_leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
     if not path_leaves:
-        return tree
+        return tree, residuals
     paths = tuple(jax.tree_util.keystr(p) for p, _ in path_leaves)
     leaves = tuple(jnp.asarray(x) for _, x in path_leaves)
     check_dtypes(paths, [x.dtype for x in leaves], "jbps.psum")
-    wire.check(compression, "jbps.psum")
     priorities = resolve_priorities(paths, leaves, priority)
     axes = _normalize_axes(axis_name)
     count = _axis_size(axes or ())
@@ -87,11 +107,38 @@ def psum(tree: Any, axis_name: Any = None, *, average: bool = False, name: str |
     elif isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 0:
         raise ValueError(f"jbps.psum: bucket_bytes must be a non-negative int, got {bucket_bytes!r}")
     spec = PsumSpec(name=name, axes=axes, paths=paths, priorities=None if priorities is None else tuple(priorities),
-                    bucket_bytes=bucket_bytes)
-    out = wire.decompress(bind(wire.compress(leaves, compression), spec), leaves)
+                    bucket_bytes=bucket_bytes, onebit=compression == "onebit")
+    new_residuals = residuals
+    if spec.onebit:
+        held = _residual_leaves(residuals, treedef, paths, leaves)
+        results = bind(list(leaves) + held, spec)
+        out = results[: len(leaves)]
+        new_residuals = jax.tree_util.tree_unflatten(treedef, results[len(leaves):])
+    else:
+        out = wire.decompress(bind(wire.compress(leaves, compression), spec), leaves)
     if average:
         out = [x / (count * runtime.size()) for x in out]
-    return jax.tree_util.tree_unflatten(treedef, out)
+    return jax.tree_util.tree_unflatten(treedef, out), new_residuals
+
+
+def _residual_leaves(residuals, treedef, paths, leaves) -> list[jax.Array]:
+    """The residual of every leaf, checked: a float32 array of the leaf's
+    shape for the leaves that travel as onebit; a placeholder for the others."""
+    try:
+        held = treedef.flatten_up_to(residuals)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"jbps.psum: the onebit residuals do not have the gradients' tree structure: {e}") from None
+    out = []
+    for path, leaf, r in zip(paths, leaves, held):
+        if not onebit.compressed(leaf.shape, leaf.dtype):
+            out.append(jnp.zeros((0,), jnp.float32))
+            continue
+        r = jnp.asarray(r)
+        if r.shape != leaf.shape or r.dtype != jnp.float32:
+            raise ValueError(f"jbps.psum: the onebit residual of leaf {path or '<root>'} is "
+                             f"{r.dtype.name}{list(r.shape)}, expected float32{list(leaf.shape)}")
+        out.append(r)
+    return out
 
 
 def pmean(tree: Any, axis_name: Any = None, *, name: str | None = None, priority: Priority = None,

@@ -24,13 +24,14 @@ from typing import Hashable, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax._src import core, dispatch
 from jax._src.interpreters import ad, batching, mlir
 
 from .. import runtime
 from ..partition import make_plan
-from . import buckets, kept_operands, mapped_axes, replication
+from . import buckets, kept_operands, mapped_axes, onebit, replication
 from .ffi import join, push_pull, tree_description
 
 AxisName = Hashable
@@ -45,13 +46,16 @@ class PsumSpec:
     paths: tuple[str, ...]
     priorities: tuple[int, ...] | None  # one per leaf; None: pytree order
     bucket_bytes: int = 0  # 0: one custom call; else buckets of about this many bytes (buckets.py)
+    # Onebit with error feedback (onebit.py): the operands are the leaves then
+    # one residual per leaf, the results their sums then the new residuals.
+    onebit: bool = False
 
     def select(self, keep: Sequence[int], suffix: str, axes: tuple[AxisName, ...] | None = None) -> "PsumSpec":
         """The spec of a derived call (tangent, transpose) over leaves `keep`."""
         return PsumSpec(name=self.name + suffix, axes=self.axes if axes is None else axes,
                         paths=tuple(self.paths[i] for i in keep),
                         priorities=None if self.priorities is None else tuple(self.priorities[i] for i in keep),
-                        bucket_bytes=self.bucket_bytes)
+                        bucket_bytes=self.bucket_bytes, onebit=self.onebit)
 
 
 psum_p = core.Primitive("jbps_psum")
@@ -79,7 +83,14 @@ def _abstract_eval(*avals, spec, typed):
 psum_p.def_abstract_eval(_abstract_eval)
 
 
+def _not_with_onebit(spec, what):
+    if spec.onebit:
+        raise NotImplementedError(f"jbps: {what} of a psum with onebit compression (its error feedback is "
+                                  f"per call, not elementwise): use it on gradients, as the optax wrappers do")
+
+
 def _batch(axis_data, vals, dims, *, spec, typed):
+    _not_with_onebit(spec, "vmap")
     if spec.axes is None or axis_data.name not in spec.axes:
         # Elementwise: a batch of sums is the sum of the batch.
         return psum_p.bind(*vals, spec=spec, typed=typed), list(dims)
@@ -98,6 +109,7 @@ def _live(values) -> list[int]:
 
 
 def _jvp(primals, tangents, *, spec, typed):
+    _not_with_onebit(spec, "the derivative")
     out = psum_p.bind(*primals, spec=spec, typed=typed)
     live = _live(tangents)
     tangents_out = [ad.Zero(replication.aval_of(x).to_tangent_aval()) for x in out]
@@ -112,6 +124,7 @@ ad.primitive_jvps[psum_p] = _jvp
 
 
 def _transpose(cts, *args, spec, typed):
+    _not_with_onebit(spec, "the transpose")
     live = _live(cts)
     out = [ad.Zero(x.aval) if ad.is_undefined_primal(x) else None for x in args]
     if not live:
@@ -142,69 +155,123 @@ def _axis_index(axes: mapped_axes.Axes) -> jax.Array:
     return lax.axis_index(tuple(n for n, _ in axes)).astype(jnp.int32)
 
 
-def _reduce_on_devices(*leaves: jax.Array, spec: PsumSpec, reduced: mapped_axes.Axes,
+def _reduce_on_devices(*args: jax.Array, spec: PsumSpec, reduced: mapped_axes.Axes,
                        grouped: mapped_axes.Axes, kept: Sequence[bool]) -> list[jax.Array]:
     """What one device runs: its part of the sum over `reduced` and every
     worker, apart from the devices at other positions along `grouped`.
-    kept[i]: leaf i is a parameter its caller keeps (kept_operands.py)."""
+    kept[i]: leaf i is a parameter its caller keeps (kept_operands.py).
+    With spec.onebit, args are the leaves then their residuals, and so are
+    the results."""
     num_shards = math.prod(s for _, s in reduced)
     num_groups = math.prod(s for _, s in grouped)
     names = tuple(n for n, _ in reduced)
+    leaves = args[: len(args) // 2] if spec.onebit else args
+    residuals = list(args[len(leaves):])
     out = list(leaves)
     live = [i for i, x in enumerate(leaves) if x.size > 0]  # empty arrays sum to themselves
     if not live:
-        return out
+        return out + residuals
     # The engine keys chunks by this slot: unique among the worker's devices,
     # the same for the devices of every worker that sum together.
     slot = _axis_index(grouped) * num_shards + _axis_index(reduced)
     ranks = spec.priorities or tuple(-i for i in range(len(leaves)))
     groups = buckets.split([leaves[i].size * leaves[i].dtype.itemsize for i in live], [ranks[i] for i in live],
                            spec.bucket_bytes)
+    wire = _Wire(spec, leaves, residuals, names, num_shards, _axis_index(reduced))
     results: list[tuple[int, jax.Array]] = []  # (leaf, its summed shard)
-    plans = {}
     for b, members in enumerate(groups):
         idx = [live[m] for m in members]
         call = spec.name if len(groups) == 1 else f"{spec.name}/bucket{b}"
-        for i, s in zip(idx, _push_pull_call(leaves, idx, call, spec.paths, ranks, slot, num_shards,
-                                             num_groups, names, kept, plans)):
+        for i, s in zip(idx, _push_pull_call(wire, idx, call, spec.paths, ranks, slot, num_groups, kept)):
             results.append((i, s))
     summed = [s for _, s in results]
     if len(groups) > 1:
         summed = join(summed)
     for (i, _), s in zip(results, summed):
+        s = wire.unpack(i, s)
         if num_shards > 1:
             s = lax.all_gather(s, names, axis=0, tiled=True)
-        leaf = plans[i]
-        out[i] = s[: leaf.size].reshape(leaf.shape)
-    return out
+        leaf = leaves[i]
+        out[i] = s[: leaf.size].reshape(leaf.shape).astype(leaf.dtype)
+    return out + wire.residuals
 
 
-def _push_pull_call(leaves, idx, call, paths, priorities, slot, num_shards, num_groups, names, kept, plans):
+class _Wire:
+    """Each leaf's shard as it travels: as it is, or (spec.onebit) onebit
+    records of the shard plus its residual, the new residual kept."""
+
+    def __init__(self, spec, leaves, residuals, names, num_shards, shard_index):
+        self.leaves, self.residuals, self.names = leaves, list(residuals), names
+        self.num_shards, self.shard_index = num_shards, shard_index
+        self.onebit = [spec.onebit and onebit.compressed(x.shape, x.dtype) for x in leaves]
+
+    def padded(self, i: int) -> int:
+        """Elements of leaf i after padding: whole shards, for onebit of whole blocks."""
+        unit = self.num_shards * (onebit.BLOCK if self.onebit[i] else 1)
+        return -(-self.leaves[i].size // unit) * unit
+
+    def described(self, i: int) -> tuple[tuple[int, ...], np.dtype | str]:
+        """(shape, dtype) as the tree check sees leaf i: its compression is part of it."""
+        return self.leaves[i].shape, (onebit.NAME if self.onebit[i] else self.leaves[i].dtype)
+
+    def planned(self, i: int) -> tuple[tuple[int, ...], np.dtype]:
+        """(shape, dtype) the plan cuts into chunks: onebit records count as elements."""
+        if self.onebit[i]:
+            return (self.padded(i) // onebit.BLOCK,), onebit.RECORD_DTYPE
+        return self.leaves[i].shape, self.leaves[i].dtype
+
+    def shard(self, i: int) -> jax.Array:
+        """This device's shard of leaf i (reduce-scattered over the reduced axes), as it travels."""
+        x = self.leaves[i]
+        flat = jnp.ravel(x).astype(jnp.float32) if self.onebit[i] else jnp.ravel(x)
+        padded = self.padded(i)
+        if padded != x.size:
+            flat = jnp.pad(flat, (0, padded - x.size))
+        if self.num_shards > 1:
+            flat = lax.psum_scatter(flat, self.names, scatter_dimension=0, tiled=True)
+        if not self.onebit[i]:
+            return flat
+        # Error feedback: encode the shard plus what earlier encodings lost,
+        # keep what this one loses. Every reduced device ends with the whole
+        # new residual, so the residual is replicated as the sum is.
+        n = flat.shape[0]
+        residual = jnp.pad(jnp.ravel(self.residuals[i]).astype(jnp.float32), (0, padded - x.size))
+        start = self.shard_index * n
+        corrected = flat + lax.dynamic_slice(residual, (start,), (n,))
+        records, sent = onebit.encode(corrected, onebit.block_counts(x.size, start, n // onebit.BLOCK))
+        left = corrected - sent
+        if self.num_shards > 1:
+            left = lax.all_gather(left, self.names, axis=0, tiled=True)
+        self.residuals[i] = left[: x.size].reshape(self.residuals[i].shape).astype(self.residuals[i].dtype)
+        return records
+
+    def unpack(self, i: int, summed: jax.Array) -> jax.Array:
+        """A summed shard back in values."""
+        return onebit.decode(summed) if self.onebit[i] else summed
+
+
+def _push_pull_call(wire, idx, call, paths, priorities, slot, num_groups, kept):
     """One jbps_psum custom call over leaves `idx` (all non-empty), named
-    `call`: each device's shard of every leaf (reduce-scattered over the
-    reduced local axes first), pushed and pulled. Records each leaf's plan in
-    `plans`; returns the summed shards, in `idx` order."""
-    sub = [leaves[i] for i in idx]
-    shapes, dtypes = [x.shape for x in sub], [x.dtype for x in sub]
+    `call`: each device's shard of every leaf (wire.shard), pushed and
+    pulled. Returns the summed shards as they travel, in `idx` order."""
+    planned = [wire.planned(i) for i in idx]
+    shapes, dtypes = [p[0] for p in planned], [p[1] for p in planned]
     sub_paths = tuple(paths[i] for i in idx)
     # What this worker sends: each group's devices share out one copy of every leaf.
-    call_bytes = sum(x.size * x.dtype.itemsize for x in sub) * num_groups
-    plan = make_plan(call, sub_paths, shapes, dtypes, num_shards, num_groups=num_groups,
+    call_bytes = sum(math.prod(shape) * np.dtype(dtype).itemsize for shape, dtype in planned) * num_groups
+    plan = make_plan(call, sub_paths, shapes, dtypes, wire.num_shards, num_groups=num_groups,
                      partition_bytes=runtime.partition_bytes(call_bytes), server_fractions=runtime.server_fractions(),
                      priorities=tuple(priorities[i] for i in idx))
     shards, in_place = [], []
-    for j, i in enumerate(idx):
-        leaf = plan.leaves[j]
-        plans[i] = leaf
+    for i in idx:
+        shard = wire.shard(i)
         # A kept parameter that reaches the custom call as it is gets a fresh output.
-        in_place.append(not (kept[i] and num_shards == 1 and leaf.padded == leaf.size))
-        flat = jnp.ravel(leaves[i])
-        if leaf.padded != leaf.size:
-            flat = jnp.pad(flat, (0, leaf.padded - leaf.size))
-        if num_shards > 1:
-            flat = lax.psum_scatter(flat, names, scatter_dimension=0, tiled=True)
-        shards.append(flat)
-    return push_pull(slot, shards, plan, list(range(len(idx))), tree_description(call, sub_paths, shapes, dtypes),
+        in_place.append(not (kept[i] and wire.num_shards == 1 and not wire.onebit[i]
+                             and wire.padded(i) == wire.leaves[i].size))
+        shards.append(shard)
+    described = [wire.described(i) for i in idx]
+    return push_pull(slot, shards, plan, list(range(len(idx))),
+                     tree_description(call, sub_paths, [d[0] for d in described], [d[1] for d in described]),
                      in_place)
 
 
