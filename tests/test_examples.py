@@ -1,5 +1,6 @@
 """The examples users run, each started a different way: mnist under
-`jbps run -n 2` (it must reach 95% test accuracy), the transformer alone (a
+`jbps run -n 2` (it must reach 95% test accuracy, 97% with onebit
+compression and SGD), the transformer alone (a
 plain `python`, no launcher), the ResNet under mpirun, the 2-D mesh under
 `jbps run -n 2 --local-devices 4` (it must equal a one-process run). Small
 settings keep them quick; every process is checked gone afterwards."""
@@ -36,6 +37,18 @@ def test_mnist_reaches_95_percent_with_two_workers():
     # Piped, tqdm draws no bar (whose redraws would make one long line); rank 0 prints each epoch instead.
     assert "\r" not in out + err and max(map(len, (out + err).splitlines())) < 300, err[-3000:]
     assert "[worker 0] epoch 12/12: loss " in out, out[-3000:]
+    assert_nothing_left(env)
+
+
+def test_mnist_with_onebit_compression_reaches_97_percent():
+    # Gradients at 1/25.6 of their bytes, error feedback in the optimizer
+    # state; SGD with momentum, which suits sign compression.
+    env = base_env()
+    proc, out, err = run([*JBPS, "run", "-n", "2", PYTHON, example("mnist_flax.py"), "--compression", "onebit",
+                          "--optimizer", "sgd"], env, timeout=300, cwd=CHECKOUT)
+    assert proc.returncode == 0, err[-3000:]
+    accuracy = float(re.search(r"\[worker 0\] test accuracy ([0-9.]+)", out).group(1))
+    assert accuracy >= 0.97, out[-3000:]
     assert_nothing_left(env)
 
 

@@ -1,0 +1,110 @@
+"""compression="onebit": a sign bit per value, a scale per block, error
+feedback on the workers (in the optimizer state) and on the servers. Real
+processes, checked against numpy: the sums bit for bit, the residuals, the
+feedback's convergence, workers that disagree, and the errors users get."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import jbps
+from conftest import last_json, run_job, worker_script
+from jbps.ops import onebit
+
+
+@pytest.mark.parametrize("mode,devices", [("jit", 1), ("pmap", 2)])
+def test_sums_and_residuals_equal_numpys_decode_sum_encode(mode, devices):
+    results = run_job([worker_script("onebit_psum.py"), "--check", "exact", "--mode", mode, "--rounds", "4"],
+                      workers=2, servers=2, devices=devices, env={"JBPS_TIMEOUT_S": "60"})
+    for r in results:
+        assert r.returncode == 0, r.stderr[-3000:]
+        rep = last_json(r.stdout)
+        assert rep["error"] is None and rep["rounds"] == 4, rep
+
+
+def test_error_feedback_makes_the_mean_of_the_sums_approach_the_true_sum():
+    # The same gradients every round: one round's onebit sum is far off; with
+    # the residuals carried (workers' and servers'), the mean over rounds
+    # closes in. Without feedback it would stay where the first round was.
+    rounds = 32
+    results = run_job([worker_script("onebit_psum.py"), "--check", "feedback", "--rounds", str(rounds)],
+                      workers=2, servers=2, env={"JBPS_TIMEOUT_S": "60"})
+    reports = []
+    for r in results:
+        assert r.returncode == 0, r.stderr[-3000:]
+        reports.append(last_json(r.stdout))
+        assert reports[-1]["error"] is None and reports[-1]["rounds"] == rounds, reports[-1]
+    errors = reports[0]["relative_errors"]
+    assert reports[1]["relative_errors"] == errors  # every worker got the same sums
+    assert errors[0] > 0.3, errors  # onebit alone is coarse...
+    assert errors[-1] < errors[0] / 5, errors  # ...the feedback recovers what it dropped
+    assert all(b < a for a, b in zip(errors[4::4], errors[8::4])), errors
+
+
+def test_workers_that_disagree_on_compression_fail_naming_the_leaf():
+    results = run_job([worker_script("onebit_psum.py"), "--check", "exact", "--rounds", "1", "--disagree", "1"],
+                      workers=2, servers=1, env={"JBPS_TIMEOUT_S": "30"})
+    for r in results:
+        assert r.returncode == 0, r.stderr[-3000:]
+        err = last_json(r.stdout)["error"]
+        # The tree check names the first leaf that travels differently: 'big' (onebit vs float32).
+        assert err is not None and "jbps:" in err and "['big']" in err, err
+
+
+def test_encoding_keeps_the_invariant_and_the_format():
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=3 * onebit.BLOCK).astype(np.float32) * np.float32(10.0) ** rng.uniform(-2, 2)
+    old = rng.normal(size=x.size).astype(np.float32)
+    counts = np.array([onebit.BLOCK, onebit.BLOCK, 100])
+    x[2 * onebit.BLOCK + 100:] = 0  # padding
+    old[2 * onebit.BLOCK + 100:] = 0
+    corrected = x + old
+    records, sent = jax.device_get(onebit.encode(jnp.asarray(corrected), jnp.asarray(counts)))
+    new = corrected - sent
+    # What was sent plus the new residual is the input plus the old residual
+    # (up to float32 rounding at the scale of the largest of them).
+    ulp = np.spacing(np.float32(max(np.abs(sent).max(), np.abs(corrected).max())))
+    np.testing.assert_allclose(sent + new, x + old, rtol=0, atol=2 * ulp)
+    assert np.array_equal(jax.device_get(onebit.decode(jnp.asarray(records))), sent)
+    # The record: scale (mean |value| of the values it holds), count, sign bits.
+    assert records.shape == (3, onebit.RECORD_BYTES) and records.dtype == np.uint8
+    blocks = corrected.reshape(3, onebit.BLOCK)
+    for b, n in enumerate(counts):
+        scale = records[b, :4].view(np.float32)[0]
+        assert records[b, 4:8].view(np.uint32)[0] == n
+        np.testing.assert_allclose(scale, np.abs(blocks[b, :n]).mean(), rtol=1e-5)
+        signs = np.unpackbits(records[b, 8:], bitorder="little")
+        assert np.array_equal(signs[:n], blocks[b, :n] < 0) and not signs[n:].any()
+        assert np.array_equal(sent.reshape(3, -1)[b, n:], np.zeros(onebit.BLOCK - n, np.float32))
+
+
+def test_psum_refuses_onebit_pointing_at_the_optimizer(session):
+    with pytest.raises(ValueError, match=r"needs optimizer state: use jbps.optax.distributed\(tx, compression='onebit'\)"):
+        jbps.psum(np.ones(3, np.float32), compression="onebit")
+    with pytest.raises(ValueError, match="compression must be None, 'bf16', 'fp16' or 'onebit', got 'twobit'"):
+        jbps.optax.distributed(optax.sgd(0.1), compression="twobit")
+    with pytest.raises(NotImplementedError, match="MultiSteps: compression='onebit' is not supported yet"):
+        jbps.optax.MultiSteps(optax.sgd(0.1), 2, compression="onebit")
+
+
+def test_optimizer_state_holds_a_residual_per_compressed_leaf(session):
+    params = {"kernel": jnp.ones((64, 32)), "bias": jnp.ones(32), "steps": jnp.zeros(4, jnp.int32)}
+    tx = jbps.optax.distributed(optax.sgd(0.1), compression="onebit")
+    state = tx.init(params)
+    assert isinstance(state, jbps.optax.FeedbackState)
+    shapes = jax.tree_util.tree_map(lambda r: r.shape, state.residuals)
+    assert shapes == {"kernel": (64, 32), "bias": (0,), "steps": (0,)}  # small and integer leaves travel as they are
+    grads = {"kernel": jnp.linspace(-1, 1, 64 * 32).reshape(64, 32), "bias": jnp.full(32, 0.5),
+             "steps": jnp.zeros(4, jnp.int32)}
+    updates, state = jax.jit(tx.update)(grads, state, params)
+    # One worker: the sum is onebit of the gradient; the residual what it lost.
+    assert np.array_equal(np.asarray(updates["bias"]), np.full(32, -0.05, np.float32))
+    lost = np.asarray(state.residuals["kernel"])
+    np.testing.assert_allclose(np.asarray(updates["kernel"]) / -0.1 + lost, np.asarray(grads["kernel"]), atol=1e-6)
+    assert np.abs(lost).max() > 0.1
+    # A residual of the wrong shape names its leaf.
+    bad = state._replace(residuals=dict(state.residuals, kernel=jnp.zeros((3,))))
+    with pytest.raises(ValueError, match=r"onebit residual of leaf \['kernel'\] is float32\[3\], expected float32\[64, 32\]"):
+        tx.update(grads, bad, params)
