@@ -6,14 +6,12 @@ in float32, the sum rounded to 16 bits and widened back. Prints one JSON line.
 workers that disagree)."""
 
 import argparse
-import json
-import sys
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import jbps
+from reporting import reported
 
 WIRE = {"bf16": jnp.bfloat16, "fp16": jnp.float16}
 
@@ -56,8 +54,7 @@ def main():
     if rank == args.compression_rank:
         mine = None if args.compression_there == "none" else args.compression_there
     step = jax.jit(lambda t: jbps.psum(t, name="compressed", compression=mine))
-    report = {"rank": rank, "rounds": 0, "error": None}
-    try:
+    with reported({"rank": rank, "rounds": 0}) as report:
         for rnd in range(args.rounds):
             got = jax.device_get(step(tree(rank, rnd)))
             want = reference([tree(w, rnd) for w in range(size)], args.compression)
@@ -66,10 +63,6 @@ def main():
                 assert np.array_equal(got[name].view(np.uint8), want[name].view(np.uint8)), \
                     f"round {rnd} leaf {name}: {got[name].ravel()[:4]} != {want[name].ravel()[:4]}"
             report["rounds"] += 1
-    except Exception as exc:  # noqa: BLE001 - reported to the test
-        report["error"] = f"{type(exc).__name__}: {exc}"
-    jbps.shutdown()
-    sys.stdout.write(json.dumps(report) + "\n")
 
 
 if __name__ == "__main__":

@@ -15,15 +15,13 @@ first, then each device sends its shard).
 """
 
 import argparse
-import json
-import sys
-
 import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
 import jbps
+from reporting import reported
 from jbps.ops.psum import psum_with_feedback
 
 BLOCK, MIN_ELEMENTS = 256, 1024  # the format's, restated: the reference must not borrow the code under test
@@ -129,8 +127,7 @@ def main():
         return {k: np.sum([np.asarray(t[k], np.float32) if travels_onebit(t[k]) else t[k] for t in ts], axis=0,
                           dtype=np.float32 if travels_onebit(ts[0][k]) else ts[0][k].dtype) for k in ts[0]}
 
-    report = {"rank": rank, "rounds": 0, "error": None}
-    try:
+    with reported({"rank": rank, "rounds": 0}) as report:
         if args.check == "exact":
             ref = Reference()
             for rnd in range(args.rounds):
@@ -159,10 +156,6 @@ def main():
                                   for k in truth))
                 report["rounds"] += 1
             report["relative_errors"] = errors
-    except Exception as exc:  # noqa: BLE001 - reported to the test
-        report["error"] = f"{type(exc).__name__}: {exc}"
-    jbps.shutdown()
-    sys.stdout.write(json.dumps(report) + "\n")
 
 
 if __name__ == "__main__":
