@@ -31,6 +31,8 @@ from jbps import _core  # noqa: E402
 from jbps.bench import memory  # noqa: E402
 from jbps.bench.report import summarize  # noqa: E402
 from jbps.bench.stages import call_stages, typical_stages  # noqa: E402
+from jbps.ops.psum import psum_with_feedback  # noqa: E402
+from jbps.optax import zero_residuals  # noqa: E402
 
 TOOL = "jbps psum"
 
@@ -49,8 +51,8 @@ def parse_args(argv=None):
     p.add_argument("--out-of-place", action="store_true",
                    help="also time each size with its input kept alive (XLA gives the sum a fresh output)")
     p.add_argument("--stages", action="store_true", help="also report the latency breakdown (stages.py)")
-    p.add_argument("--compression", choices=("bf16", "fp16"), default=None,
-                   help="the timed psums' compression (jbps.psum's compression=)")
+    p.add_argument("--compression", choices=("bf16", "fp16", "onebit"), default=None,
+                   help="the timed psums' compression (jbps.psum's compression=; onebit with its residuals)")
     args = p.parse_args(argv)
     args.tree_sizes = [int(s) for s in args.tree_sizes.split(",") if s]
     args.memory = [int(s) for s in args.memory.split(",") if s]
@@ -102,11 +104,20 @@ def in_place(name):
     donated argument), so each sum lands in its own input's buffer (jbps's custom call aliases
     them) and no fresh output is allocated. As MPI_IN_PLACE for the MPI peer, which reuses its
     buffers too."""
-    return jax.jit(lambda t: jbps.psum(t, name=name, compression=_compression), donate_argnums=0)
+    return jax.jit(_summed(name), donate_argnums=0)
 
 
-# --compression: the timed psums send 16-bit floats (the values, small integers, stay exact).
+# --compression: the timed psums send 16-bit floats or onebit records (the
+# values, the same small integer throughout a leaf, stay exact either way).
 _compression = None
+
+
+def _summed(name):
+    """The timed psum of a tree. Onebit takes its residuals (zeros here, and
+    zeros they stay for these values) as a training step's optimizer would."""
+    if _compression != "onebit":
+        return lambda t: jbps.psum(t, name=name, compression=_compression)
+    return lambda t: psum_with_feedback(t, zero_residuals(t), name=name)[0]
 
 # Untimed, before every call: each worker's contribution back to rank+1, in the same buffers.
 _refill = jax.jit(lambda t: jax.tree_util.tree_map(lambda a: jnp.full_like(a, jbps.rank() + 1), t),
@@ -129,7 +140,7 @@ def out_of_place(name):
     """The psum of an input that stays alive (`jax.jit(lambda g: jbps.psum(g))(g)` with g used
     again): XLA copies it into a fresh output buffer every call and the sum lands there. As an
     MPI Allreduce into a separate receive buffer; the MPI peer reuses its receive buffer."""
-    return jax.jit(lambda t: jbps.psum(t, name=name, compression=_compression))
+    return jax.jit(_summed(name))
 
 
 def _stamped(run, stages_of):

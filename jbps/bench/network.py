@@ -2,7 +2,7 @@
 
     python -m jbps.bench.network [--workers 4] [--cpu-hosts 0-4] [--size 32M] [--rate 1G]
                                  [--iters 8] [--warmup 2] [--partition 4M,256K] [--credit 8]
-                                 [--compression bf16,fp16] [--skip-peers] [--json] [--plot out.png]
+                                 [--compression bf16,fp16,onebit] [--skip-peers] [--json] [--plot out.png]
                                  [--trace-dir DIR]
     jbps bench network ...                       (the same)
 
@@ -17,8 +17,9 @@ Allreduce over TCP (mpi4py), every result checked too. Each time is the median o
 predicts, T = 2n(n-1)M / ((n² + kn - 2k)B) (docs/design.md), and the ratios.
 
 --partition and --credit (comma lists) add jbps runs with those settings beside the
-defaults, to compare; --compression bf16,fp16 adds a column per compressor (16-bit floats
-on the wire, see jbps/ops/compression.py). Progress goes to stderr; the table (or --json) to stdout.
+defaults, to compare; --compression bf16,fp16,onebit adds a column per compressor (16-bit
+floats, or onebit records with error feedback: jbps/ops/compression.py, onebit.py).
+Progress goes to stderr; the table (or --json) to stdout.
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ def parse_args(argv=None, prog=None) -> argparse.Namespace:
     p.add_argument("--credit", default="",
                    help="comma list of credit windows (chunks in flight): extra jbps runs beside the defaults")
     p.add_argument("--compression", default="",
-                   help="comma list of jbps.psum compressions (bf16, fp16): extra jbps runs beside the defaults")
+                   help="comma list of compressions (bf16, fp16, onebit): extra jbps runs beside the defaults")
     p.add_argument("--skip-peers", action="store_true", help="do not run gloo and MPI")
     p.add_argument("--timeout", type=float, default=600, help="seconds any one job may take (default 600)")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
@@ -130,9 +131,9 @@ def parse_args(argv=None, prog=None) -> argparse.Namespace:
     if any(c < 1 for c in credits):
         p.error("--credit values must be at least 1")
     compressions = [c.strip() for c in args.compression.split(",") if c.strip()]
-    bad = [c for c in compressions if c not in ("bf16", "fp16")]
+    bad = [c for c in compressions if c not in ("bf16", "fp16", "onebit")]
     if bad:
-        p.error(f"--compression: {bad[0]!r} is not bf16 or fp16")
+        p.error(f"--compression: {bad[0]!r} is not bf16, fp16 or onebit")
     args.variants = variants(partitions, credits, compressions)
     if args.plot:
         import importlib.util
