@@ -27,16 +27,15 @@ import pytest
 import jbps
 from conftest import job_free_env
 from jbps.procs import terminate
+from wire import HELLO, PUSH, TREE
+from wire import frame as _frame
 
 TOKEN = 0x5EC12E7
 CONNECTIONS = 10_000
-HEADER = struct.Struct("<IHHQQIB3sIIQ")  # xla_ext/protocol.h's FrameHeader, 48 bytes
-MAGIC, VERSION = 0x5350424A, 2
-HELLO, PUSH, BYE, TREE = 1, 3, 7, 8
 
 
-def frame(type_, token=TOKEN, key=0, round_=0, dtype=0, sender=0, nbytes=0, magic=MAGIC, version=VERSION):
-    return HEADER.pack(magic, version, type_, token, key, round_, dtype, b"\0\0\0", sender, 0, nbytes)
+def frame(type_, token=TOKEN, **fields):
+    return _frame(type_, token, **fields)
 
 
 def hello(rank=0, workers=1, token=TOKEN):

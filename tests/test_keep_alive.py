@@ -3,21 +3,19 @@ server has read its goodbye from the last one. It must be admitted into the next
 not refused as "already connected" nor mixed into the job still ending."""
 
 import socket
-import struct
 
 import numpy as np
 
 import jbps
 from jbps import _core
+from wire import HEADER, HELLO, HELLO_OK, BYE
+from wire import frame as _frame
 
 TOKEN = 0xA11CE
-HEADER = struct.Struct("<IHHQQIB3sIIQ")  # xla_ext/protocol.h's FrameHeader, 48 bytes
-MAGIC, VERSION = 0x5350424A, 1
-HELLO, HELLO_OK, BYE = 1, 2, 7
 
 
 def frame(type_, sender=0, key=0):
-    return HEADER.pack(MAGIC, VERSION, type_, TOKEN, key, 0, 0, b"\0\0\0", sender, 0, 0)
+    return _frame(type_, TOKEN, key=key, sender=sender)
 
 
 def join(port, rank):

@@ -12,22 +12,20 @@ import sys
 import time
 
 import numpy as np
-import pytest
 
 import jbps
 from jbps import _core
 from conftest import check_results, job_free_env, last_json, run_job, worker_script
 from jbps.procs import terminate
+from wire import HEADER, HELLO, HELLO_OK, ERROR, PUSH_SHM, SHM_OFFER, SHM_ACCEPT
+from wire import frame as _frame
 
 TOKEN = 0x5A11ED
-HEADER = struct.Struct("<IHHQQIB3sIIQ")  # xla_ext/protocol.h's FrameHeader, 48 bytes
-MAGIC, VERSION = 0x5350424A, 1
-HELLO, HELLO_OK, ERROR, PUSH_SHM, SHM_OFFER, SHM_ACCEPT = 1, 2, 6, 10, 13, 14
 ROUNDS = 3
 
 
-def frame(type_, token=TOKEN, key=0, round_=0, dtype=0, sender=0, nbytes=0):
-    return HEADER.pack(MAGIC, VERSION, type_, token, key, round_, dtype, b"\0\0\0", sender, 0, nbytes)
+def frame(type_, token=TOKEN, **fields):
+    return _frame(type_, token, **fields)
 
 
 def run_trees(env=None, env_per_rank=None):
