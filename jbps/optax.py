@@ -99,9 +99,7 @@ class FeedbackState(NamedTuple):
 
 def zero_residuals(params: Any) -> Any:
     """The residuals before the first step."""
-    return jax.tree_util.tree_map(
-        lambda p: jnp.zeros(jnp.shape(p), jnp.float32) if onebit.compressed(jnp.shape(p), jnp.result_type(p))
-        else jnp.zeros((0,), jnp.float32), params)
+    return jax.tree_util.tree_map(lambda p: onebit.zero_residual(jnp.shape(p), jnp.result_type(p)), params)
 
 
 def _with_feedback(inner, **psum_args) -> optax.GradientTransformationExtraArgs:

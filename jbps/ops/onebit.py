@@ -40,6 +40,12 @@ def compressed(shape, dtype) -> bool:
     return jnp.issubdtype(dtype, jnp.floating) and math.prod(shape) >= MIN_ELEMENTS
 
 
+def zero_residual(shape, dtype) -> jax.Array:
+    """A leaf's residual before its first step: float32 zeros of its shape
+    where it travels as onebit, an empty placeholder where it does not."""
+    return jnp.zeros(shape if compressed(shape, dtype) else (0,), jnp.float32)
+
+
 def encode(values: jax.Array, counts: jax.Array) -> tuple[jax.Array, jax.Array]:
     """float32[n * BLOCK], each block's count of values (the rest is
     padding, zeros) -> (records uint8[n, RECORD_BYTES], what they decode to)."""

@@ -131,7 +131,7 @@ def _residual_leaves(residuals, treedef, paths, leaves) -> list[jax.Array]:
     out = []
     for path, leaf, r in zip(paths, leaves, held):
         if not onebit.compressed(leaf.shape, leaf.dtype):
-            out.append(jnp.zeros((0,), jnp.float32))
+            out.append(onebit.zero_residual(leaf.shape, leaf.dtype))
             continue
         r = jnp.asarray(r)
         if r.shape != leaf.shape or r.dtype != jnp.float32:
