@@ -122,7 +122,8 @@ def test_high_priority_call_overtakes_queued_chunks(tmp_path):
     # A 256-chunk low-priority call on one device; once it is pushing, a
     # 1-chunk high-priority call on another device. Of the big call's chunks
     # still queued when the small one arrived, at most the credit window may
-    # leave before it.
+    # leave before it, plus one: a big chunk dispatched in the same step as
+    # the small one, to the other server, may reach its socket first.
     credit = 2
     results = run_job([worker_script("overtake.py")], workers=2, servers=2, devices=2,
                       env={"JBPS_TRACE_DIR": str(tmp_path), "JBPS_PARTITION_BYTES": "65536",
@@ -137,4 +138,4 @@ def test_high_priority_call_overtakes_queued_chunks(tmp_path):
         waiting = [c for c in big if c.queued < small.queued < c.sent_start]
         assert len(waiting) >= 64, f"the small call came too late to test overtaking ({len(waiting)} chunks waiting)"
         went_first = [c for c in waiting if c.sent_start < small.sent_start]
-        assert len(went_first) <= credit, f"{len(went_first)} queued low-priority chunks went before the small call"
+        assert len(went_first) <= credit + 1, f"{len(went_first)} queued low-priority chunks went before the small call"

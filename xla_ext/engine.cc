@@ -580,7 +580,6 @@ void Engine::Submit(CallSpec spec, DoneFn done, EarlyDoneFn early) {
   }
   std::vector<ChunkPtr> chunks;
   const size_t partition = std::max<size_t>(call->spec.partition_bytes, 1);
-  const double now = s.opt.trace ? NowMicros() : 0;
   size_t next_server = 0;
   for (size_t i = 0; i < call->spec.operands.size(); ++i) {
     const Operand& op = call->spec.operands[i];
@@ -596,7 +595,6 @@ void Engine::Submit(CallSpec spec, DoneFn done, EarlyDoneFn early) {
       ch->key = ChunkKey(op.base_key, call->spec.shard, c);
       ch->priority = op.priority;
       ch->server = next_server < call->spec.servers.size() ? call->spec.servers[next_server] : -1;
-      ch->times.queued = now;
       ++next_server;
       chunks.push_back(std::move(ch));
     }
@@ -612,7 +610,6 @@ void Engine::Submit(CallSpec spec, DoneFn done, EarlyDoneFn early) {
     tree->call = call;
     tree->tree = true;
     tree->key = ChunkKey(call->spec.tree_key, call->spec.shard, 0);
-    tree->times.queued = now;
     call->tree_pending = true;
   }
 
@@ -642,8 +639,15 @@ void Engine::Submit(CallSpec spec, DoneFn done, EarlyDoneFn early) {
       call->id = s.next_call_id++;
       call->deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                           std::chrono::duration<double>(s.opt.timeout_s));
-      if (tree) s.QueueTreeCheck(tree);
+      // Queued means in the priority queue, under mu: a trace can then tell
+      // which chunks this call found waiting there.
+      const double now = s.opt.trace ? NowMicros() : 0;
+      if (tree) {
+        tree->times.queued = now;
+        s.QueueTreeCheck(tree);
+      }
       for (auto& ch : chunks) {
+        ch->times.queued = now;
         ch->round = s.next_round[ch->key]++;
         ch->seq = s.next_seq++;
         s.queue.push(ch);
