@@ -192,3 +192,27 @@ def test_plan_cli_rejects_unknown_model(capsys):
     with pytest.raises(SystemExit):
         plan_main(["no-such-model"])
     assert "no-such-model" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_plan_cuts_shards_as_the_engine_does(seed):
+    # The plan routes chunks that the engine cuts on its own; Submit fails a
+    # call whose counts differ. Both must agree for every dtype and partition.
+    import jax.numpy as jnp
+
+    from jbps import _core
+    from jbps.ops import onebit
+
+    dtypes = {"float32": np.float32, "float64": np.float64, "float16": np.float16, "bfloat16": jnp.bfloat16,
+              "int32": np.int32, "onebit": onebit.RECORD_DTYPE}
+    rng = random.Random(seed)
+    for _ in range(200):
+        name = rng.choice(sorted(dtypes))
+        partition = rng.choice([1, 3, 7, 40, 4096, 65536, 1 << 20, rng.randint(1, 1 << 22)])
+        shards = rng.randint(1, 4)
+        size = rng.randint(1, min(300_000, 64 * partition))  # a few chunks a shard: the plan lists each
+        plan = make_plan("c", ["['w']"], [(size,)], [dtypes[name]], shards, partition_bytes=partition,
+                         server_fractions=[1.0])
+        leaf = plan.leaves[0]
+        assert leaf.chunk_bytes == _core.engine_chunk_bytes(name, partition), (name, partition)
+        assert leaf.num_chunks == _core.engine_num_chunks(leaf.shard_bytes, name, partition), (name, partition, size)

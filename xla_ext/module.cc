@@ -354,6 +354,20 @@ NB_MODULE(_core, m) {
       },
       nb::arg("dst"), nb::arg("src"));
   m.def("chunk_key", &jbps::ChunkKey, nb::arg("base_key"), nb::arg("shard"), nb::arg("chunk"));
+  // How the engine cuts a shard into chunks, for the test that the plan
+  // (jbps/partition/plan.py) cuts it the same way.
+  m.def(
+      "engine_chunk_bytes",
+      [](const std::string& dtype, size_t partition_bytes) {
+        return jbps::Engine::ChunkBytes(ParseDType(dtype), partition_bytes);
+      },
+      nb::arg("dtype"), nb::arg("partition_bytes"));
+  m.def(
+      "engine_num_chunks",
+      [](size_t nbytes, const std::string& dtype, size_t partition_bytes) {
+        return jbps::Engine::NumChunks(nbytes, ParseDType(dtype), partition_bytes);
+      },
+      nb::arg("nbytes"), nb::arg("dtype"), nb::arg("partition_bytes"));
 
   nb::class_<PyServer>(m, "Server")
       .def(nb::init<std::string, int, uint64_t, int, double, bool, const std::string&, bool, bool>(), nb::arg("bind"),

@@ -9,7 +9,16 @@ set(JBPS_CORE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/stream_copy.cc
   ${CMAKE_CURRENT_LIST_DIR}/fresh_output.cc
   ${CMAKE_CURRENT_LIST_DIR}/server.cc
+  ${CMAKE_CURRENT_LIST_DIR}/server_admission.cc
+  ${CMAKE_CURRENT_LIST_DIR}/server_connection.cc
+  ${CMAKE_CURRENT_LIST_DIR}/server_rounds.cc
+  ${CMAKE_CURRENT_LIST_DIR}/server_trees.cc
+  ${CMAKE_CURRENT_LIST_DIR}/server_memory.cc
   ${CMAKE_CURRENT_LIST_DIR}/engine.cc
+  ${CMAKE_CURRENT_LIST_DIR}/engine_chunking.cc
+  ${CMAKE_CURRENT_LIST_DIR}/engine_scheduler.cc
+  ${CMAKE_CURRENT_LIST_DIR}/engine_link.cc
+  ${CMAKE_CURRENT_LIST_DIR}/engine_calls.cc
   ${CMAKE_CURRENT_LIST_DIR}/ffi_cpu.cc
 )
 set(JBPS_MODULE_SOURCES

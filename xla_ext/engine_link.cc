@@ -1,0 +1,413 @@
+// A server connection: its sender (pushes, by shared memory or TCP), its
+// receiver (acknowledgements, sums, errors), the shared-memory attach, and
+// what a lost connection does to the calls that needed it.
+#include "engine_impl.h"
+
+namespace jbps {
+
+void Engine::Impl::SendLoop(ServerConn* sc) {
+  NameThisThread("jbps-push");
+  for (;;) {
+    std::vector<ChunkPtr> batch;
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      sc->send_cv.wait(lock, [&] { return sc->failed || (!sc->sending && (sc->bye || !sc->sendq.empty())); });
+      if (sc->failed) return;
+      if (sc->sendq.empty()) break;  // asked to stop and nothing left to send
+      batch = TakeSendable(sc, /*direct_budget=*/0, &lock);
+      if (sc->failed) return;
+    }
+    if (!batch.empty() && !WriteChunks(sc, batch)) return;
+  }
+  FrameHeader bye = MakeHeader(MsgType::kBye, opt.token);
+  bye.sender = opt.rank;
+  bye.nbytes = bye_reason.size();
+  struct iovec iov[2] = {{&bye, sizeof(bye)}, {const_cast<char*>(bye_reason.data()), bye_reason.size()}};
+  std::lock_guard<std::mutex> lock(sc->write_mu);
+  SendAll(sc->fd, iov, bye_reason.empty() ? 1 : 2, 1000);
+}
+
+// Writes chunks taken by TakeSendable in one sendmsg (shared-memory pushes
+// copied into their slots first), then hands the connection back. A chunk
+// whose call failed meanwhile is not sent, and gives its credit back. False
+// when the connection failed.
+bool Engine::Impl::WriteChunks(ServerConn* sc, std::vector<ChunkPtr>& batch) {
+  struct Outgoing {
+    Chunk* ch;
+    FrameHeader h;
+    ShmRef ref;
+  };
+  std::vector<Outgoing> out;
+  out.reserve(batch.size());  // the iovecs point into it
+  std::vector<ChunkPtr> skipped;
+  for (ChunkPtr& ch : batch) {
+    Call* call = ch->call.get();
+    if (!ch->tree && !call->TryAcquire()) {
+      skipped.push_back(ch);
+      continue;
+    }
+    out.push_back(Outgoing{ch.get(), MakeHeader(ch->tree ? MsgType::kTree : MsgType::kPush, opt.token), ShmRef{}});
+    Outgoing& o = out.back();
+    o.h.key = ch->key;
+    o.h.round = ch->round;
+    o.h.sender = opt.rank;
+    o.h.nbytes = ch->nbytes;
+    if (call->timed) o.h.flags |= kFlagTimed;
+    if (ch->tree) continue;
+    o.h.dtype = static_cast<uint8_t>(call->spec.operands[ch->op].dtype);
+    o.h.aux = static_cast<uint32_t>(call->spec.tree_digest);
+    if (ch->slot >= 0) {
+      // The transport's one copy in: XLA's buffer is not in shared memory.
+      o.ref.offset = static_cast<uint64_t>(ch->slot) * sc->slot_bytes;
+      o.ref.nbytes = ch->nbytes;
+      char* dst = sc->push_region->data() + o.ref.offset;
+      for (const Part& p : ch->parts) {
+        std::memcpy(dst, static_cast<const char*>(call->spec.operands[p.op].in) + p.offset, p.nbytes);
+        dst += p.nbytes;
+      }
+      o.h.type = static_cast<uint16_t>(MsgType::kPushShm);
+      o.h.nbytes = sizeof(o.ref);
+    }
+  }
+  std::vector<struct iovec> iov;
+  for (Outgoing& o : out) {
+    iov.push_back({&o.h, sizeof(o.h)});
+    if (o.ch->tree) {
+      iov.push_back({const_cast<char*>(o.ch->payload.data()), o.ch->payload.size()});
+    } else if (o.ch->slot >= 0) {
+      iov.push_back({&o.ref, sizeof(o.ref)});
+    } else {
+      for (const Part& p : o.ch->parts)  // straight from XLA's buffers, gathered by sendmsg
+        iov.push_back({const_cast<char*>(static_cast<const char*>(o.ch->call->spec.operands[p.op].in) + p.offset),
+                       p.nbytes});
+    }
+  }
+  // Stamped before the write: the server may read the push (and a woken
+  // reader preempt this thread) before sendmsg returns.
+  const int64_t written = stage_timing.load(std::memory_order_relaxed) ? SteadyNs() : 0;
+  int data_chunks = 0;
+  for (Outgoing& o : out) data_chunks += !o.ch->tree;
+  sc->awaiting += data_chunks;
+  IoStatus st = IoStatus::kOk;
+  if (!iov.empty()) {
+    std::lock_guard<std::mutex> lock(sc->write_mu);
+    st = SendAll(sc->fd, iov.data(), static_cast<int>(iov.size()), stall_ms);
+  }
+  for (Outgoing& o : out) {
+    if (o.ch->tree) continue;
+    Call* call = o.ch->call.get();
+    if (call->timed && written != 0 && st == IoStatus::kOk) {
+      std::lock_guard<std::mutex> lock(call->mu);
+      call->stage.pushed = std::max(call->stage.pushed, written);
+    }
+    ReleaseIo(call);
+    if (st != IoStatus::kOk) continue;
+    ++chunks_pushed;
+    bytes_pushed += o.ch->nbytes;
+    sc->bytes_pushed += o.ch->nbytes;
+    if (o.ch->slot >= 0) bytes_shm += o.ch->nbytes;
+  }
+  std::vector<Lost> lost;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (ChunkPtr& ch : skipped) {
+      auto it = pending.find(RoundKey{ch->key, ch->round});
+      if (it != pending.end() && it->second == ch) pending.erase(it);
+      ch->skipped = true;
+      if (ch->slot >= 0) {  // never sent: the slot was never the server's
+        sc->slot_of.erase(RoundKey{ch->key, ch->round});
+        sc->free_slots.push_back(ch->slot);
+        sc->slots_starved = false;
+        sc->slot_cv.notify_one();
+      }
+    }
+    if (!skipped.empty()) {
+      DropSkipped(sc);
+      lost = DispatchLocked();
+    }
+    sc->sending = false;
+    // The sender waits for the connection while this thread writes: for what
+    // is left to send, or to say goodbye (Stop).
+    if (!sc->sendq.empty() || sc->bye) sc->send_cv.notify_one();
+  }
+  FailLost(lost);
+  if (st != IoStatus::kOk) {
+    ConnFailed(sc, std::string("send failed: ") + IoStatusName(st));
+    return false;
+  }
+  return true;
+}
+
+bool Engine::Impl::Drain(int fd, uint64_t nbytes, std::vector<char>* scratch) {
+  scratch->resize(1 << 20);
+  while (nbytes > 0) {
+    size_t n = std::min<uint64_t>(nbytes, scratch->size());
+    if (RecvAll(fd, scratch->data(), n, stall_ms, stall_ms) != IoStatus::kOk) return false;
+    nbytes -= n;
+  }
+  return true;
+}
+
+void Engine::Impl::RecvLoop(ServerConn* sc) {
+  NameThisThread("jbps-pull");
+  std::vector<char> scratch;
+  const std::string server = sc->addr.ToString();
+  for (;;) {
+    FrameHeader h;
+    if (sc->push_region && sc->awaiting.load(std::memory_order_relaxed) == 1)
+      SpinUntilReadable(sc->fd, SteadyNs() + kReceiverSpinNs);
+    IoStatus st = RecvAll(sc->fd, &h, sizeof(h), -1, stall_ms);
+    if (st != IoStatus::kOk) {
+      ConnFailed(sc, IoStatusName(st));
+      return;
+    }
+    const int64_t header_read = stage_timing.load(std::memory_order_relaxed) ? SteadyNs() : 0;
+    std::string why = ValidateHeader(h, opt.token);
+    if (!why.empty()) {
+      ConnFailed(sc, "protocol error: " + why);
+      return;
+    }
+    const auto type = static_cast<MsgType>(h.type);
+    if (type == MsgType::kPushAck) {
+      // TCP pushes are acknowledged in order as they arrive; shared-memory
+      // ones once added, by whichever server thread owns the key.
+      std::vector<Lost> lost;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        AckLocked(sc, RoundKey{h.key, h.round});
+        lost = DispatchLocked();
+      }
+      FailLost(lost);
+      continue;
+    }
+    if (type == MsgType::kAbort) {
+      std::string text(h.nbytes, '\0');
+      if (RecvAll(sc->fd, text.data(), text.size(), stall_ms, stall_ms) != IoStatus::kOk) {
+        ConnFailed(sc, "truncated abort message");
+        return;
+      }
+      SetFault(text);
+      continue;
+    }
+    ShmRef ref;
+    if (type == MsgType::kSumShm) {
+      if (RecvAll(sc->fd, &ref, sizeof(ref), stall_ms, stall_ms) != IoStatus::kOk) {
+        ConnFailed(sc, "truncated shared-memory sum");
+        return;
+      }
+      if (!sc->sum_region || !sc->sum_region->Contains(ref.offset, ref.nbytes)) {
+        ConnFailed(sc, "protocol error: a shared-memory sum outside the server's arena");
+        return;
+      }
+    } else if (type != MsgType::kSum && type != MsgType::kError) {
+      ConnFailed(sc, "protocol error: unexpected message type " + std::to_string(h.type));
+      return;
+    }
+    ChunkPtr ch;
+    std::vector<Lost> lost;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      const RoundKey rk{h.key, h.round};
+      auto it = pending.find(rk);
+      if (it != pending.end()) {
+        ch = it->second;
+        pending.erase(it);
+      }
+      if (type != MsgType::kError || (ch && !ch->tree)) sc->awaiting.fetch_sub(1, std::memory_order_relaxed);
+      auto slot = sc->slot_of.find(rk);
+      if (slot != sc->slot_of.end()) {  // the round is over on the server: the slot is ours again
+        sc->free_slots.push_back(slot->second);
+        sc->slot_of.erase(slot);
+        sc->slots_starved = false;
+        sc->slot_cv.notify_one();
+      }
+      // A round's sum or error acknowledges this worker's push too: a server
+      // answering the last push of a round sends no separate kPushAck.
+      if (AckLocked(sc, rk)) lost = DispatchLocked();
+    }
+    FailLost(lost);
+    if (type == MsgType::kError) {
+      std::string text(h.nbytes, '\0');
+      if (RecvAll(sc->fd, text.data(), text.size(), stall_ms, stall_ms) != IoStatus::kOk) {
+        ConnFailed(sc, "truncated error message");
+        return;
+      }
+      if (ch && ch->tree) {
+        {
+          std::lock_guard<std::mutex> lock(ch->call->mu);
+          ch->call->tree_pending = false;
+          if (ch->call->timed) ch->call->stage.tree_checked = header_read;
+        }
+        FailCall(ch->call, "jbps: " + text + " (server " + server + ")");
+      } else if (ch) {
+        std::string msg = "jbps: psum of tensor '" + ch->call->TensorName(ch->op) + "' failed on server " + server +
+                          ": " + text;
+        bool defer = false;
+        if (h.flags & kFlagTreeMismatch) {  // the tree check's error names the leaf: wait for it
+          std::lock_guard<std::mutex> lock(ch->call->mu);
+          defer = ch->call->tree_pending;
+          if (defer && ch->call->deferred.empty()) ch->call->deferred = msg;
+        }
+        if (!defer) FailCall(ch->call, msg);
+      } else if (h.key == 0) {
+        ConnFailed(sc, text);
+        return;
+      }
+      continue;
+    }
+    if (ch && ch->tree) {  // a tree check is answered only when the trees differ
+      ConnFailed(sc, "protocol error: a tree check answered with a sum");
+      return;
+    }
+    // kSum / kSumShm: land the sum in the output buffers, or drop it if its call is gone.
+    const bool shm = type == MsgType::kSumShm;
+    const uint64_t sum_bytes = shm ? ref.nbytes : h.nbytes;
+    bool wanted = ch && ch->call->TryAcquire();
+    if (wanted) {
+      const Operand& op = ch->call->spec.operands[ch->op];
+      if (sum_bytes != ch->nbytes || h.dtype != static_cast<uint8_t>(op.dtype)) {
+        FailCall(ch->call, "jbps: server " + server + " returned " + std::to_string(sum_bytes) +
+                               " bytes for tensor '" + ch->call->TensorName(ch->op) + "', expected " +
+                               std::to_string(ch->nbytes));
+        ReleaseIo(ch->call.get());
+        wanted = false;
+      }
+    }
+    if (opt.trace && wanted) ch->times.sum_arrived = NowMicros();
+    st = IoStatus::kOk;
+    if (shm) {
+      if (wanted) {  // the transport's one copy out, scattered to the parts
+        const char* src = sc->sum_region->data() + ref.offset;
+        for (const Part& p : ch->parts) {
+          StreamCopy(static_cast<char*>(ch->call->spec.operands[p.op].out) + p.offset, src, p.nbytes);
+          src += p.nbytes;
+        }
+        bytes_shm += sum_bytes;
+        bytes_pulled += ch->nbytes;
+        if (opt.trace) Record(*ch, NowMicros());
+        if (ch->call->timed) StampSum(ch->call.get(), h, header_read);
+        ChunkDone(ch->call.get());
+        ReleaseIo(ch->call.get());  // the call may complete now: the release below is not on its path
+      }
+      st = SendRelease(sc, h);  // wanted or not, the server may reuse the block
+      if (st != IoStatus::kOk) {
+        ConnFailed(sc, std::string("releasing a sum: ") + IoStatusName(st));
+        return;
+      }
+      continue;
+    } else if (!wanted) {
+      if (!Drain(sc->fd, h.nbytes, &scratch)) {
+        ConnFailed(sc, "truncated sum");
+        return;
+      }
+      continue;
+    } else {
+      for (const Part& p : ch->parts) {
+        char* out = static_cast<char*>(ch->call->spec.operands[p.op].out) + p.offset;
+        st = RecvAll(sc->fd, out, p.nbytes, stall_ms, stall_ms);
+        if (st != IoStatus::kOk) break;
+      }
+    }
+    if (!wanted) continue;
+    if (st == IoStatus::kOk) {
+      bytes_pulled += ch->nbytes;
+      if (opt.trace) Record(*ch, NowMicros());
+      if (ch->call->timed) StampSum(ch->call.get(), h, header_read);
+      ChunkDone(ch->call.get());
+    }
+    ReleaseIo(ch->call.get());
+    if (st != IoStatus::kOk) {
+      ConnFailed(sc, std::string("receiving a sum: ") + IoStatusName(st));
+      return;
+    }
+  }
+}
+
+IoStatus Engine::Impl::SendRelease(ServerConn* sc, const FrameHeader& sum) {
+  FrameHeader r = MakeHeader(MsgType::kRelease, opt.token);
+  r.key = sum.key;
+  r.round = sum.round;
+  r.sender = opt.rank;
+  struct iovec iov = {&r, sizeof(r)};
+  std::lock_guard<std::mutex> lock(sc->write_mu);
+  return SendAll(sc->fd, &iov, 1, stall_ms);
+}
+
+// Offers the server a shared region of push slots over its Unix
+// socket and maps the server's sum arena in return. A server on another
+// host has no socket here, so the connect fails and the connection stays
+// on TCP; so does any other failure, with a warning.
+void Engine::Impl::AttachShm(ServerConn* sc) {
+  if (sc->instance == 0) return;  // the server offers no shared memory
+  std::string err;
+  int sock = ConnectShmSocket(ShmSocketName(opt.token, sc->instance), &err);
+  if (sock < 0) return;
+  // More than the credit: slots stay taken until sums arrive, which can be
+  // long after the credit's acks when this worker is ahead of the others.
+  const size_t slots = kSlotsPerCredit * static_cast<size_t>(opt.credit);
+  const size_t slot_bytes = std::max<size_t>(opt.shm_slot_bytes, 4096);
+  auto region = SharedRegion::Create(slots * slot_bytes, "jbps-push", &err);
+  std::shared_ptr<SharedRegion> arena;
+  if (region) {
+    FrameHeader offer = MakeHeader(MsgType::kShmOffer, opt.token);
+    offer.sender = opt.rank;
+    offer.key = slot_bytes;
+    char reply_buf[sizeof(FrameHeader) + 1024];
+    int fd = -1;
+    ssize_t n = -1;
+    if (SendWithFd(sock, &offer, sizeof(offer), region->fd(), stall_ms))
+      n = RecvWithFd(sock, reply_buf, sizeof(reply_buf), &fd, stall_ms);
+    FrameHeader reply;
+    if (n >= static_cast<ssize_t>(sizeof(reply))) std::memcpy(&reply, reply_buf, sizeof(reply));
+    if (n < static_cast<ssize_t>(sizeof(reply)) || !ValidateHeader(reply, opt.token).empty()) {
+      err = "no valid answer to the offer";
+    } else if (reply.type == static_cast<uint16_t>(MsgType::kError)) {
+      err = std::string(reply_buf + sizeof(reply), n - sizeof(reply));
+    } else if (reply.type != static_cast<uint16_t>(MsgType::kShmAccept) || fd < 0) {
+      err = "unexpected answer to the offer";
+    } else {
+      arena = SharedRegion::Attach(fd, &err);
+      fd = -1;
+    }
+    if (fd >= 0) CloseFd(fd);
+  }
+  CloseFd(sock);
+  if (!arena) {
+    LogWarning("jbps: shared memory with server %s failed (%s); using TCP", sc->addr.ToString().c_str(), err.c_str());
+    return;
+  }
+  sc->push_region = std::move(region);
+  sc->sum_region = std::move(arena);
+  sc->slot_bytes = slot_bytes;
+  for (size_t i = slots; i-- > 0;) sc->free_slots.push_back(static_cast<int>(i));
+}
+
+void Engine::Impl::ConnFailed(ServerConn* sc, const std::string& why) {
+  std::vector<CallPtr> victims;
+  bool quiet;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (sc->failed) return;
+    sc->failed = true;
+    sc->slot_cv.notify_all();
+    quiet = stopping;
+    inflight_chunks -= static_cast<int>(sc->unacked.size());
+    sc->unacked.clear();
+    for (auto& ch : sc->sendq) victims.push_back(ch->call);
+    sc->sendq.clear();
+    for (auto& kv : pending)
+      if (kv.second->server == sc->index) victims.push_back(kv.second->call);
+    sc->send_cv.notify_all();
+    for (const Lost& l : DispatchLocked()) victims.push_back(l.call);  // its credits go to the others
+  }
+  ShutdownFd(sc->fd);  // wakes this connection's other thread
+  const std::string msg = "jbps: lost summation server " + sc->addr.ToString() + ": " + why;
+  if (quiet) {
+    for (auto& c : victims) FailCall(c, msg);
+    return;
+  }
+  // A job without one of its servers cannot sum: fail everything, now and later.
+  SetFault(msg);
+}
+
+}  // namespace jbps

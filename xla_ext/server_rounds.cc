@@ -1,0 +1,231 @@
+// Rounds and summation: a key's rounds run on one engine thread, which adds
+// every worker's push into the round's accumulator and sends the sum to all
+// of them once the last has pushed.
+#include "server_impl.h"
+
+namespace jbps {
+
+EngineThread* SummationServer::Impl::ThreadFor(uint64_t key, uint64_t nbytes) {
+  // A key's rounds all run on one thread; a new key goes to the thread with
+  // the fewest bytes bound so far. One entry per key the workers' plans name.
+  std::lock_guard<std::mutex> lock(bind_mu);
+  auto it = key_thread.find(key);
+  if (it == key_thread.end()) {
+    if (key_thread.size() >= opt.max_keys) return nullptr;
+    size_t best = std::min_element(thread_bytes.begin(), thread_bytes.end()) - thread_bytes.begin();
+    thread_bytes[best] += nbytes;
+    it = key_thread.emplace(key, best).first;
+  }
+  return engines[it->second].get();
+}
+
+void SummationServer::Impl::EngineLoop(EngineThread* e) {
+  NameThisThread("jbps-sum");
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(e->mu);
+      e->cv.wait(lock, [&] { return e->stop || !e->queue.empty() || e->next_epoch > e->epoch; });
+      if (e->stop) return;
+    }
+    std::lock_guard<std::mutex> running(e->run_mu);
+    Task t;
+    bool have = false;
+    {
+      std::lock_guard<std::mutex> lock(e->mu);
+      if (!e->queue.empty()) {  // readers add their own pushes only when it is empty
+        t = std::move(e->queue.front());
+        e->queue.pop_front();
+        have = true;
+      }
+    }
+    (void)have;
+    RunTask(e, t);  // without a push (t.conn null) when only a job ended
+  }
+}
+
+// With e->run_mu held: drops the rounds of jobs that ended, then adds t's
+// push (if any) to its round.
+void SummationServer::Impl::RunTask(EngineThread* e, Task& t) {
+  uint64_t ended;
+  {
+    std::lock_guard<std::mutex> lock(e->mu);
+    ended = e->next_epoch;
+  }
+  if (ended > e->epoch) {
+    e->rounds.clear();
+    e->onebit_residuals.clear();
+    e->epoch = ended;
+  }
+  if (!t.conn) return;
+  // A failed or finished job's half-done rounds are dropped, not mixed into the next job.
+  if (t.conn->epoch >= e->epoch) {
+    if (t.conn->epoch > e->epoch) {
+      e->rounds.clear();
+      e->onebit_residuals.clear();
+      e->epoch = t.conn->epoch;
+    }
+    Process(t, e);
+  }
+  // A shared-memory push is acknowledged once taken into its round (its
+  // slot stays the server's until the round's sum or error goes out).
+  if (t.ack_after) Ack(t.conn, t.key, t.round);
+}
+
+// Adds the held pushes that can be added. The first two are summed in one
+// pass (AccumulatorInitSum) into a new block, so a push is never copied
+// before it is added; a lone first push waits for a partner. Rank order when
+// deterministic ((a + b) + c, whatever the arrival order), else arrival order.
+void SummationServer::Impl::Fold(RoundState& st, DType dtype) {
+  const size_t count = st.nbytes / DTypeSize(dtype);
+  auto ready = [&]() -> size_t {
+    if (!opt.deterministic) return st.held.size();
+    size_t n = 0;
+    while (st.folded + n < st.held.size() && st.held[st.folded + n]) ++n;
+    return n;
+  };
+  auto take = [&]() -> Payload {
+    Payload p;
+    if (opt.deterministic) {
+      p = std::move(st.held[st.folded]);
+    } else {
+      p = std::move(st.held.front());
+      st.held.erase(st.held.begin());
+    }
+    ++st.folded;
+    return p;
+  };
+  for (;;) {
+    const size_t n = ready();
+    if (st.acc) {
+      if (n == 0) return;
+      Payload p = take();
+      AccumulatorAdd(dtype, st.acc->data(), p->data(), count);
+    } else if (opt.num_workers == 1) {
+      if (n == 0) return;
+      Payload p = take();
+      st.acc = NewBlock(count * AccumulatorSize(dtype));
+      AccumulatorInit(dtype, st.acc->data(), p->data(), count);
+    } else {
+      if (n < 2) return;
+      Payload a = take();
+      Payload b = take();
+      st.acc = NewBlock(count * AccumulatorSize(dtype));
+      AccumulatorInitSum(dtype, st.acc->data(), a->data(), b->data(), count);
+    }
+  }
+}
+
+void SummationServer::Impl::Process(Task& t, EngineThread* e) {
+  const RoundKey rk{t.key, t.round};
+  RoundState& st = e->rounds[rk];
+  const uint64_t nbytes = t.data->size();
+  if (st.pushed.empty()) {
+    st.pushed.assign(opt.num_workers, false);
+    st.dtype = t.dtype;
+    st.nbytes = nbytes;
+    st.first_rank = t.rank;
+    st.digest = t.digest;
+  }
+  if (st.pushed[t.rank]) {
+    // A second push of the same round from one worker is a protocol error;
+    // answer it alone and leave the round to the others.
+    SendError(t.conn, t.key, t.round, "duplicate push of key round " + std::to_string(t.round) + " from worker " +
+                                          std::to_string(t.rank));
+    return;
+  }
+  st.pushed[t.rank] = true;
+  ++st.pushes;
+  st.waiters.push_back(t.conn);
+  st.read_ns.push_back(t.read_ns);
+  st.last_read_ns = std::max(st.last_read_ns, t.read_ns);
+
+  // Pushes of calls whose trees differ are never summed: the round fails
+  // for every worker, flagged, and the tree check names the difference.
+  if (st.error.empty() && t.digest != st.digest) {
+    st.error = "workers disagree on the tree of this psum: worker " + std::to_string(st.first_rank) + " and worker " +
+               std::to_string(t.rank) + " called it with different trees (round " + std::to_string(t.round) + ")";
+  } else if (st.error.empty() && (t.dtype != st.dtype || nbytes != st.nbytes)) {
+    st.error = "workers disagree on this tensor: worker " + std::to_string(st.first_rank) + " pushed " +
+               std::to_string(st.nbytes / DTypeSize(st.dtype)) + " elements of " + DTypeName(st.dtype) +
+               ", worker " + std::to_string(t.rank) + " pushed " + std::to_string(nbytes / DTypeSize(t.dtype)) +
+               " elements of " + DTypeName(t.dtype) + " (round " + std::to_string(t.round) + ")";
+  } else if (!st.error.empty()) {
+    SendError(t.conn, t.key, t.round, st.error, st.error_flags);
+  }
+  if (!st.error.empty() && st.error_flags == 0) {  // found just now
+    st.error_flags = kFlagTreeMismatch;
+    st.acc.reset();
+    st.held.clear();
+    for (auto& w : st.waiters) SendError(w, t.key, t.round, st.error, st.error_flags);
+  } else if (st.error.empty()) {
+    if (!opt.deterministic) {
+      st.held.push_back(std::move(t.data));
+    } else {
+      if (st.held.empty()) st.held.resize(opt.num_workers);
+      st.held[t.rank] = std::move(t.data);
+    }
+    Fold(st, t.dtype);
+  }
+
+  // Taken: acknowledged, unless the round's sum or error goes to this worker
+  // now, which acknowledges the push as well.
+  if (t.ack_after) {
+    if (st.pushes < opt.num_workers && st.error.empty()) Ack(t.conn, t.key, t.round);
+    t.ack_after = false;
+  }
+  if (st.pushes < opt.num_workers) return;
+  // Every worker pushed, so in deterministic mode every push is folded too.
+  if (st.error.empty()) {
+    Payload result = st.acc;
+    if (st.dtype == DType::kOneBit) {
+      size_t records = st.nbytes / kOneBitRecordBytes;
+      std::vector<float>& residual = e->onebit_residuals[t.key];
+      if (residual.size() != records * kOneBitBlock) residual.assign(records * kOneBitBlock, 0.0f);
+      result = NewBlock(st.nbytes);
+      OneBitEncodeWithFeedback(reinterpret_cast<uint8_t*>(result->data()), reinterpret_cast<float*>(st.acc->data()), residual.data(), records);
+    } else if (!AccumulatorIsWire(st.dtype)) {
+      size_t count = st.nbytes / DTypeSize(st.dtype);
+      result = NewBlock(st.nbytes);
+      AccumulatorFinish(st.dtype, result->data(), st.acc->data(), count);
+    }
+    int readers = 0;
+    for (auto& w : st.waiters) readers += w->shm.load(std::memory_order_acquire);
+    if (readers > 0) result = InArena(std::move(result));
+    const bool shared = readers > 0 && result->arena_offset() >= 0;
+    if (shared) {  // held until every shared-memory worker has copied it out (kRelease)
+      std::lock_guard<std::mutex> lock(holds_mu);
+      holds[JobRoundKey{t.conn->epoch, t.key, t.round}] = Hold{result, readers};
+    }
+    FrameHeader h = MakeHeader(MsgType::kSum, opt.token);
+    h.key = t.key;
+    h.round = t.round;
+    h.dtype = static_cast<uint8_t>(st.dtype);
+    h.nbytes = st.nbytes;
+    FrameHeader hs = h;
+    hs.type = static_cast<uint16_t>(MsgType::kSumShm);
+    hs.nbytes = sizeof(ShmRef);
+    ShmRef ref;
+    ref.offset = shared ? static_cast<uint64_t>(result->arena_offset()) : 0;
+    ref.nbytes = st.nbytes;
+    const std::string ref_bytes(reinterpret_cast<const char*>(&ref), sizeof(ref));
+    for (size_t i = 0; i < st.waiters.size(); ++i) {
+      auto& w = st.waiters[i];
+      OutMsg m;
+      if (shared && w->shm.load(std::memory_order_acquire)) {
+        m = OutMsg{hs, nullptr, ref_bytes};
+        bytes_shm += st.nbytes;
+      } else {
+        m = OutMsg{h, result, {}};
+      }
+      if (st.read_ns[i] != 0) {
+        m.last_read_ns = st.last_read_ns;
+        m.own_read_ns = st.read_ns[i];
+      }
+      Deliver(w, std::move(m));
+      ++sums_sent;
+    }
+  }
+  e->rounds.erase(rk);
+}
+
+}  // namespace jbps
