@@ -30,7 +30,8 @@ bool TimePinnedCopies(size_t bytes, int iters, CopyTimes* out, std::string* err)
   bool ok = Check(cudaMalloc(&dev, bytes), "cudaMalloc", err) &&
             Check(cudaHostAlloc(&host, bytes, cudaHostAllocPortable), "cudaHostAlloc", err) &&
             Check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate", err) &&
-            Check(cudaEventCreate(&start), "cudaEventCreate", err) && Check(cudaEventCreate(&stop), "cudaEventCreate", err);
+            Check(cudaEventCreate(&start), "cudaEventCreate", err) &&
+            Check(cudaEventCreate(&stop), "cudaEventCreate", err);
   for (int i = 0; ok && i < std::max(iters, 1) * 2; ++i) {
     const bool to_host = i % 2 == 0;
     float ms = 0;

@@ -71,7 +71,8 @@ bool AcquireCompletionWord(CompletionWord* out, std::string* err) {
   }
   if (word == nullptr) {
     void* slab = nullptr;
-    cudaError_t rc = cudaHostAlloc(&slab, kWordsPerSlab * sizeof(uint32_t), cudaHostAllocPortable | cudaHostAllocMapped);
+    cudaError_t rc =
+        cudaHostAlloc(&slab, kWordsPerSlab * sizeof(uint32_t), cudaHostAllocPortable | cudaHostAllocMapped);
     if (rc != cudaSuccess) {
       *err = CudaError("cudaHostAlloc of completion words", rc);
       return false;

@@ -56,8 +56,8 @@ bool EnqueueStreamWait(cudaStream_t stream, uint64_t device_word, uint32_t value
     *err = l.why;
     return false;
   }
-  CUresult rc = l.fn(reinterpret_cast<CUstream>(stream), static_cast<CUdeviceptr>(device_word), value,
-                     CU_STREAM_WAIT_VALUE_EQ);
+  CUresult rc =
+      l.fn(reinterpret_cast<CUstream>(stream), static_cast<CUdeviceptr>(device_word), value, CU_STREAM_WAIT_VALUE_EQ);
   if (rc != CUDA_SUCCESS) {
     *err = "cuStreamWaitValue32 failed with CUresult " + std::to_string(static_cast<int>(rc));
     return false;

@@ -83,8 +83,8 @@ bool Engine::Start(const EngineOptions& options, std::string* err) {
     return false;
   }
   if (options.num_workers < 1 || options.rank >= options.num_workers) {
-    *err = "worker rank " + std::to_string(options.rank) + " out of range for " +
-           std::to_string(options.num_workers) + " workers";
+    *err = "worker rank " + std::to_string(options.rank) + " out of range for " + std::to_string(options.num_workers) +
+           " workers";
     return false;
   }
   if (options.credit < 1 || options.timeout_s <= 0) {
@@ -289,8 +289,8 @@ void Engine::Submit(CallSpec spec, DoneFn done, EarlyDoneFn early) {
     }
     if (fail.empty()) {
       call->id = s.next_call_id++;
-      call->deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                          std::chrono::duration<double>(s.opt.timeout_s));
+      call->deadline =
+          Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s.opt.timeout_s));
       // Queued means in the priority queue, under mu: a trace can then tell
       // which chunks this call found waiting there.
       const double now = s.opt.trace ? NowMicros() : 0;

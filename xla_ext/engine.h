@@ -27,9 +27,9 @@ struct EngineOptions {
   uint32_t rank = 0;
   uint32_t num_workers = 1;
   uint64_t token = 0;
-  int credit = 4;          // chunks pushed but not yet acknowledged, per worker
-  double timeout_s = 60;   // connect, and every psum call end to end
-  bool trace = false;      // keep a TraceRecord of every chunk (JBPS_TRACE_DIR)
+  int credit = 4;         // chunks pushed but not yet acknowledged, per worker
+  double timeout_s = 60;  // connect, and every psum call end to end
+  bool trace = false;     // keep a TraceRecord of every chunk (JBPS_TRACE_DIR)
   // Use shared memory with servers on this host (JBPS_SHM); TCP otherwise.
   bool shm = true;
   // Bytes of each of the 4 x `credit` push slots in a shared region: pushes
@@ -39,17 +39,16 @@ struct EngineOptions {
   bool huge_pages = true;
 };
 
-
 struct EngineStats {
   uint64_t calls = 0;
   uint64_t calls_failed = 0;
   uint64_t chunks_pushed = 0;
   uint64_t bytes_pushed = 0;
   uint64_t bytes_pulled = 0;
-  double busy_seconds = 0;  // wall time with at least one call in flight
-  uint64_t bytes_shm = 0;     // of bytes_pushed + bytes_pulled, those moved through shared memory
-  uint64_t chunks_fused = 0;  // small chunks sent inside another message (see FuseSmallChunks)
-  uint64_t shm_servers = 0;   // servers reached through shared memory
+  double busy_seconds = 0;                    // wall time with at least one call in flight
+  uint64_t bytes_shm = 0;                     // of bytes_pushed + bytes_pulled, those moved through shared memory
+  uint64_t chunks_fused = 0;                  // small chunks sent inside another message (see FuseSmallChunks)
+  uint64_t shm_servers = 0;                   // servers reached through shared memory
   std::vector<uint64_t> server_bytes_pushed;  // of bytes_pushed, to each server in order
 };
 
@@ -67,10 +66,10 @@ struct Operand {
 // every worker cuts and routes the same tensor the same way.
 struct CallSpec {
   std::vector<Operand> operands;
-  uint32_t shard = 0;             // which local-device shard of each tensor this is
-  std::string names;              // tensor names, one line per operand, for errors and traces
+  uint32_t shard = 0;                // which local-device shard of each tensor this is
+  std::string names;                 // tensor names, one line per operand, for errors and traces
   size_t partition_bytes = 4 << 20;  // largest chunk; rounded down to whole elements
-  std::vector<int32_t> servers;   // server of each chunk, operand by operand
+  std::vector<int32_t> servers;      // server of each chunk, operand by operand
   // The whole call's tree ("psum NAME" then "path dtype[shape]" per leaf).
   // Every data push carries its digest, and a server sums no round whose
   // pushes' digests differ. Every worker also sends the digest to one server
@@ -110,16 +109,16 @@ struct TraceRecord {
 // benchmark's latency breakdown: SteadyNs() stamps, 0 where a stage did not
 // happen. A call's last data chunk decides pushed, sum_arrived and pulled.
 struct StageRecord {
-  std::string name;           // the call's first tensor
-  uint64_t bytes = 0;         // of all its operands
-  int64_t submitted = 0;      // the handler handed the call to the engine
-  int64_t pushed = 0;         // the push is about to be written to its socket (copied in, if in shared memory)
-  int64_t sum_arrived = 0;    // the sum's header was read
-  int64_t pulled = 0;         // the sum is in the output
-  int64_t tree_checked = 0;   // the tree check's answer was read
-  int64_t done = 0;           // the result was handed to the caller (a waiting handler, or the completion thread)
-  int64_t server_ns = 0;      // on the sum's server: the round's last push read -> the sum written
-  int64_t peer_wait_ns = 0;   // on that server: this worker's push read -> the last push read
+  std::string name;          // the call's first tensor
+  uint64_t bytes = 0;        // of all its operands
+  int64_t submitted = 0;     // the handler handed the call to the engine
+  int64_t pushed = 0;        // the push is about to be written to its socket (copied in, if in shared memory)
+  int64_t sum_arrived = 0;   // the sum's header was read
+  int64_t pulled = 0;        // the sum is in the output
+  int64_t tree_checked = 0;  // the tree check's answer was read
+  int64_t done = 0;          // the result was handed to the caller (a waiting handler, or the completion thread)
+  int64_t server_ns = 0;     // on the sum's server: the round's last push read -> the sum written
+  int64_t peer_wait_ns = 0;  // on that server: this worker's push read -> the last push read
   bool failed = false;
 };
 

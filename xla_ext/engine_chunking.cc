@@ -39,8 +39,7 @@ size_t Engine::NumChunks(size_t nbytes, DType dtype, size_t partition_bytes) {
 // then position); each server has one open group, which takes a small chunk
 // of its dtype while the group stays within a partition. Every worker runs
 // the same plan, so every worker fuses the same chunks under the same key.
-std::vector<ChunkPtr> Engine::Impl::FuseSmallChunks(std::vector<ChunkPtr> chunks, size_t partition,
-                                                    uint32_t shard) {
+std::vector<ChunkPtr> Engine::Impl::FuseSmallChunks(std::vector<ChunkPtr> chunks, size_t partition, uint32_t shard) {
   const size_t small = partition / kSmallChunkDivisor;
   std::vector<size_t> order(chunks.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;

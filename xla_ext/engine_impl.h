@@ -10,9 +10,6 @@
 //   engine_calls.cc      a call's lifetime: completion, failure, deadlines, trace
 #pragma once
 
-#include "engine.h"
-
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -29,6 +26,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "engine.h"
 #include "log.h"
 #include "net.h"
 #include "protocol.h"
@@ -36,7 +34,6 @@
 #include "steady_clock.h"
 #include "stream_copy.h"
 #include "thread_name.h"
-
 
 namespace jbps {
 
@@ -151,10 +148,10 @@ struct Part {
 
 struct Chunk {
   CallPtr call;
-  int op = 0;              // the (first) operand it carries: its dtype, its name in errors
-  std::vector<Part> parts; // one, or several small ones fused into one message
-  size_t nbytes = 0;       // of all parts
-  int slot = -1;           // the shared-memory push slot it occupies until acknowledged
+  int op = 0;               // the (first) operand it carries: its dtype, its name in errors
+  std::vector<Part> parts;  // one, or several small ones fused into one message
+  size_t nbytes = 0;        // of all parts
+  int slot = -1;            // the shared-memory push slot it occupies until acknowledged
   uint64_t key = 0;
   uint32_t round = 0;
   int server = 0;
@@ -163,7 +160,7 @@ struct Chunk {
   bool skipped = false;  // never sent (its call failed first)
   bool tree = false;     // the call's tree check (kTree), not data
   std::string payload;   // a tree check's: its digest, then its description when the server has not seen it
-  ChunkTimes times;  // set only when tracing
+  ChunkTimes times;      // set only when tracing
 };
 using ChunkPtr = std::shared_ptr<Chunk>;
 
@@ -269,9 +266,9 @@ struct Engine::Impl {
   std::condition_variable watchdog_cv;
   bool running = false;
   bool stopping = false;
-  std::string bye_reason;  // sent with the goodbyes (Stop)
-  std::string fault;  // first job-wide failure; see Engine::fault()
-  std::atomic<bool> all_local{false};  // every server shares memory with this worker (while running)
+  std::string bye_reason;               // sent with the goodbyes (Stop)
+  std::string fault;                    // first job-wide failure; see Engine::fault()
+  std::atomic<bool> all_local{false};   // every server shares memory with this worker (while running)
   std::atomic<bool> huge_pages{false};  // opt.huge_pages, read by the handlers without mu
   std::priority_queue<ChunkPtr, std::vector<ChunkPtr>, ChunkOrder> queue;
   int inflight_chunks = 0;  // dispatched, not yet acknowledged: bounded by opt.credit
@@ -282,8 +279,8 @@ struct Engine::Impl {
   // overlapping calls): the communication share of a step, for users.
   Clock::time_point busy_since;
   std::atomic<uint64_t> busy_ns{0};
-  void AddActive(const CallPtr& c);   // with mu held
-  void EraseActive(uint64_t id);      // with mu held
+  void AddActive(const CallPtr& c);  // with mu held
+  void EraseActive(uint64_t id);     // with mu held
   std::vector<std::unique_ptr<ServerConn>> conns;
   uint64_t next_call_id = 1;
   uint64_t next_seq = 0;

@@ -78,8 +78,8 @@ bool Engine::Impl::WriteChunks(ServerConn* sc, std::vector<ChunkPtr>& batch) {
       iov.push_back({&o.ref, sizeof(o.ref)});
     } else {
       for (const Part& p : o.ch->parts)  // straight from XLA's buffers, gathered by sendmsg
-        iov.push_back({const_cast<char*>(static_cast<const char*>(o.ch->call->spec.operands[p.op].in) + p.offset),
-                       p.nbytes});
+        iov.push_back(
+            {const_cast<char*>(static_cast<const char*>(o.ch->call->spec.operands[p.op].in) + p.offset), p.nbytes});
     }
   }
   // Stamped before the write: the server may read the push (and a woken
@@ -240,8 +240,8 @@ void Engine::Impl::RecvLoop(ServerConn* sc) {
         }
         FailCall(ch->call, "jbps: " + text + " (server " + server + ")");
       } else if (ch) {
-        std::string msg = "jbps: psum of tensor '" + ch->call->TensorName(ch->op) + "' failed on server " + server +
-                          ": " + text;
+        std::string msg =
+            "jbps: psum of tensor '" + ch->call->TensorName(ch->op) + "' failed on server " + server + ": " + text;
         bool defer = false;
         if (h.flags & kFlagTreeMismatch) {  // the tree check's error names the leaf: wait for it
           std::lock_guard<std::mutex> lock(ch->call->mu);
@@ -266,9 +266,8 @@ void Engine::Impl::RecvLoop(ServerConn* sc) {
     if (wanted) {
       const Operand& op = ch->call->spec.operands[ch->op];
       if (sum_bytes != ch->nbytes || h.dtype != static_cast<uint8_t>(op.dtype)) {
-        FailCall(ch->call, "jbps: server " + server + " returned " + std::to_string(sum_bytes) +
-                               " bytes for tensor '" + ch->call->TensorName(ch->op) + "', expected " +
-                               std::to_string(ch->nbytes));
+        FailCall(ch->call, "jbps: server " + server + " returned " + std::to_string(sum_bytes) + " bytes for tensor '" +
+                               ch->call->TensorName(ch->op) + "', expected " + std::to_string(ch->nbytes));
         ReleaseIo(ch->call.get());
         wanted = false;
       }

@@ -44,9 +44,9 @@ ffi::Future Failed(std::string msg) {
 }
 
 ffi::Future PsumCpu(ffi::Buffer<ffi::S32> shard_index, ffi::RemainingArgs args, ffi::RemainingRets rets,
-                    ffi::Span<const int64_t> leaf_keys, ffi::Span<const int64_t> priorities,
-                    std::string_view names, int64_t partition_bytes, ffi::Span<const int32_t> chunk_servers,
-                    std::string_view tree, int64_t tree_key) {
+                    ffi::Span<const int64_t> leaf_keys, ffi::Span<const int64_t> priorities, std::string_view names,
+                    int64_t partition_bytes, ffi::Span<const int32_t> chunk_servers, std::string_view tree,
+                    int64_t tree_key) {
   const size_t n = args.size();
   if (rets.size() != n || leaf_keys.size() != n || priorities.size() != n)
     return Failed("jbps_psum: operand, result and attribute counts differ (" + std::to_string(n) + ", " +
@@ -112,10 +112,7 @@ ffi::Error JoinCpu(ffi::RemainingArgs args, ffi::RemainingRets rets) {
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JbpsJoinCpu, JoinCpu, ffi::Ffi::Bind().RemainingArgs().RemainingRets());
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JbpsPsumCpu, PsumCpu,
-                              BindPsumAttrs(ffi::Ffi::Bind()
-                                                .Arg<ffi::Buffer<ffi::S32>>()
-                                                .RemainingArgs()
-                                                .RemainingRets()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JbpsPsumCpu, PsumCpu, BindPsumAttrs(ffi::Ffi::Bind().Arg<ffi::Buffer<ffi::S32>>().RemainingArgs().RemainingRets()));
 
 }  // namespace jbps

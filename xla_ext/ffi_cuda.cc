@@ -69,11 +69,11 @@ struct CallState;
 
 struct TensorState {
   CallState* call = nullptr;
-  Operand op;            // in/out: the pinned staging buffers
+  Operand op;  // in/out: the pinned staging buffers
   std::string name;
   size_t first_chunk = 0;  // within the shard's chunk routing
   size_t num_chunks = 0;
-  CompletionWord word;     // unused by the host-function fallback
+  CompletionWord word;  // unused by the host-function fallback
   // Staging buffers and word go back to the pools when both the engine is
   // done (it may still write `out`) and the stream is done with them.
   bool finished = false, released = false;
@@ -182,7 +182,8 @@ void ReleaseHostFn(void* arg) {
 }
 
 ffi::Error CudaFailed(const char* what, const std::string& tensor, cudaError_t rc) {
-  return ffi::Error::Internal(std::string("jbps_psum: ") + what + " of " + tensor + " failed: " + cudaGetErrorString(rc));
+  return ffi::Error::Internal(std::string("jbps_psum: ") + what + " of " + tensor +
+                              " failed: " + cudaGetErrorString(rc));
 }
 
 std::vector<std::string> SplitLines(std::string_view s, size_t n) {
@@ -206,7 +207,8 @@ ffi::Error PsumCuda(cudaStream_t stream, ffi::Buffer<ffi::S32> shard_index, ffi:
   const size_t n = args.size();
   if (rets.size() != n || leaf_keys.size() != n || priorities.size() != n)
     return ffi::Error::InvalidArgument("jbps_psum: operand, result and attribute counts differ (" + std::to_string(n) +
-                                       ", " + std::to_string(rets.size()) + ", " + std::to_string(leaf_keys.size()) + ")");
+                                       ", " + std::to_string(rets.size()) + ", " + std::to_string(leaf_keys.size()) +
+                                       ")");
   if (partition_bytes < 1) return ffi::Error::InvalidArgument("jbps_psum: partition_bytes must be positive");
 
   auto call = std::make_shared<CallState>();
@@ -254,8 +256,8 @@ ffi::Error PsumCuda(cudaStream_t stream, ffi::Buffer<ffi::S32> shard_index, ffi:
   // From here on the stream may use the state, so a failure leaks it rather
   // than free memory a queued copy or host function still touches.
   call->stream_ref = new std::shared_ptr<CallState>(call);
-  cudaError_t rc = cudaMemcpyAsync(call->shard_host, shard_index.typed_data(), sizeof(int32_t),
-                                   cudaMemcpyDeviceToHost, stream);
+  cudaError_t rc =
+      cudaMemcpyAsync(call->shard_host, shard_index.typed_data(), sizeof(int32_t), cudaMemcpyDeviceToHost, stream);
   if (rc != cudaSuccess) return CudaFailed("copying the shard index to the host", "the call", rc);
   for (size_t i = 0; i < n; ++i) {
     TensorState* t = call->tensors[i].get();
@@ -284,8 +286,8 @@ ffi::Error PsumCuda(cudaStream_t stream, ffi::Buffer<ffi::S32> shard_index, ffi:
   // tensor, so an error fails this op rather than the next one.
   std::unique_lock<std::mutex> lock(call->mu);
   if (!call->cv.wait_for(lock, WaitBound(), [&] { return call->pending == 0; }))
-    return ffi::Error(ffi::ErrorCode::kDeadlineExceeded,
-                      "jbps_psum: JBPS_CUDA_SYNC wait for the engine exceeded " + std::to_string(WaitBound().count()) + " s");
+    return ffi::Error(ffi::ErrorCode::kDeadlineExceeded, "jbps_psum: JBPS_CUDA_SYNC wait for the engine exceeded " +
+                                                             std::to_string(WaitBound().count()) + " s");
   for (auto& t : call->tensors)
     if (!t->error.empty()) return ffi::Error(ffi::ErrorCode::kUnavailable, t->error);
   return ffi::Error::Success();
@@ -302,8 +304,8 @@ ffi::Error JoinCuda(cudaStream_t stream, ffi::RemainingArgs args, ffi::Remaining
 
 void SetCudaWaitTimeout(double seconds) { g_timeout_s.store(seconds); }
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JbpsJoinCuda, JoinCuda,
-                              ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>().RemainingArgs().RemainingRets());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JbpsJoinCuda, JoinCuda, ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>().RemainingArgs().RemainingRets());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JbpsPsumCuda, PsumCuda,
                               BindPsumAttrs(ffi::Ffi::Bind()

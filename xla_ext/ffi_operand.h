@@ -29,9 +29,8 @@ inline bool ToDType(xla::ffi::DataType t, DType* out) {
 // gives the buffers' addresses (device addresses on GPUs) in *in and *out.
 // Returns the error naming the operand, or an empty string.
 inline std::string DescribeOperand(size_t i, const xla::ffi::ErrorOr<xla::ffi::AnyBuffer>& in,
-                                   xla::ffi::ErrorOr<xla::ffi::Result<xla::ffi::AnyBuffer>> out,
-                                   int64_t leaf_key, int64_t priority, Operand* op, const void** in_data,
-                                   void** out_data) {
+                                   xla::ffi::ErrorOr<xla::ffi::Result<xla::ffi::AnyBuffer>> out, int64_t leaf_key,
+                                   int64_t priority, Operand* op, const void** in_data, void** out_data) {
   if (!in.has_value() || !out.has_value()) return "jbps_psum: operand " + std::to_string(i) + " is not a buffer";
   if (!ToDType(in->element_type(), &op->dtype))
     return "jbps_psum: operand " + std::to_string(i) + " has a dtype jbps cannot sum";
@@ -50,7 +49,8 @@ inline std::string DescribeOperand(size_t i, const xla::ffi::ErrorOr<xla::ffi::A
 // tree, tree_key (XLA refuses a call whose attributes the handler does not bind).
 template <typename Binding>
 auto BindPsumAttrs(Binding binding) {
-  return std::move(binding).template Attr<xla::ffi::Span<const int64_t>>("leaf_keys")
+  return std::move(binding)
+      .template Attr<xla::ffi::Span<const int64_t>>("leaf_keys")
       .template Attr<xla::ffi::Span<const int64_t>>("priorities")
       .template Attr<std::string_view>("names")
       .template Attr<int64_t>("partition_bytes")

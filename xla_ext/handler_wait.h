@@ -26,7 +26,9 @@ class HandlerWait {
     error_ = error;
     int expected = kWaiting;
     if (!state_.compare_exchange_strong(expected, kDone)) return false;
-    { std::lock_guard<std::mutex> lock(mu_); }  // the waiter is in cv_.wait or has not checked yet
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+    }  // the waiter is in cv_.wait or has not checked yet
     cv_.notify_one();
     return true;
   }

@@ -2,9 +2,10 @@
 // concurrent threads do not interleave.
 #pragma once
 
+#include <unistd.h>
+
 #include <cstdarg>
 #include <cstdio>
-#include <unistd.h>
 
 namespace jbps {
 

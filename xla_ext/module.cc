@@ -1,7 +1,7 @@
 // jbps._core: the Python face of the C++ engine, server and FFI handler.
 #include <nanobind/nanobind.h>
-#include <nanobind/stl/string.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
@@ -68,8 +68,7 @@ using Kernel = void (*)(jbps::DType, void*, const void*, size_t);
 // Checks the arrays, then runs one of the server's kernels without the GIL.
 // init and add write acc (the accumulator type) from src (the wire type);
 // finish writes dst (wire) from acc.
-void RunKernel(const char* fn, Kernel kernel, bool finish, const std::string& dtype, KernelArray out,
-               KernelSource in) {
+void RunKernel(const char* fn, Kernel kernel, bool finish, const std::string& dtype, KernelArray out, KernelSource in) {
   jbps::DType d = ParseDType(dtype);
   const char* out_name = finish ? "dst" : "acc";
   const char* in_name = finish ? "acc" : "src";
@@ -96,8 +95,8 @@ void RunKernel(const char* fn, Kernel kernel, bool finish, const std::string& dt
 
 class PyServer {
  public:
-  PyServer(std::string bind, int num_workers, uint64_t token, int engine_threads, double timeout_s,
-           bool keep_alive, const std::string& role, bool deterministic, bool shm) {
+  PyServer(std::string bind, int num_workers, uint64_t token, int engine_threads, double timeout_s, bool keep_alive,
+           const std::string& role, bool deterministic, bool shm) {
     jbps::ServerOptions o;
     o.bind = std::move(bind);
     o.num_workers = num_workers;
@@ -202,8 +201,8 @@ NB_MODULE(_core, m) {
 
   m.def(
       "engine_start",
-      [](std::vector<std::string> servers, uint32_t rank, uint32_t num_workers, uint64_t token,
-         int credit, double timeout_s, bool trace, bool shm, size_t shm_slot_bytes, bool huge_pages) {
+      [](std::vector<std::string> servers, uint32_t rank, uint32_t num_workers, uint64_t token, int credit,
+         double timeout_s, bool trace, bool shm, size_t shm_slot_bytes, bool huge_pages) {
         jbps::EngineOptions o;
         o.servers = std::move(servers);
         o.rank = rank;
@@ -258,13 +257,11 @@ NB_MODULE(_core, m) {
     }
     nb::list out;
     for (auto& r : records)
-      out.append(nb::make_tuple(r.tensor, r.key, r.round, r.shard, r.server, r.priority, r.nbytes,
-                                r.times.queued, r.times.sent_start, r.times.acked, r.times.sum_arrived,
-                                r.times.pulled));
+      out.append(nb::make_tuple(r.tensor, r.key, r.round, r.shard, r.server, r.priority, r.nbytes, r.times.queued,
+                                r.times.sent_start, r.times.acked, r.times.sum_arrived, r.times.pulled));
     return out;
   });
-  m.def(
-      "engine_set_stage_timing", [](bool on) { jbps::Engine::Get().SetStageTiming(on); }, nb::arg("on"));
+  m.def("engine_set_stage_timing", [](bool on) { jbps::Engine::Get().SetStageTiming(on); }, nb::arg("on"));
   // Calls completed with stage timing on since the last call: dicts of the
   // StageRecord fields, times in nanoseconds of time.perf_counter_ns()'s clock.
   m.def("engine_take_stages", [] {

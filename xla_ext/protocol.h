@@ -91,7 +91,7 @@ struct FrameHeader {
   uint32_t magic = kMagic;
   uint16_t version = kProtocolVersion;
   uint16_t type = 0;
-  uint64_t token = 0;   // the job token: a frame without it is refused
+  uint64_t token = 0;  // the job token: a frame without it is refused
   uint64_t key = 0;
   uint32_t round = 0;
   uint8_t dtype = 0;
@@ -138,21 +138,18 @@ inline FrameHeader MakeHeader(MsgType type, uint64_t token) {
 inline std::string ValidateHeader(const FrameHeader& h, uint64_t token) {
   if (h.magic != kMagic) return "bad magic (not a jbps peer)";
   if (h.version != kProtocolVersion)
-    return "protocol version " + std::to_string(h.version) + ", expected " +
-           std::to_string(kProtocolVersion);
+    return "protocol version " + std::to_string(h.version) + ", expected " + std::to_string(kProtocolVersion);
   if (h.token != token) return "wrong job token";
-  if (h.type < static_cast<uint16_t>(MsgType::kHello) ||
-      h.type > static_cast<uint16_t>(MsgType::kShmAccept))
+  if (h.type < static_cast<uint16_t>(MsgType::kHello) || h.type > static_cast<uint16_t>(MsgType::kShmAccept))
     return "unknown message type " + std::to_string(h.type);
-  const bool carries_data = h.type == static_cast<uint16_t>(MsgType::kPush) ||
-                            h.type == static_cast<uint16_t>(MsgType::kSum);
+  const bool carries_data =
+      h.type == static_cast<uint16_t>(MsgType::kPush) || h.type == static_cast<uint16_t>(MsgType::kSum);
   if (carries_data) {
     if (!DTypeValid(h.dtype)) return "unknown dtype code " + std::to_string(h.dtype);
     if (h.nbytes > kMaxPayloadBytes) return "payload length " + std::to_string(h.nbytes) + " too large";
     if (h.nbytes % DTypeSize(static_cast<DType>(h.dtype)) != 0)
       return "payload length not a multiple of the element size";
-  } else if (h.type == static_cast<uint16_t>(MsgType::kPushShm) ||
-             h.type == static_cast<uint16_t>(MsgType::kSumShm)) {
+  } else if (h.type == static_cast<uint16_t>(MsgType::kPushShm) || h.type == static_cast<uint16_t>(MsgType::kSumShm)) {
     if (!DTypeValid(h.dtype)) return "unknown dtype code " + std::to_string(h.dtype);
     if (h.nbytes != sizeof(ShmRef)) return "shared-memory reference of the wrong length";
   } else if (h.type == static_cast<uint16_t>(MsgType::kError) || h.type == static_cast<uint16_t>(MsgType::kAbort) ||

@@ -5,9 +5,7 @@
 
 namespace jbps {
 
-SummationServer::SummationServer(ServerOptions options) : impl_(new Impl) {
-  impl_->opt = std::move(options);
-}
+SummationServer::SummationServer(ServerOptions options) : impl_(new Impl) { impl_->opt = std::move(options); }
 
 SummationServer::~SummationServer() { Stop(); }
 
@@ -59,8 +57,7 @@ int SummationServer::port() const { return impl_->port; }
 
 bool SummationServer::WaitFor(double seconds) {
   std::unique_lock<std::mutex> lock(impl_->mu);
-  return impl_->finished_cv.wait_for(lock, std::chrono::duration<double>(seconds),
-                                     [this] { return impl_->finished; });
+  return impl_->finished_cv.wait_for(lock, std::chrono::duration<double>(seconds), [this] { return impl_->finished; });
 }
 
 std::string SummationServer::failure() const {

@@ -22,9 +22,9 @@ struct ServerOptions {
   std::string bind = "127.0.0.1:0";  // host:port; port 0 picks a free one
   int num_workers = 1;
   uint64_t token = 0;
-  int engine_threads = 0;  // 0: sized to the machine
-  double timeout_s = 60;   // bound on a stalled frame or send
-  bool keep_alive = false; // keep serving after every worker said goodbye
+  int engine_threads = 0;   // 0: sized to the machine
+  double timeout_s = 60;    // bound on a stalled frame or send
+  bool keep_alive = false;  // keep serving after every worker said goodbye
   // Declared to workers in the hello reply; decides this server's byte share.
   ServerRole role = ServerRole::kColocated;
   // Add pushes in worker-rank order whatever their arrival order, so sums are
@@ -46,10 +46,10 @@ struct ServerStats {
   uint64_t pushes = 0;
   uint64_t bytes_received = 0;
   uint64_t sums_sent = 0;
-  uint64_t rejected = 0;      // connections refused before or after their hello
-  uint64_t workers_lost = 0;  // authenticated workers gone without a goodbye
-  uint64_t bytes_shm = 0;     // pushed and summed bytes that crossed shared memory, not a socket
-  uint64_t shm_workers = 0;   // workers connected through shared memory now
+  uint64_t rejected = 0;               // connections refused before or after their hello
+  uint64_t workers_lost = 0;           // authenticated workers gone without a goodbye
+  uint64_t bytes_shm = 0;              // pushed and summed bytes that crossed shared memory, not a socket
+  uint64_t shm_workers = 0;            // workers connected through shared memory now
   std::vector<uint64_t> thread_bytes;  // bytes of the keys bound to each engine thread (one round each)
 };
 

@@ -120,8 +120,8 @@ bool SummationServer::Impl::AdmitHello(Pending& p, bool last_try) {
     why = "worker expects " + std::to_string(h.key) + " workers, this server was started with --num-workers " +
           std::to_string(opt.num_workers);
   } else if (h.sender >= static_cast<uint32_t>(opt.num_workers)) {
-    why = "worker rank " + std::to_string(h.sender) + " out of range for " + std::to_string(opt.num_workers) +
-          " workers";
+    why =
+        "worker rank " + std::to_string(h.sender) + " out of range for " + std::to_string(opt.num_workers) + " workers";
   } else {
     std::lock_guard<std::mutex> lock(mu);
     if (connected[h.sender] && opt.keep_alive && !last_try) {

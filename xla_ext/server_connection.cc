@@ -61,7 +61,7 @@ void SummationServer::Impl::ReaderLoop(ConnPtr c) {
   NameThisThread("jbps-read");
   bool said_bye_here = false;
   uint64_t purge_before = 0;  // a finished job's sums still held for readers that left
-  std::string lost;  // why the worker is gone, if it did not say goodbye
+  std::string lost;           // why the worker is gone, if it did not say goodbye
   for (;;) {
     FrameHeader h;
     IoStatus st = RecvAll(c->fd, &h, sizeof(h), -1, stall_ms);
@@ -129,8 +129,9 @@ void SummationServer::Impl::ReaderLoop(ConnPtr c) {
     if (!shm_push) Ack(c, h.key, h.round);
     EngineThread* e = ThreadFor(h.key, nbytes);
     if (e == nullptr) {  // the error acknowledges the push too
-      SendError(c, h.key, h.round, "the server already tracks " + std::to_string(opt.max_keys) +
-                                       " keys, its limit (are tensor names unique per step?)");
+      SendError(c, h.key, h.round,
+                "the server already tracks " + std::to_string(opt.max_keys) +
+                    " keys, its limit (are tensor names unique per step?)");
       continue;
     }
     Task t{h.key, h.round, static_cast<DType>(h.dtype), c->rank, std::move(data), c, h.aux, shm_push};
@@ -197,8 +198,8 @@ void SummationServer::Impl::ReaderLoop(ConnPtr c) {
 // it) and disconnected. A keep-alive server then waits for a new job;
 // otherwise the job is over. `what` follows "worker N (peer) ".
 void SummationServer::Impl::WorkerLost(const ConnPtr& c, const std::string& what) {
-  const std::string msg = "jbps: worker " + std::to_string(c->rank) + " (" + c->peer + ") " + what +
-                          "; seen by summation server " + Name();
+  const std::string msg =
+      "jbps: worker " + std::to_string(c->rank) + " (" + c->peer + ") " + what + "; seen by summation server " + Name();
   ++workers_lost;
   LogWarning("%s", msg.c_str());
   std::vector<ConnPtr> others;
@@ -248,9 +249,8 @@ void SummationServer::Impl::WriterLoop(ConnPtr c) {
       }
       last = c->finishing && c->out.empty();
     }
-    std::stable_partition(batch.begin(), batch.end(), [](const OutMsg& m) {
-      return m.header.type == static_cast<uint16_t>(MsgType::kPushAck);
-    });
+    std::stable_partition(batch.begin(), batch.end(),
+                          [](const OutMsg& m) { return m.header.type == static_cast<uint16_t>(MsgType::kPushAck); });
     iov.clear();
     for (OutMsg& m : batch) {
       StampTimedSum(m);

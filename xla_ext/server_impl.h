@@ -11,8 +11,6 @@
 //   server_memory.cc      where sums live (heap or the shared arena) and how long
 #pragma once
 
-#include "server.h"
-
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -37,6 +35,7 @@
 #include "net.h"
 #include "onebit.h"
 #include "protocol.h"
+#include "server.h"
 #include "shm.h"
 #include "steady_clock.h"
 #include "sum_kernels.h"
@@ -152,7 +151,7 @@ class RateLimitedLog {
 // A connection that has not said hello yet: read by the acceptor alone.
 struct Pending {
   int fd = -1;
-  bool shm = false;  // on the shared-memory socket: a kShmOffer, not a hello
+  bool shm = false;     // on the shared-memory socket: a kShmOffer, not a hello
   bool parked = false;  // hello read, waiting for the rank's previous connection to end (AdmitHello)
   std::string peer;
   Clock::time_point deadline;
@@ -195,7 +194,7 @@ struct Conn {
   // writes an acknowledgement itself while the writer is idle (Ack).
   std::mutex write_mu;
   bool closing = false;
-  bool finishing = false;         // close once `out` is sent
+  bool finishing = false;            // close once `out` is sent
   std::atomic<bool> aborted{false};  // closed by the server because the job failed
   std::atomic<bool> reader_done{false};
   std::atomic<bool> writer_done{false};
@@ -312,9 +311,8 @@ struct EngineThread {
   // added to its next sum. A new job starts from zeros.
   std::unordered_map<uint64_t, std::vector<float>> onebit_residuals;
   std::atomic<uint64_t> epoch{0};  // rounds of older jobs are dropped; written under run_mu
-  uint64_t next_epoch = 0;  // guarded by mu: a job ended, drop its rounds now (DropEndedJobs)
+  uint64_t next_epoch = 0;         // guarded by mu: a job ended, drop its rounds now (DropEndedJobs)
 };
-
 
 struct SummationServer::Impl {
   ServerOptions opt;

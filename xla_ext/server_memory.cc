@@ -35,7 +35,8 @@ void SummationServer::Impl::Release(const ConnPtr& c, const FrameHeader& h) {
 void SummationServer::Impl::DropEndedJobs(uint64_t before_epoch) {
   {
     std::lock_guard<std::mutex> lock(holds_mu);
-    for (auto it = holds.begin(); it != holds.end();) it = it->first.epoch < before_epoch ? holds.erase(it) : std::next(it);
+    for (auto it = holds.begin(); it != holds.end();)
+      it = it->first.epoch < before_epoch ? holds.erase(it) : std::next(it);
   }
   {
     std::lock_guard<std::mutex> lock(trees_mu);

@@ -129,8 +129,8 @@ void SummationServer::Impl::Process(Task& t, EngineThread* e) {
   if (st.pushed[t.rank]) {
     // A second push of the same round from one worker is a protocol error;
     // answer it alone and leave the round to the others.
-    SendError(t.conn, t.key, t.round, "duplicate push of key round " + std::to_string(t.round) + " from worker " +
-                                          std::to_string(t.rank));
+    SendError(t.conn, t.key, t.round,
+              "duplicate push of key round " + std::to_string(t.round) + " from worker " + std::to_string(t.rank));
     return;
   }
   st.pushed[t.rank] = true;
@@ -146,9 +146,9 @@ void SummationServer::Impl::Process(Task& t, EngineThread* e) {
                std::to_string(t.rank) + " called it with different trees (round " + std::to_string(t.round) + ")";
   } else if (st.error.empty() && (t.dtype != st.dtype || nbytes != st.nbytes)) {
     st.error = "workers disagree on this tensor: worker " + std::to_string(st.first_rank) + " pushed " +
-               std::to_string(st.nbytes / DTypeSize(st.dtype)) + " elements of " + DTypeName(st.dtype) +
-               ", worker " + std::to_string(t.rank) + " pushed " + std::to_string(nbytes / DTypeSize(t.dtype)) +
-               " elements of " + DTypeName(t.dtype) + " (round " + std::to_string(t.round) + ")";
+               std::to_string(st.nbytes / DTypeSize(st.dtype)) + " elements of " + DTypeName(st.dtype) + ", worker " +
+               std::to_string(t.rank) + " pushed " + std::to_string(nbytes / DTypeSize(t.dtype)) + " elements of " +
+               DTypeName(t.dtype) + " (round " + std::to_string(t.round) + ")";
   } else if (!st.error.empty()) {
     SendError(t.conn, t.key, t.round, st.error, st.error_flags);
   }
@@ -182,7 +182,8 @@ void SummationServer::Impl::Process(Task& t, EngineThread* e) {
       std::vector<float>& residual = e->onebit_residuals[t.key];
       if (residual.size() != records * kOneBitBlock) residual.assign(records * kOneBitBlock, 0.0f);
       result = NewBlock(st.nbytes);
-      OneBitEncodeWithFeedback(reinterpret_cast<uint8_t*>(result->data()), reinterpret_cast<float*>(st.acc->data()), residual.data(), records);
+      OneBitEncodeWithFeedback(reinterpret_cast<uint8_t*>(result->data()), reinterpret_cast<float*>(st.acc->data()),
+                               residual.data(), records);
     } else if (!AccumulatorIsWire(st.dtype)) {
       size_t count = st.nbytes / DTypeSize(st.dtype);
       result = NewBlock(st.nbytes);

@@ -27,7 +27,8 @@ std::string TreeDifference(uint32_t rank_a, const std::string& a, uint32_t rank_
   std::string msg = "workers disagree on the tree of psum '" + call + "': ";
   auto split = [](const std::string& line) {
     size_t sp = line.rfind(' ');
-    return sp == std::string::npos ? std::make_pair(line, std::string()) : std::make_pair(line.substr(0, sp), line.substr(sp + 1));
+    return sp == std::string::npos ? std::make_pair(line, std::string())
+                                   : std::make_pair(line.substr(0, sp), line.substr(sp + 1));
   };
   for (size_t i = 1; i < std::max(la.size(), lb.size()); ++i) {
     if (i < la.size() && i < lb.size() && la[i] == lb[i]) continue;
@@ -38,8 +39,9 @@ std::string TreeDifference(uint32_t rank_a, const std::string& a, uint32_t rank_
     auto leaf = [&](const std::vector<std::string>& l) {
       return i < l.size() ? "tensor '" + call + split(l[i]).first + "' " + split(l[i]).second : std::string("nothing");
     };
-    return msg + wa + " has " + std::to_string(la.size() - 1) + " leaves, " + wb + " has " + std::to_string(lb.size() - 1) +
-           "; leaf " + std::to_string(i - 1) + ": " + wa + " has " + leaf(la) + ", " + wb + " has " + leaf(lb);
+    return msg + wa + " has " + std::to_string(la.size() - 1) + " leaves, " + wb + " has " +
+           std::to_string(lb.size() - 1) + "; leaf " + std::to_string(i - 1) + ": " + wa + " has " + leaf(la) + ", " +
+           wb + " has " + leaf(lb);
   }
   return msg + "the descriptions differ (" + wa + ": " + std::to_string(a.size()) + " bytes, " + wb + ": " +
          std::to_string(b.size()) + " bytes)";
@@ -93,8 +95,8 @@ void SummationServer::Impl::CheckTree(const ConnPtr& c, const FrameHeader& h, ui
     auto it = tree_rounds.find(k);
     if (it == tree_rounds.end()) {
       if (tree_rounds.size() >= opt.max_keys) {
-        errors.emplace_back(c, "the server already waits on " + std::to_string(opt.max_keys) +
-                                   " tree checks, its limit");
+        errors.emplace_back(c,
+                            "the server already waits on " + std::to_string(opt.max_keys) + " tree checks, its limit");
       } else {
         it = tree_rounds.emplace(k, TreeRound{}).first;
         it->second.digest = digest;
@@ -106,8 +108,8 @@ void SummationServer::Impl::CheckTree(const ConnPtr& c, const FrameHeader& h, ui
     if (it != tree_rounds.end()) {
       TreeRound& r = it->second;
       if (r.checked[c->rank]) {
-        errors.emplace_back(c, "duplicate tree check of round " + std::to_string(h.round) + " from worker " +
-                                   std::to_string(c->rank));
+        errors.emplace_back(
+            c, "duplicate tree check of round " + std::to_string(h.round) + " from worker " + std::to_string(c->rank));
       } else {
         r.checked[c->rank] = true;
         ++r.count;

@@ -38,8 +38,7 @@
 #endif
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define JBPS_MULTIVERSION \
-  __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))
+#define JBPS_MULTIVERSION __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))
 #else
 #define JBPS_MULTIVERSION
 #endif
@@ -59,6 +58,7 @@ inline uint16_t F32ToBf16(float f) {
   uint32_t bits;
   std::memcpy(&bits, &f, 4);
   if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);  // quiet NaN
+
   uint32_t rounding = 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even
   return static_cast<uint16_t>((bits + rounding) >> 16);
 }
@@ -136,7 +136,8 @@ __attribute__((target("avx2,f16c"))) void AddF16Avx2(float* __restrict acc, cons
   for (; i < n; ++i) acc[i] += _cvtsh_ss(src[i]);
 }
 
-__attribute__((target("avx2,f16c"))) void FinishF16Avx2(uint16_t* __restrict dst, const float* __restrict acc, size_t n) {
+__attribute__((target("avx2,f16c"))) void FinishF16Avx2(uint16_t* __restrict dst, const float* __restrict acc,
+                                                        size_t n) {
   size_t i = 0;
   for (; i + 8 <= n; i += 8)
     _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(acc + i), kRoundNearestEven));
@@ -182,41 +183,21 @@ void AccumulatorInit(DType d, void* acc, const void* src, size_t count) {
   switch (d) {
     case DType::kF32:
     case DType::kF64:
-    case DType::kI32:
-      std::memcpy(acc, src, count * DTypeSize(d));
-      return;
-    case DType::kBF16:
-      InitBf16(static_cast<float*>(acc), static_cast<const uint16_t*>(src), count);
-      return;
-    case DType::kF16:
-      InitF16(static_cast<float*>(acc), src, count);
-      return;
-    case DType::kOneBit:
-      OneBitDecode(static_cast<float*>(acc), static_cast<const uint8_t*>(src), count);
-      return;
+    case DType::kI32: std::memcpy(acc, src, count * DTypeSize(d)); return;
+    case DType::kBF16: InitBf16(static_cast<float*>(acc), static_cast<const uint16_t*>(src), count); return;
+    case DType::kF16: InitF16(static_cast<float*>(acc), src, count); return;
+    case DType::kOneBit: OneBitDecode(static_cast<float*>(acc), static_cast<const uint8_t*>(src), count); return;
   }
 }
 
 void AccumulatorAdd(DType d, void* acc, const void* src, size_t count) {
   switch (d) {
-    case DType::kF32:
-      AddF32(static_cast<float*>(acc), static_cast<const float*>(src), count);
-      return;
-    case DType::kF64:
-      AddF64(static_cast<double*>(acc), static_cast<const double*>(src), count);
-      return;
-    case DType::kI32:
-      AddI32(static_cast<uint32_t*>(acc), static_cast<const uint32_t*>(src), count);
-      return;
-    case DType::kBF16:
-      AddBf16(static_cast<float*>(acc), static_cast<const uint16_t*>(src), count);
-      return;
-    case DType::kF16:
-      AddF16(static_cast<float*>(acc), src, count);
-      return;
-    case DType::kOneBit:
-      OneBitDecodeAdd(static_cast<float*>(acc), static_cast<const uint8_t*>(src), count);
-      return;
+    case DType::kF32: AddF32(static_cast<float*>(acc), static_cast<const float*>(src), count); return;
+    case DType::kF64: AddF64(static_cast<double*>(acc), static_cast<const double*>(src), count); return;
+    case DType::kI32: AddI32(static_cast<uint32_t*>(acc), static_cast<const uint32_t*>(src), count); return;
+    case DType::kBF16: AddBf16(static_cast<float*>(acc), static_cast<const uint16_t*>(src), count); return;
+    case DType::kF16: AddF16(static_cast<float*>(acc), src, count); return;
+    case DType::kOneBit: OneBitDecodeAdd(static_cast<float*>(acc), static_cast<const uint8_t*>(src), count); return;
   }
 }
 
@@ -247,15 +228,9 @@ void AccumulatorFinish(DType d, void* dst, const void* acc, size_t count) {
     case DType::kI32:
       if (dst != acc) std::memcpy(dst, acc, count * DTypeSize(d));
       return;
-    case DType::kBF16:
-      FinishBf16(static_cast<uint16_t*>(dst), static_cast<const float*>(acc), count);
-      return;
-    case DType::kF16:
-      FinishF16(dst, static_cast<const float*>(acc), count);
-      return;
-    case DType::kOneBit:
-      OneBitEncode(static_cast<uint8_t*>(dst), static_cast<const float*>(acc), count);
-      return;
+    case DType::kBF16: FinishBf16(static_cast<uint16_t*>(dst), static_cast<const float*>(acc), count); return;
+    case DType::kF16: FinishF16(dst, static_cast<const float*>(acc), count); return;
+    case DType::kOneBit: OneBitEncode(static_cast<uint8_t*>(dst), static_cast<const float*>(acc), count); return;
   }
 }
 

@@ -24,8 +24,6 @@ void AccumulatorFinish(DType d, void* dst, const void* acc, size_t count);
 
 // True when the accumulator has the wire layout, so a pushed buffer can become
 // the accumulator and the accumulator can be sent back, with no conversion.
-inline bool AccumulatorIsWire(DType d) {
-  return d == DType::kF32 || d == DType::kF64 || d == DType::kI32;
-}
+inline bool AccumulatorIsWire(DType d) { return d == DType::kF32 || d == DType::kF64 || d == DType::kI32; }
 
 }  // namespace jbps
