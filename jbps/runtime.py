@@ -14,11 +14,12 @@ import jax
 from .extension import load_core
 
 _core = load_core()
-from . import bootstrap, trace  # noqa: E402 (after the extension, whose absence is explained above)
-from .config import Config
-from .errors import JbpsError
-from .partition import defaults
-from .partition import server_fractions as _fractions_for_roles
+# The rest after the extension, so that its absence is what an import error names.
+from . import bootstrap, trace  # noqa: E402
+from .config import Config  # noqa: E402
+from .errors import JbpsError  # noqa: E402
+from .partition import defaults  # noqa: E402
+from .partition import server_fractions as _fractions_for_roles  # noqa: E402
 
 FFI_TARGET = "jbps_psum"
 JOIN_TARGET = "jbps_join"  # releases a bucketed psum's sums together (ops/ffi.py)

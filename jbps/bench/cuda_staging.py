@@ -69,7 +69,10 @@ def flax_step_seconds(use_jbps: bool, iters: int) -> float:
     @jax.jit
     def step(state):
         params, opt = state
-        loss = lambda p: optax.softmax_cross_entropy_with_integer_labels(model.apply({"params": p}, x), y).mean()
+
+        def loss(p):
+            return optax.softmax_cross_entropy_with_integer_labels(model.apply({"params": p}, x), y).mean()
+
         updates, opt = tx.update(jax.grad(loss)(params), opt, params)
         return optax.apply_updates(params, updates), opt
 

@@ -5,7 +5,6 @@ this worker's trace."""
 
 import argparse
 import json
-import os
 import sys
 
 import flax.linen as nn
