@@ -119,9 +119,7 @@ bool Engine::Start(const EngineOptions& options, std::string* err) {
     SetLiveness(sc->fd, options.timeout_s);
     conns.push_back(std::move(sc));
     ServerConn& c = *conns.back();
-    FrameHeader hello = MakeHeader(MsgType::kHello, options.token);
-    hello.sender = options.rank;
-    hello.key = options.num_workers;
+    FrameHeader hello = HelloFrame(options.token, options.rank, options.num_workers);
     struct iovec iov = {&hello, sizeof(hello)};
     FrameHeader reply;
     IoStatus st = SendAll(c.fd, &iov, 1, s.stall_ms);
@@ -142,7 +140,7 @@ bool Engine::Start(const EngineOptions& options, std::string* err) {
     if (reply.key > static_cast<uint64_t>(ServerRole::kDedicated))
       return fail("server " + c.addr.ToString() + " declared unknown role " + std::to_string(reply.key));
     roles.push_back(static_cast<ServerRole>(reply.key));
-    c.instance = (static_cast<uint64_t>(reply.round) << 32) | reply.sender;
+    c.instance = HelloOkInstance(reply);
   }
   if (options.shm) {
     for (auto& c : conns) s.AttachShm(c.get());

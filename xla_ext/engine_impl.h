@@ -27,6 +27,7 @@
 #include <unordered_set>
 
 #include "engine.h"
+#include "frame.h"
 #include "log.h"
 #include "net.h"
 #include "protocol.h"
@@ -327,7 +328,10 @@ struct Engine::Impl {
   void DropSkipped(ServerConn* sc);
   // With mu held: a push of sc acknowledged (its credit back); false when it was not waiting for one.
   bool AckLocked(ServerConn* sc, const RoundKey& rk);
-  bool Drain(int fd, uint64_t nbytes, std::vector<char>* scratch);
+  // The receiver's handling of a round's answer (engine_link.cc).
+  ChunkPtr TakeAnswered(ServerConn* sc, const Frame& f);
+  bool OnError(ServerConn* sc, const Frame& f, std::string* why);
+  bool OnSum(ServerConn* sc, const Frame& f, FrameReader* reader, std::string* why);
   void AttachShm(ServerConn* sc);
   std::vector<ChunkPtr> FuseSmallChunks(std::vector<ChunkPtr> chunks, size_t partition, uint32_t shard);
   IoStatus SendRelease(ServerConn* sc, const FrameHeader& sum);

@@ -2,6 +2,7 @@
 // receiver (acknowledgements, sums, errors), the shared-memory attach, and
 // what a lost connection does to the calls that needed it.
 #include "engine_impl.h"
+#include "frame.h"
 
 namespace jbps {
 
@@ -138,194 +139,175 @@ bool Engine::Impl::WriteChunks(ServerConn* sc, std::vector<ChunkPtr>& batch) {
   return true;
 }
 
-bool Engine::Impl::Drain(int fd, uint64_t nbytes, std::vector<char>* scratch) {
-  scratch->resize(1 << 20);
-  while (nbytes > 0) {
-    size_t n = std::min<uint64_t>(nbytes, scratch->size());
-    if (RecvAll(fd, scratch->data(), n, stall_ms, stall_ms) != IoStatus::kOk) return false;
-    nbytes -= n;
+// The receiver: one frame at a time, dispatched on its type.
+void Engine::Impl::RecvLoop(ServerConn* sc) {
+  NameThisThread("jbps-pull");
+  FrameReader reader(sc->fd, opt.token, stall_ms);
+  for (;;) {
+    if (sc->push_region && sc->awaiting.load(std::memory_order_relaxed) == 1)
+      SpinUntilReadable(sc->fd, SteadyNs() + kReceiverSpinNs);
+    Frame f;
+    std::string why;
+    FrameStatus fs = reader.Next(&f, &why);
+    if (fs != FrameStatus::kOk) {
+      ConnFailed(sc, fs == FrameStatus::kBadHeader ? "protocol error: " + why : why);
+      return;
+    }
+    if (!stage_timing.load(std::memory_order_relaxed)) f.read_ns = 0;
+    bool ok = true;
+    switch (f.type) {
+      case MsgType::kPushAck: {
+        // TCP pushes are acknowledged in order as they arrive; shared-memory
+        // ones once added, by whichever server thread owns the key.
+        std::vector<Lost> lost;
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          AckLocked(sc, RoundKey{f.header.key, f.header.round});
+          lost = DispatchLocked();
+        }
+        FailLost(lost);
+        break;
+      }
+      case MsgType::kAbort: SetFault(f.text); break;
+      case MsgType::kError: ok = OnError(sc, f, &why); break;
+      case MsgType::kSum:
+      case MsgType::kSumShm: ok = OnSum(sc, f, &reader, &why); break;
+      default: ok = false; why = "protocol error: unexpected message type " + std::to_string(f.header.type);
+    }
+    if (!ok) {
+      ConnFailed(sc, why);
+      return;
+    }
+  }
+}
+
+// A round answered (its sum or an error): its chunk, no longer pending, or
+// null when its call is gone; the push's slot and credit come back.
+ChunkPtr Engine::Impl::TakeAnswered(ServerConn* sc, const Frame& f) {
+  ChunkPtr ch;
+  std::vector<Lost> lost;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    const RoundKey rk{f.header.key, f.header.round};
+    auto it = pending.find(rk);
+    if (it != pending.end()) {
+      ch = it->second;
+      pending.erase(it);
+    }
+    if (f.type != MsgType::kError || (ch && !ch->tree)) sc->awaiting.fetch_sub(1, std::memory_order_relaxed);
+    auto slot = sc->slot_of.find(rk);
+    if (slot != sc->slot_of.end()) {  // the round is over on the server: the slot is ours again
+      sc->free_slots.push_back(slot->second);
+      sc->slot_of.erase(slot);
+      sc->slots_starved = false;
+      sc->slot_cv.notify_one();
+    }
+    // A round's sum or error acknowledges this worker's push too: a server
+    // answering the last push of a round sends no separate kPushAck.
+    if (AckLocked(sc, rk)) lost = DispatchLocked();
+  }
+  FailLost(lost);
+  return ch;
+}
+
+// kError: fails the call it names (a tree check's error names the leaf, so a
+// tensor's error that says the trees differ waits for it); key 0 is about the
+// connection itself. False, with *why, when the connection cannot go on.
+bool Engine::Impl::OnError(ServerConn* sc, const Frame& f, std::string* why) {
+  ChunkPtr ch = TakeAnswered(sc, f);
+  const std::string server = sc->addr.ToString();
+  if (ch && ch->tree) {
+    {
+      std::lock_guard<std::mutex> lock(ch->call->mu);
+      ch->call->tree_pending = false;
+      if (ch->call->timed) ch->call->stage.tree_checked = f.read_ns;
+    }
+    FailCall(ch->call, "jbps: " + f.text + " (server " + server + ")");
+  } else if (ch) {
+    std::string msg =
+        "jbps: psum of tensor '" + ch->call->TensorName(ch->op) + "' failed on server " + server + ": " + f.text;
+    bool defer = false;
+    if (f.header.flags & kFlagTreeMismatch) {  // the tree check's error names the leaf: wait for it
+      std::lock_guard<std::mutex> lock(ch->call->mu);
+      defer = ch->call->tree_pending;
+      if (defer && ch->call->deferred.empty()) ch->call->deferred = msg;
+    }
+    if (!defer) FailCall(ch->call, msg);
+  } else if (f.header.key == 0) {
+    *why = f.text;
+    return false;
   }
   return true;
 }
 
-void Engine::Impl::RecvLoop(ServerConn* sc) {
-  NameThisThread("jbps-pull");
-  std::vector<char> scratch;
+// kSum / kSumShm: the sum lands in the call's output buffers (read from the
+// socket into them, or copied out of the server's arena), or is dropped when
+// its call is gone. False, with *why, when the connection cannot go on.
+bool Engine::Impl::OnSum(ServerConn* sc, const Frame& f, FrameReader* reader, std::string* why) {
+  const bool shm = f.type == MsgType::kSumShm;
+  if (shm && (!sc->sum_region || !sc->sum_region->Contains(f.shm.offset, f.shm.nbytes))) {
+    *why = "protocol error: a shared-memory sum outside the server's arena";
+    return false;
+  }
+  ChunkPtr ch = TakeAnswered(sc, f);
+  if (ch && ch->tree) {  // a tree check is answered only when the trees differ
+    *why = "protocol error: a tree check answered with a sum";
+    return false;
+  }
   const std::string server = sc->addr.ToString();
-  for (;;) {
-    FrameHeader h;
-    if (sc->push_region && sc->awaiting.load(std::memory_order_relaxed) == 1)
-      SpinUntilReadable(sc->fd, SteadyNs() + kReceiverSpinNs);
-    IoStatus st = RecvAll(sc->fd, &h, sizeof(h), -1, stall_ms);
-    if (st != IoStatus::kOk) {
-      ConnFailed(sc, IoStatusName(st));
-      return;
-    }
-    const int64_t header_read = stage_timing.load(std::memory_order_relaxed) ? SteadyNs() : 0;
-    std::string why = ValidateHeader(h, opt.token);
-    if (!why.empty()) {
-      ConnFailed(sc, "protocol error: " + why);
-      return;
-    }
-    const auto type = static_cast<MsgType>(h.type);
-    if (type == MsgType::kPushAck) {
-      // TCP pushes are acknowledged in order as they arrive; shared-memory
-      // ones once added, by whichever server thread owns the key.
-      std::vector<Lost> lost;
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        AckLocked(sc, RoundKey{h.key, h.round});
-        lost = DispatchLocked();
-      }
-      FailLost(lost);
-      continue;
-    }
-    if (type == MsgType::kAbort) {
-      std::string text(h.nbytes, '\0');
-      if (RecvAll(sc->fd, text.data(), text.size(), stall_ms, stall_ms) != IoStatus::kOk) {
-        ConnFailed(sc, "truncated abort message");
-        return;
-      }
-      SetFault(text);
-      continue;
-    }
-    ShmRef ref;
-    if (type == MsgType::kSumShm) {
-      if (RecvAll(sc->fd, &ref, sizeof(ref), stall_ms, stall_ms) != IoStatus::kOk) {
-        ConnFailed(sc, "truncated shared-memory sum");
-        return;
-      }
-      if (!sc->sum_region || !sc->sum_region->Contains(ref.offset, ref.nbytes)) {
-        ConnFailed(sc, "protocol error: a shared-memory sum outside the server's arena");
-        return;
-      }
-    } else if (type != MsgType::kSum && type != MsgType::kError) {
-      ConnFailed(sc, "protocol error: unexpected message type " + std::to_string(h.type));
-      return;
-    }
-    ChunkPtr ch;
-    std::vector<Lost> lost;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      const RoundKey rk{h.key, h.round};
-      auto it = pending.find(rk);
-      if (it != pending.end()) {
-        ch = it->second;
-        pending.erase(it);
-      }
-      if (type != MsgType::kError || (ch && !ch->tree)) sc->awaiting.fetch_sub(1, std::memory_order_relaxed);
-      auto slot = sc->slot_of.find(rk);
-      if (slot != sc->slot_of.end()) {  // the round is over on the server: the slot is ours again
-        sc->free_slots.push_back(slot->second);
-        sc->slot_of.erase(slot);
-        sc->slots_starved = false;
-        sc->slot_cv.notify_one();
-      }
-      // A round's sum or error acknowledges this worker's push too: a server
-      // answering the last push of a round sends no separate kPushAck.
-      if (AckLocked(sc, rk)) lost = DispatchLocked();
-    }
-    FailLost(lost);
-    if (type == MsgType::kError) {
-      std::string text(h.nbytes, '\0');
-      if (RecvAll(sc->fd, text.data(), text.size(), stall_ms, stall_ms) != IoStatus::kOk) {
-        ConnFailed(sc, "truncated error message");
-        return;
-      }
-      if (ch && ch->tree) {
-        {
-          std::lock_guard<std::mutex> lock(ch->call->mu);
-          ch->call->tree_pending = false;
-          if (ch->call->timed) ch->call->stage.tree_checked = header_read;
-        }
-        FailCall(ch->call, "jbps: " + text + " (server " + server + ")");
-      } else if (ch) {
-        std::string msg =
-            "jbps: psum of tensor '" + ch->call->TensorName(ch->op) + "' failed on server " + server + ": " + text;
-        bool defer = false;
-        if (h.flags & kFlagTreeMismatch) {  // the tree check's error names the leaf: wait for it
-          std::lock_guard<std::mutex> lock(ch->call->mu);
-          defer = ch->call->tree_pending;
-          if (defer && ch->call->deferred.empty()) ch->call->deferred = msg;
-        }
-        if (!defer) FailCall(ch->call, msg);
-      } else if (h.key == 0) {
-        ConnFailed(sc, text);
-        return;
-      }
-      continue;
-    }
-    if (ch && ch->tree) {  // a tree check is answered only when the trees differ
-      ConnFailed(sc, "protocol error: a tree check answered with a sum");
-      return;
-    }
-    // kSum / kSumShm: land the sum in the output buffers, or drop it if its call is gone.
-    const bool shm = type == MsgType::kSumShm;
-    const uint64_t sum_bytes = shm ? ref.nbytes : h.nbytes;
-    bool wanted = ch && ch->call->TryAcquire();
-    if (wanted) {
-      const Operand& op = ch->call->spec.operands[ch->op];
-      if (sum_bytes != ch->nbytes || h.dtype != static_cast<uint8_t>(op.dtype)) {
-        FailCall(ch->call, "jbps: server " + server + " returned " + std::to_string(sum_bytes) + " bytes for tensor '" +
-                               ch->call->TensorName(ch->op) + "', expected " + std::to_string(ch->nbytes));
-        ReleaseIo(ch->call.get());
-        wanted = false;
-      }
-    }
-    if (opt.trace && wanted) ch->times.sum_arrived = NowMicros();
-    st = IoStatus::kOk;
-    if (shm) {
-      if (wanted) {  // the transport's one copy out, scattered to the parts
-        const char* src = sc->sum_region->data() + ref.offset;
-        for (const Part& p : ch->parts) {
-          StreamCopy(static_cast<char*>(ch->call->spec.operands[p.op].out) + p.offset, src, p.nbytes);
-          src += p.nbytes;
-        }
-        bytes_shm += sum_bytes;
-        bytes_pulled += ch->nbytes;
-        if (opt.trace) Record(*ch, NowMicros());
-        if (ch->call->timed) StampSum(ch->call.get(), h, header_read);
-        ChunkDone(ch->call.get());
-        ReleaseIo(ch->call.get());  // the call may complete now: the release below is not on its path
-      }
-      st = SendRelease(sc, h);  // wanted or not, the server may reuse the block
-      if (st != IoStatus::kOk) {
-        ConnFailed(sc, std::string("releasing a sum: ") + IoStatusName(st));
-        return;
-      }
-      continue;
-    } else if (!wanted) {
-      if (!Drain(sc->fd, h.nbytes, &scratch)) {
-        ConnFailed(sc, "truncated sum");
-        return;
-      }
-      continue;
-    } else {
-      for (const Part& p : ch->parts) {
-        char* out = static_cast<char*>(ch->call->spec.operands[p.op].out) + p.offset;
-        st = RecvAll(sc->fd, out, p.nbytes, stall_ms, stall_ms);
-        if (st != IoStatus::kOk) break;
-      }
-    }
-    if (!wanted) continue;
-    if (st == IoStatus::kOk) {
-      bytes_pulled += ch->nbytes;
-      if (opt.trace) Record(*ch, NowMicros());
-      if (ch->call->timed) StampSum(ch->call.get(), h, header_read);
-      ChunkDone(ch->call.get());
-    }
-    ReleaseIo(ch->call.get());
-    if (st != IoStatus::kOk) {
-      ConnFailed(sc, std::string("receiving a sum: ") + IoStatusName(st));
-      return;
+  const uint64_t sum_bytes = shm ? f.shm.nbytes : f.payload;
+  bool wanted = ch && ch->call->TryAcquire();
+  if (wanted) {
+    const Operand& op = ch->call->spec.operands[ch->op];
+    if (sum_bytes != ch->nbytes || f.header.dtype != static_cast<uint8_t>(op.dtype)) {
+      FailCall(ch->call, "jbps: server " + server + " returned " + std::to_string(sum_bytes) + " bytes for tensor '" +
+                             ch->call->TensorName(ch->op) + "', expected " + std::to_string(ch->nbytes));
+      ReleaseIo(ch->call.get());
+      wanted = false;
     }
   }
+  if (opt.trace && wanted) ch->times.sum_arrived = NowMicros();
+  IoStatus st = IoStatus::kOk;
+  if (shm) {
+    if (wanted) {  // the transport's one copy out, scattered to the parts
+      const char* src = sc->sum_region->data() + f.shm.offset;
+      for (const Part& p : ch->parts) {
+        StreamCopy(static_cast<char*>(ch->call->spec.operands[p.op].out) + p.offset, src, p.nbytes);
+        src += p.nbytes;
+      }
+      bytes_shm += sum_bytes;
+      bytes_pulled += ch->nbytes;
+      if (opt.trace) Record(*ch, NowMicros());
+      if (ch->call->timed) StampSum(ch->call.get(), f.header, f.read_ns);
+      ChunkDone(ch->call.get());
+      ReleaseIo(ch->call.get());  // the call may complete now: the release below is not on its path
+    }
+    st = SendRelease(sc, f.header);  // wanted or not, the server may reuse the block
+    if (st != IoStatus::kOk) *why = std::string("releasing a sum: ") + IoStatusName(st);
+    return st == IoStatus::kOk;
+  }
+  if (!wanted) {
+    st = reader->Skip(f.payload);
+    if (st != IoStatus::kOk) *why = "truncated sum";
+    return st == IoStatus::kOk;
+  }
+  for (const Part& p : ch->parts) {
+    st = reader->Read(static_cast<char*>(ch->call->spec.operands[p.op].out) + p.offset, p.nbytes);
+    if (st != IoStatus::kOk) break;
+  }
+  if (st == IoStatus::kOk) {
+    bytes_pulled += ch->nbytes;
+    if (opt.trace) Record(*ch, NowMicros());
+    if (ch->call->timed) StampSum(ch->call.get(), f.header, f.read_ns);
+    ChunkDone(ch->call.get());
+  }
+  ReleaseIo(ch->call.get());
+  if (st != IoStatus::kOk) *why = std::string("receiving a sum: ") + IoStatusName(st);
+  return st == IoStatus::kOk;
 }
 
 IoStatus Engine::Impl::SendRelease(ServerConn* sc, const FrameHeader& sum) {
-  FrameHeader r = MakeHeader(MsgType::kRelease, opt.token);
-  r.key = sum.key;
-  r.round = sum.round;
+  FrameHeader r = RoundFrame(MsgType::kRelease, opt.token, sum.key, sum.round);
   r.sender = opt.rank;
   struct iovec iov = {&r, sizeof(r)};
   std::lock_guard<std::mutex> lock(sc->write_mu);
@@ -348,9 +330,7 @@ void Engine::Impl::AttachShm(ServerConn* sc) {
   auto region = SharedRegion::Create(slots * slot_bytes, "jbps-push", &err);
   std::shared_ptr<SharedRegion> arena;
   if (region) {
-    FrameHeader offer = MakeHeader(MsgType::kShmOffer, opt.token);
-    offer.sender = opt.rank;
-    offer.key = slot_bytes;
+    FrameHeader offer = ShmOfferFrame(opt.token, opt.rank, slot_bytes);
     char reply_buf[sizeof(FrameHeader) + 1024];
     int fd = -1;
     ssize_t n = -1;

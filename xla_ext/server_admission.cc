@@ -153,12 +153,8 @@ bool SummationServer::Impl::AdmitHello(Pending& p, bool last_try) {
   c->rank = h.sender;
   c->epoch = conn_epoch;
   SetLiveness(c->fd, opt.timeout_s);
-  FrameHeader ok = MakeHeader(MsgType::kHelloOk, opt.token);
-  ok.key = static_cast<uint64_t>(opt.role);
-  if (arena) {  // where to offer shared memory (shm.h); 0 when there is none
-    ok.sender = static_cast<uint32_t>(instance);
-    ok.round = static_cast<uint32_t>(instance >> 32);
-  }
+  // The instance names where shared memory is offered (shm.h); 0 when there is none.
+  FrameHeader ok = HelloOkFrame(opt.token, opt.role, arena ? instance : 0);
   c->Send(OutMsg{ok, nullptr, {}});
   std::lock_guard<std::mutex> lock(mu);
   conns.push_back(c);

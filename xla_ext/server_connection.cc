@@ -6,9 +6,7 @@
 namespace jbps {
 
 void SummationServer::Impl::Ack(const ConnPtr& c, uint64_t key, uint32_t round) {
-  FrameHeader ack = MakeHeader(MsgType::kPushAck, opt.token);
-  ack.key = key;
-  ack.round = round;
+  FrameHeader ack = RoundFrame(MsgType::kPushAck, opt.token, key, round);
   Deliver(c, OutMsg{ack, nullptr, {}});  // on the worker's credit loop
 }
 
@@ -32,7 +30,7 @@ void SummationServer::Impl::ReapFinishedConns() {
   }
 }
 
-Payload SummationServer::Impl::RecvPayload(const ConnPtr& c, uint64_t nbytes, std::string* why) {
+Payload SummationServer::Impl::RecvPayload(FrameReader* reader, uint64_t nbytes, std::string* why) {
   // Grown as bytes arrive: a header that claims a huge length and sends
   // little costs what was sent, not what was claimed.
   constexpr uint64_t kStep = uint64_t{64} << 20;
@@ -40,7 +38,7 @@ Payload SummationServer::Impl::RecvPayload(const ConnPtr& c, uint64_t nbytes, st
     Payload buf = std::make_shared<HeapBlock>(std::min(nbytes, kStep));
     uint64_t got = 0;
     for (;;) {
-      IoStatus st = RecvAll(c->fd, buf->data() + got, buf->size() - got, stall_ms, stall_ms);
+      IoStatus st = reader->Read(buf->data() + got, buf->size() - got);
       if (st != IoStatus::kOk) {
         *why = std::string("truncated push: ") + IoStatusName(st);
         return nullptr;
@@ -57,69 +55,81 @@ Payload SummationServer::Impl::RecvPayload(const ConnPtr& c, uint64_t nbytes, st
   }
 }
 
+// A shared-memory push: where it lies in the worker's region, read in place.
+Payload SummationServer::Impl::ShmPush(const ConnPtr& c, const Frame& f, std::string* why) {
+  std::shared_ptr<SharedRegion> region = c->shm.load(std::memory_order_acquire) ? c->push_region : nullptr;
+  if (!region) {
+    *why = "a shared-memory push without a shared region";
+  } else if (!region->Contains(f.shm.offset, f.shm.nbytes) || f.shm.nbytes > opt.max_payload_bytes ||
+             f.shm.nbytes % DTypeSize(static_cast<DType>(f.header.dtype)) != 0) {
+    *why = "a shared-memory push outside its region or not whole elements";
+  } else {
+    return std::make_shared<PushView>(region, f.shm.offset, f.shm.nbytes);
+  }
+  return nullptr;
+}
+
+// The reader: one frame at a time, dispatched on its type; a push goes to the
+// engine thread that owns its key (or is added here when that thread is idle).
 void SummationServer::Impl::ReaderLoop(ConnPtr c) {
   NameThisThread("jbps-read");
+  FrameReader reader(c->fd, opt.token, stall_ms);
   bool said_bye_here = false;
   uint64_t purge_before = 0;  // a finished job's sums still held for readers that left
   std::string lost;           // why the worker is gone, if it did not say goodbye
   for (;;) {
-    FrameHeader h;
-    IoStatus st = RecvAll(c->fd, &h, sizeof(h), -1, stall_ms);
-    const int64_t read_ns = (h.flags & kFlagTimed) ? SteadyNs() : 0;
-    if (st != IoStatus::kOk) {
-      lost = st == IoStatus::kClosed ? "was lost: its connection closed without a goodbye (killed or crashed?)"
-                                     : std::string("was lost: its connection failed: ") + IoStatusName(st);
+    Frame f;
+    std::string why;
+    FrameStatus fs = reader.Next(&f, &why);
+    if (fs == FrameStatus::kClosed) {
+      lost = "was lost: its connection closed without a goodbye (killed or crashed?)";
       break;
     }
-    std::string why = ValidateHeader(h, opt.token);
-    if (why.empty() && h.type == static_cast<uint16_t>(MsgType::kBye)) {
-      std::string reason(h.nbytes, '\0');
-      if (h.nbytes > 0 && RecvAll(c->fd, reason.data(), reason.size(), stall_ms, stall_ms) != IoStatus::kOk)
-        reason = "(its reason did not arrive)";
-      said_bye_here = reason.empty();
-      lost = "left the job: " + reason;  // a goodbye with a reason: it failed, and the others must hear why
+    if (fs == FrameStatus::kFailed) {
+      lost = "was lost: its connection failed: " + why;
       break;
     }
-    const bool tree = h.type == static_cast<uint16_t>(MsgType::kTree);
-    const bool shm_push = h.type == static_cast<uint16_t>(MsgType::kPushShm);
-    const bool release = h.type == static_cast<uint16_t>(MsgType::kRelease);
-    if (why.empty() && h.type != static_cast<uint16_t>(MsgType::kPush) && !tree && !shm_push && !release)
-      why = "unexpected message type";
-    if (why.empty() && h.sender != c->rank) why = "push claims another worker's rank";
-    if (why.empty() && release) {
-      Release(c, h);
-      continue;
+    if (fs == FrameStatus::kTruncated && f.type == MsgType::kBye) {
+      f.text = "(its reason did not arrive)";
+      fs = FrameStatus::kOk;
     }
-    if (why.empty() && tree) {
-      if (ReadTreeCheck(c, h, &why)) continue;
+    if (fs == FrameStatus::kOk && f.type == MsgType::kBye) {
+      said_bye_here = f.text.empty();
+      lost = "left the job: " + f.text;  // a goodbye with a reason: it failed, and the others must hear why
+      break;
+    }
+    const FrameHeader& h = f.header;
+    if (fs == FrameStatus::kOk) {
+      const bool from_worker = f.type == MsgType::kPush || f.type == MsgType::kPushShm || f.type == MsgType::kTree ||
+                               f.type == MsgType::kRelease;
+      if (!from_worker)
+        why = "unexpected message type";
+      else if (h.sender != c->rank)
+        why = "push claims another worker's rank";
     }
     Payload data;
-    if (why.empty() && shm_push) {
-      ShmRef ref;
-      IoStatus rst = RecvAll(c->fd, &ref, sizeof(ref), stall_ms, stall_ms);
-      std::shared_ptr<SharedRegion> region = c->shm.load(std::memory_order_acquire) ? c->push_region : nullptr;
-      if (rst != IoStatus::kOk) {
-        why = std::string("truncated push: ") + IoStatusName(rst);
-      } else if (!region) {
-        why = "a shared-memory push without a shared region";
-      } else if (!region->Contains(ref.offset, ref.nbytes) || ref.nbytes > opt.max_payload_bytes ||
-                 ref.nbytes % DTypeSize(static_cast<DType>(h.dtype)) != 0) {
-        why = "a shared-memory push outside its region or not whole elements";
-      } else {
-        data = std::make_shared<PushView>(region, ref.offset, ref.nbytes);
+    if (why.empty()) {
+      switch (f.type) {
+        case MsgType::kRelease: Release(c, h); continue;
+        case MsgType::kTree:
+          if (ReadTreeCheck(c, h, &why)) continue;
+          break;
+        case MsgType::kPushShm: data = ShmPush(c, f, &why); break;
+        default:  // kPush
+          if (f.payload > opt.max_payload_bytes)
+            why = "push of " + std::to_string(f.payload) + " bytes, over this server's limit of " +
+                  std::to_string(opt.max_payload_bytes);
+          else
+            data = RecvPayload(&reader, f.payload, &why);
       }
-    } else if (why.empty()) {
-      if (h.nbytes > opt.max_payload_bytes)
-        why = "push of " + std::to_string(h.nbytes) + " bytes, over this server's limit of " +
-              std::to_string(opt.max_payload_bytes);
-      else
-        data = RecvPayload(c, h.nbytes, &why);
     }
     if (!why.empty()) {
       Refuse(c->peer, "worker " + std::to_string(c->rank) + ": " + why);
       lost = "was lost: it sent a bad message: " + why;
       break;
     }
+    const bool shm_push = f.type == MsgType::kPushShm;
+    const int64_t read_ns = (h.flags & kFlagTimed) ? f.read_ns : 0;
     const uint64_t nbytes = data->size();
     ++pushes;
     bytes_received += nbytes;
@@ -276,9 +286,7 @@ void SummationServer::Impl::WriterLoop(ConnPtr c) {
 
 void SummationServer::Impl::SendError(const ConnPtr& c, uint64_t key, uint32_t round, const std::string& msg,
                                       uint8_t flags) {
-  OutMsg m{MakeHeader(MsgType::kError, opt.token), nullptr, msg.substr(0, kMaxErrorBytes)};
-  m.header.key = key;
-  m.header.round = round;
+  OutMsg m{RoundFrame(MsgType::kError, opt.token, key, round), nullptr, msg.substr(0, kMaxErrorBytes)};
   m.header.flags = flags;
   m.header.nbytes = m.text.size();
   Deliver(c, std::move(m));

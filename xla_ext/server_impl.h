@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "aligned_buffer.h"
+#include "frame.h"
 #include "log.h"
 #include "net.h"
 #include "onebit.h"
@@ -369,7 +370,8 @@ struct SummationServer::Impl {
   void EngineLoop(EngineThread* e);
   void Refuse(const std::string& peer, const std::string& why);
   void WorkerLost(const ConnPtr& c, const std::string& what);
-  Payload RecvPayload(const ConnPtr& c, uint64_t nbytes, std::string* why);
+  Payload RecvPayload(FrameReader* reader, uint64_t nbytes, std::string* why);
+  Payload ShmPush(const ConnPtr& c, const Frame& f, std::string* why);
   void Process(Task& t, EngineThread* e);
   void Fold(RoundState& st, DType dtype);
   EngineThread* ThreadFor(uint64_t key, uint64_t nbytes);

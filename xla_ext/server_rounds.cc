@@ -197,9 +197,7 @@ void SummationServer::Impl::Process(Task& t, EngineThread* e) {
       std::lock_guard<std::mutex> lock(holds_mu);
       holds[JobRoundKey{t.conn->epoch, t.key, t.round}] = Hold{result, readers};
     }
-    FrameHeader h = MakeHeader(MsgType::kSum, opt.token);
-    h.key = t.key;
-    h.round = t.round;
+    FrameHeader h = RoundFrame(MsgType::kSum, opt.token, t.key, t.round);
     h.dtype = static_cast<uint8_t>(st.dtype);
     h.nbytes = st.nbytes;
     FrameHeader hs = h;
