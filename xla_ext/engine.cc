@@ -21,6 +21,7 @@ bool Engine::SetCredit(int credit, std::string* err) {
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     impl_->opt.credit = credit;
+    impl_->queue.set_credit(credit);
     lost = impl_->DispatchLocked();
   }
   impl_->FailLost(lost);
@@ -92,6 +93,7 @@ bool Engine::Start(const EngineOptions& options, std::string* err) {
     return false;
   }
   s.opt = options;
+  s.queue.set_credit(options.credit);
   s.stall_ms = static_cast<int>(std::min(options.timeout_s * 1000, 2e9));
   std::vector<ServerRole> roles;
 
@@ -193,12 +195,11 @@ void Engine::Stop(const std::string& reason) {
   }
   std::lock_guard<std::mutex> lock(s.mu);
   s.conns.clear();
-  s.queue = {};
+  s.queue.Clear();
   s.pending.clear();
   s.next_round.clear();
   s.active.clear();
   s.roles.clear();
-  s.inflight_chunks = 0;
   s.fault.clear();
   s.running = false;
   s.all_local = false;
@@ -240,6 +241,7 @@ void Engine::Submit(CallSpec spec, DoneFn done, EarlyDoneFn early) {
       auto ch = std::make_shared<Chunk>();
       ch->call = call;
       ch->op = static_cast<int>(i);
+      ch->dtype = op.dtype;
       ch->nbytes = std::min(part, op.nbytes - c * part);
       ch->parts.push_back(Part{ch->op, c * part, ch->nbytes});
       ch->key = ChunkKey(op.base_key, call->spec.shard, c);
@@ -249,7 +251,9 @@ void Engine::Submit(CallSpec spec, DoneFn done, EarlyDoneFn early) {
       chunks.push_back(std::move(ch));
     }
   }
-  chunks = s.FuseSmallChunks(std::move(chunks), partition, call->spec.shard);
+  uint64_t fused = 0;
+  chunks = FuseSmallChunks(std::move(chunks), partition, call->spec.shard, &fused);
+  s.chunks_fused += fused;
   if (call->spec.tree_digest == 0 && !call->spec.tree.empty()) call->spec.tree_digest = TreeDigest(call->spec.tree);
   call->total_chunks = call->remaining = chunks.size();
   // The tree check: no credit, no answer unless the trees differ (so the
@@ -300,7 +304,7 @@ void Engine::Submit(CallSpec spec, DoneFn done, EarlyDoneFn early) {
         ch->times.queued = now;
         ch->round = s.next_round[ch->key]++;
         ch->seq = s.next_seq++;
-        s.queue.push(ch);
+        s.queue.Push(ch);
       }
       s.AddActive(call);
       ++s.calls;

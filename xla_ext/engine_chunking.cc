@@ -39,13 +39,13 @@ size_t Engine::NumChunks(size_t nbytes, DType dtype, size_t partition_bytes) {
 // then position); each server has one open group, which takes a small chunk
 // of its dtype while the group stays within a partition. Every worker runs
 // the same plan, so every worker fuses the same chunks under the same key.
-std::vector<ChunkPtr> Engine::Impl::FuseSmallChunks(std::vector<ChunkPtr> chunks, size_t partition, uint32_t shard) {
+std::vector<ChunkPtr> FuseSmallChunks(std::vector<ChunkPtr> chunks, size_t partition, uint32_t shard,
+                                      uint64_t* fused_out) {
   const size_t small = partition / kSmallChunkDivisor;
   std::vector<size_t> order(chunks.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(),
                    [&](size_t a, size_t b) { return chunks[a]->priority > chunks[b]->priority; });
-  auto dtype_of = [&](const ChunkPtr& c) { return c->call->spec.operands[c->op].dtype; };
   std::map<int, ChunkPtr> open;  // server -> its group (the first member, growing)
   std::vector<bool> absorbed(chunks.size(), false);
   uint64_t fused = 0;
@@ -55,7 +55,7 @@ std::vector<ChunkPtr> Engine::Impl::FuseSmallChunks(std::vector<ChunkPtr> chunks
     auto it = open.find(ch->server);
     if (it != open.end()) {
       ChunkPtr& g = it->second;
-      if (dtype_of(g) == dtype_of(ch) && g->nbytes + ch->nbytes <= partition && g->parts.size() < kMaxFusedParts) {
+      if (g->dtype == ch->dtype && g->nbytes + ch->nbytes <= partition && g->parts.size() < kMaxFusedParts) {
         g->parts.insert(g->parts.end(), ch->parts.begin(), ch->parts.end());
         g->nbytes += ch->nbytes;
         // A fused chunk's own key names every member, in order (0 marks connection-level errors).
@@ -68,8 +68,8 @@ std::vector<ChunkPtr> Engine::Impl::FuseSmallChunks(std::vector<ChunkPtr> chunks
     }
     open[ch->server] = ch;  // a new group starts with this chunk
   }
+  *fused_out = fused;
   if (fused == 0) return chunks;
-  chunks_fused += fused;
   std::vector<ChunkPtr> out;
   out.reserve(chunks.size() - fused);
   for (size_t i = 0; i < chunks.size(); ++i) {

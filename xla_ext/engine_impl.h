@@ -26,6 +26,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "credit_queue.h"
 #include "engine.h"
 #include "frame.h"
 #include "log.h"
@@ -149,10 +150,11 @@ struct Part {
 
 struct Chunk {
   CallPtr call;
-  int op = 0;               // the (first) operand it carries: its dtype, its name in errors
-  std::vector<Part> parts;  // one, or several small ones fused into one message
-  size_t nbytes = 0;        // of all parts
-  int slot = -1;            // the shared-memory push slot it occupies until acknowledged
+  int op = 0;                 // the (first) operand it carries: its dtype, its name in errors
+  DType dtype = DType::kF32;  // its operand's (fused chunks share one)
+  std::vector<Part> parts;    // one, or several small ones fused into one message
+  size_t nbytes = 0;          // of all parts
+  int slot = -1;              // the shared-memory push slot it occupies until acknowledged
   uint64_t key = 0;
   uint32_t round = 0;
   int server = 0;
@@ -257,6 +259,10 @@ class Completer {
   std::thread thread_;
 };
 
+// Small chunks bound for one server fused into one message (engine_chunking.cc);
+// *fused counts the chunks that went inside another.
+std::vector<ChunkPtr> FuseSmallChunks(std::vector<ChunkPtr> chunks, size_t partition, uint32_t shard, uint64_t* fused);
+
 struct Engine::Impl {
   EngineOptions opt;
   int stall_ms = 60000;
@@ -271,8 +277,8 @@ struct Engine::Impl {
   std::string fault;                    // first job-wide failure; see Engine::fault()
   std::atomic<bool> all_local{false};   // every server shares memory with this worker (while running)
   std::atomic<bool> huge_pages{false};  // opt.huge_pages, read by the handlers without mu
-  std::priority_queue<ChunkPtr, std::vector<ChunkPtr>, ChunkOrder> queue;
-  int inflight_chunks = 0;  // dispatched, not yet acknowledged: bounded by opt.credit
+  // Chunks waiting by priority; out: dispatched, not yet acknowledged (at most opt.credit).
+  CreditQueue<ChunkPtr, ChunkOrder> queue;
   std::unordered_map<RoundKey, ChunkPtr, RoundKeyHash> pending;  // sent or sending, sum not yet received
   std::unordered_map<uint64_t, uint32_t> next_round;
   std::map<uint64_t, CallPtr> active;  // by id: ids grow with deadlines
@@ -333,7 +339,6 @@ struct Engine::Impl {
   bool OnError(ServerConn* sc, const Frame& f, std::string* why);
   bool OnSum(ServerConn* sc, const Frame& f, FrameReader* reader, std::string* why);
   void AttachShm(ServerConn* sc);
-  std::vector<ChunkPtr> FuseSmallChunks(std::vector<ChunkPtr> chunks, size_t partition, uint32_t shard);
   IoStatus SendRelease(ServerConn* sc, const FrameHeader& sum);
   std::string TimeoutMessage(const CallPtr& c);
 };

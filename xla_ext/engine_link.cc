@@ -370,7 +370,7 @@ void Engine::Impl::ConnFailed(ServerConn* sc, const std::string& why) {
     sc->failed = true;
     sc->slot_cv.notify_all();
     quiet = stopping;
-    inflight_chunks -= static_cast<int>(sc->unacked.size());
+    queue.GiveBack(static_cast<int>(sc->unacked.size()));
     sc->unacked.clear();
     for (auto& ch : sc->sendq) victims.push_back(ch->call);
     sc->sendq.clear();

@@ -14,16 +14,15 @@ namespace jbps {
 // was lost, to fail once mu is released (FailLost).
 std::vector<Engine::Impl::Lost> Engine::Impl::DispatchLocked(bool wake_senders) {
   std::vector<Lost> lost;
-  while (!stopping && !queue.empty() && inflight_chunks < opt.credit) {
-    ChunkPtr ch = queue.top();
-    queue.pop();
+  while (!stopping && queue.Ready()) {
+    ChunkPtr ch = queue.Pop();
     if (ch->call->failed) continue;
     ServerConn* sc = conns[ch->server].get();
     if (sc->failed) {
       lost.push_back(Lost{ch->call, ch->server});
       continue;
     }
-    ++inflight_chunks;
+    queue.Take();
     pending[RoundKey{ch->key, ch->round}] = ch;
     sc->unacked.push_back(ch);
     sc->sendq.push_back(ch);
@@ -149,7 +148,7 @@ bool Engine::Impl::AckLocked(ServerConn* sc, const RoundKey& rk) {
                          [&](const ChunkPtr& c) { return c->key == rk.key && c->round == rk.round; });
   if (it == sc->unacked.end()) return false;
   if (opt.trace) (*it)->times.acked = NowMicros();
-  --inflight_chunks;
+  queue.GiveBack();
   sc->unacked.erase(it);
   DropSkipped(sc);
   return true;
@@ -159,7 +158,7 @@ void Engine::Impl::DropSkipped(ServerConn* sc) {
   // Never-sent chunks give their credit back (the deque is at most `credit` long).
   for (auto it = sc->unacked.begin(); it != sc->unacked.end();) {
     if ((*it)->skipped) {
-      --inflight_chunks;
+      queue.GiveBack();
       it = sc->unacked.erase(it);
     } else {
       ++it;

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "engine.h"
+#include "engine_impl.h"  // the scheduler and fusion, driven by the tests
 #include "ffi_cpu.h"
 #ifdef JBPS_HAVE_CUDA
 #include "cuda_copy_bench.h"
@@ -142,6 +143,63 @@ class PyServer {
  private:
   std::unique_ptr<jbps::SummationServer> server_;
 };
+
+// The engine's scheduling policy (CreditQueue with the engine's ChunkOrder),
+// driven item by item from the tests: an item is a chunk whose key is its id.
+class PyChunkQueue {
+ public:
+  explicit PyChunkQueue(int credit) { q_.set_credit(credit); }
+  void push(uint64_t id, int64_t priority) {
+    auto ch = std::make_shared<jbps::Chunk>();
+    ch->key = id;
+    ch->priority = priority;
+    ch->seq = next_seq_++;
+    q_.Push(std::move(ch));
+  }
+  // The next item the engine would send now, taking a credit; -1 when none may go.
+  int64_t send() {
+    if (!q_.Ready()) return -1;
+    jbps::ChunkPtr ch = q_.Pop();
+    q_.Take();
+    return static_cast<int64_t>(ch->key);
+  }
+  void ack() { q_.GiveBack(); }
+  int out() const { return q_.out(); }
+  size_t waiting() const { return q_.waiting(); }
+
+ private:
+  jbps::CreditQueue<jbps::ChunkPtr, jbps::ChunkOrder> q_;
+  uint64_t next_seq_ = 0;
+};
+
+// The engine's fusion of small chunks (FuseSmallChunks) on chunks described by
+// lists: the result's chunks in send order, each as the indices it carries.
+std::vector<std::vector<int>> FuseForTest(const std::vector<uint64_t>& nbytes, const std::vector<std::string>& dtypes,
+                                          const std::vector<int>& servers, const std::vector<int64_t>& priorities,
+                                          size_t partition) {
+  const size_t n = nbytes.size();
+  if (dtypes.size() != n || servers.size() != n || priorities.size() != n)
+    throw std::invalid_argument("fuse_small_chunks: nbytes, dtypes, servers and priorities differ in length");
+  std::vector<jbps::ChunkPtr> chunks;
+  for (size_t i = 0; i < n; ++i) {
+    auto ch = std::make_shared<jbps::Chunk>();
+    ch->op = static_cast<int>(i);
+    ch->nbytes = nbytes[i];
+    ch->parts.push_back(jbps::Part{ch->op, 0, ch->nbytes});
+    ch->dtype = ParseDType(dtypes[i]);
+    ch->server = servers[i];
+    ch->priority = priorities[i];
+    ch->key = jbps::ChunkKey(i + 1, 0, 0);
+    chunks.push_back(std::move(ch));
+  }
+  uint64_t fused = 0;
+  std::vector<std::vector<int>> out;
+  for (const auto& ch : jbps::FuseSmallChunks(std::move(chunks), partition, 0, &fused)) {
+    out.emplace_back();
+    for (const jbps::Part& p : ch->parts) out.back().push_back(p.op);
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -365,6 +423,16 @@ NB_MODULE(_core, m) {
         return jbps::Engine::NumChunks(nbytes, ParseDType(dtype), partition_bytes);
       },
       nb::arg("nbytes"), nb::arg("dtype"), nb::arg("partition_bytes"));
+
+  nb::class_<PyChunkQueue>(m, "ChunkQueue")
+      .def(nb::init<int>(), nb::arg("credit"))
+      .def("push", &PyChunkQueue::push, nb::arg("id"), nb::arg("priority"))
+      .def("send", &PyChunkQueue::send)
+      .def("ack", &PyChunkQueue::ack)
+      .def_prop_ro("out", &PyChunkQueue::out)
+      .def_prop_ro("waiting", &PyChunkQueue::waiting);
+  m.def("fuse_small_chunks", &FuseForTest, nb::arg("nbytes"), nb::arg("dtypes"), nb::arg("servers"),
+        nb::arg("priorities"), nb::arg("partition"));
 
   nb::class_<PyServer>(m, "Server")
       .def(nb::init<std::string, int, uint64_t, int, double, bool, const std::string&, bool, bool>(), nb::arg("bind"),
