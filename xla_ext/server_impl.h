@@ -374,6 +374,7 @@ struct SummationServer::Impl {
   Payload ShmPush(const ConnPtr& c, const Frame& f, std::string* why);
   void Process(Task& t, EngineThread* e);
   void Fold(RoundState& st, DType dtype);
+  Payload FinishSum(RoundState& st, EngineThread* e, uint64_t key);
   EngineThread* ThreadFor(uint64_t key, uint64_t nbytes);
   void SendError(const ConnPtr& c, uint64_t key, uint32_t round, const std::string& msg, uint8_t flags = 0);
   void Deliver(const ConnPtr& c, OutMsg m);

@@ -115,6 +115,25 @@ void SummationServer::Impl::Fold(RoundState& st, DType dtype) {
   }
 }
 
+// A round's sum as it travels: the accumulator itself, or narrowed back to
+// the wire type (16-bit floats), or encoded with the key's residual (onebit:
+// what earlier encodings of this key's sums lost is added first, and what
+// this one loses is kept for the next round).
+Payload SummationServer::Impl::FinishSum(RoundState& st, EngineThread* e, uint64_t key) {
+  if (AccumulatorIsWire(st.dtype)) return st.acc;
+  Payload result = NewBlock(st.nbytes);
+  if (st.dtype == DType::kOneBit) {
+    const size_t records = st.nbytes / kOneBitRecordBytes;
+    std::vector<float>& residual = e->onebit_residuals[key];
+    if (residual.size() != records * kOneBitBlock) residual.assign(records * kOneBitBlock, 0.0f);
+    OneBitEncodeWithFeedback(reinterpret_cast<uint8_t*>(result->data()), reinterpret_cast<float*>(st.acc->data()),
+                             residual.data(), records);
+  } else {
+    AccumulatorFinish(st.dtype, result->data(), st.acc->data(), st.nbytes / DTypeSize(st.dtype));
+  }
+  return result;
+}
+
 void SummationServer::Impl::Process(Task& t, EngineThread* e) {
   const RoundKey rk{t.key, t.round};
   RoundState& st = e->rounds[rk];
@@ -176,19 +195,7 @@ void SummationServer::Impl::Process(Task& t, EngineThread* e) {
   if (st.pushes < opt.num_workers) return;
   // Every worker pushed, so in deterministic mode every push is folded too.
   if (st.error.empty()) {
-    Payload result = st.acc;
-    if (st.dtype == DType::kOneBit) {
-      size_t records = st.nbytes / kOneBitRecordBytes;
-      std::vector<float>& residual = e->onebit_residuals[t.key];
-      if (residual.size() != records * kOneBitBlock) residual.assign(records * kOneBitBlock, 0.0f);
-      result = NewBlock(st.nbytes);
-      OneBitEncodeWithFeedback(reinterpret_cast<uint8_t*>(result->data()), reinterpret_cast<float*>(st.acc->data()),
-                               residual.data(), records);
-    } else if (!AccumulatorIsWire(st.dtype)) {
-      size_t count = st.nbytes / DTypeSize(st.dtype);
-      result = NewBlock(st.nbytes);
-      AccumulatorFinish(st.dtype, result->data(), st.acc->data(), count);
-    }
+    Payload result = FinishSum(st, e, t.key);
     int readers = 0;
     for (auto& w : st.waiters) readers += w->shm.load(std::memory_order_acquire);
     if (readers > 0) result = InArena(std::move(result));

@@ -177,13 +177,15 @@ def _reduce_on_devices(*args: jax.Array, spec: PsumSpec, reduced: mapped_axes.Ax
     ranks = spec.priorities or tuple(-i for i in range(len(leaves)))
     groups = buckets.split([leaves[i].size * leaves[i].dtype.itemsize for i in live], [ranks[i] for i in live],
                            spec.bucket_bytes)
-    wire = _Wire(spec, leaves, residuals, names, num_shards, _axis_index(reduced))
+    wire = _Wire(spec, leaves, tuple(residuals), names, num_shards, _axis_index(reduced))
     results: list[tuple[int, jax.Array]] = []  # (leaf, its summed shard)
     for b, members in enumerate(groups):
         idx = [live[m] for m in members]
         call = spec.name if len(groups) == 1 else f"{spec.name}/bucket{b}"
-        for i, s in zip(idx, _push_pull_call(wire, idx, call, spec.paths, ranks, slot, num_groups, kept)):
-            results.append((i, s))
+        summed, left = _push_pull_call(wire, idx, call, spec.paths, ranks, slot, num_groups, kept)
+        results.extend(zip(idx, summed))
+        for i, r in left.items():
+            residuals[i] = r
     summed = [s for _, s in results]
     if len(groups) > 1:
         summed = join(summed)
@@ -193,7 +195,7 @@ def _reduce_on_devices(*args: jax.Array, spec: PsumSpec, reduced: mapped_axes.Ax
             s = lax.all_gather(s, names, axis=0, tiled=True)
         leaf = leaves[i]
         out[i] = s[: leaf.size].reshape(leaf.shape).astype(leaf.dtype)
-    return out + wire.residuals
+    return out + residuals
 
 
 class _Wire:
@@ -201,7 +203,7 @@ class _Wire:
     records of the shard plus its residual, the new residual kept."""
 
     def __init__(self, spec, leaves, residuals, names, num_shards, shard_index):
-        self.leaves, self.residuals, self.names = leaves, list(residuals), names
+        self.leaves, self.residuals, self.names = leaves, residuals, names
         self.num_shards, self.shard_index = num_shards, shard_index
         self.onebit = [spec.onebit and onebit.compressed(x.shape, x.dtype) for x in leaves]
 
@@ -220,8 +222,9 @@ class _Wire:
             return (self.padded(i) // onebit.BLOCK,), onebit.RECORD_DTYPE
         return self.leaves[i].shape, self.leaves[i].dtype
 
-    def shard(self, i: int) -> jax.Array:
-        """This device's shard of leaf i (reduce-scattered over the reduced axes), as it travels."""
+    def shard(self, i: int) -> tuple[jax.Array, jax.Array | None]:
+        """This device's shard of leaf i (reduce-scattered over the reduced axes), as it travels,
+        and for onebit the leaf's new residual (else None)."""
         x = self.leaves[i]
         flat = jnp.ravel(x).astype(jnp.float32) if self.onebit[i] else jnp.ravel(x)
         padded = self.padded(i)
@@ -230,7 +233,7 @@ class _Wire:
         if self.num_shards > 1:
             flat = lax.psum_scatter(flat, self.names, scatter_dimension=0, tiled=True)
         if not self.onebit[i]:
-            return flat
+            return flat, None
         # Error feedback: encode the shard plus what earlier encodings lost,
         # keep what this one loses. Every reduced device ends with the whole
         # new residual, so the residual is replicated as the sum is.
@@ -242,8 +245,8 @@ class _Wire:
         left = corrected - sent
         if self.num_shards > 1:
             left = lax.all_gather(left, self.names, axis=0, tiled=True)
-        self.residuals[i] = left[: x.size].reshape(self.residuals[i].shape).astype(self.residuals[i].dtype)
-        return records
+        old = self.residuals[i]
+        return records, left[: x.size].reshape(old.shape).astype(old.dtype)
 
     def unpack(self, i: int, summed: jax.Array) -> jax.Array:
         """A summed shard back in values."""
@@ -253,7 +256,8 @@ class _Wire:
 def _push_pull_call(wire, idx, call, paths, priorities, slot, num_groups, kept):
     """One jbps_psum custom call over leaves `idx` (all non-empty), named
     `call`: each device's shard of every leaf (wire.shard), pushed and
-    pulled. Returns the summed shards as they travel, in `idx` order."""
+    pulled. Returns the summed shards as they travel, in `idx` order, and
+    the new residuals of the onebit leaves among them, by leaf."""
     planned = [wire.planned(i) for i in idx]
     shapes, dtypes = [p[0] for p in planned], [p[1] for p in planned]
     sub_paths = tuple(paths[i] for i in idx)
@@ -262,17 +266,20 @@ def _push_pull_call(wire, idx, call, paths, priorities, slot, num_groups, kept):
     plan = make_plan(call, sub_paths, shapes, dtypes, wire.num_shards, num_groups=num_groups,
                      partition_bytes=runtime.partition_bytes(call_bytes), server_fractions=runtime.server_fractions(),
                      priorities=tuple(priorities[i] for i in idx))
-    shards, in_place = [], []
+    shards, in_place, left = [], [], {}
     for i in idx:
-        shard = wire.shard(i)
+        shard, residual = wire.shard(i)
+        if residual is not None:
+            left[i] = residual
         # A kept parameter that reaches the custom call as it is gets a fresh output.
         in_place.append(not (kept[i] and wire.num_shards == 1 and not wire.onebit[i]
                              and wire.padded(i) == wire.leaves[i].size))
         shards.append(shard)
     described = [wire.described(i) for i in idx]
-    return push_pull(slot, shards, plan, list(range(len(idx))),
-                     tree_description(call, sub_paths, [d[0] for d in described], [d[1] for d in described]),
-                     in_place)
+    summed = push_pull(slot, shards, plan, list(range(len(idx))),
+                       tree_description(call, sub_paths, [d[0] for d in described], [d[1] for d in described]),
+                       in_place)
+    return summed, left
 
 
 def _lower(ctx, *args, spec, typed):
