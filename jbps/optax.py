@@ -131,14 +131,15 @@ def MultiSteps(tx: optax.GradientTransformation, every_k_schedule: int, *, axis_
     gradients, and only on the k-th does the mean travel (a lax.cond, so
     the other mini-steps send nothing) and `tx` update; between, the updates
     are zeros. Same results as optax.MultiSteps(tx, k) on the job's averaged
-    gradients; other arguments as for distributed()."""
+    gradients; other arguments as for distributed() (with "onebit", the
+    residuals live in inner_opt_state, a FeedbackState, and only the k-th
+    mini-step's mean is encoded)."""
     if isinstance(every_k_schedule, bool) or not isinstance(every_k_schedule, int) or every_k_schedule < 1:
         raise TypeError(f"jbps.optax.MultiSteps: every_k_schedule must be a positive int, got {every_k_schedule!r}")
-    if compression == "onebit":
-        raise NotImplementedError("jbps.optax.MultiSteps: compression='onebit' is not supported yet "
-                                  "(jbps.optax.distributed takes it)")
-    wire.check(compression, "jbps.optax.MultiSteps")
-    inner = optax.with_extra_args_support(tx)
+    wire.check(compression, "jbps.optax.MultiSteps", stateful_ok=True)
+    # What the k-th mini-step runs: the reduction and tx's update, as distributed() does.
+    inner = distributed(tx, axis_name=axis_name, average=average, name=name, priority=priority,
+                        bucket_bytes=bucket_bytes, compression=compression)
 
     def init_fn(params):
         return MultiStepsState(jnp.zeros([], jnp.int32), jax.tree_util.tree_map(jnp.zeros_like, params),
@@ -149,9 +150,7 @@ def MultiSteps(tx: optax.GradientTransformation, every_k_schedule: int, *, axis_
                                      updates, state.acc_grads)
 
         def communicate(acc, inner_state):
-            reduced = psum(acc, axis_name, average=average, name=name, priority=priority, bucket_bytes=bucket_bytes,
-                           compression=compression)
-            return inner.update(reduced, inner_state, params, **extra_args)
+            return inner.update(acc, inner_state, params, **extra_args)
 
         def accumulate(acc, inner_state):
             return jax.tree_util.tree_map(jnp.zeros_like, acc), inner_state

@@ -85,8 +85,8 @@ def test_psum_refuses_onebit_pointing_at_the_optimizer(session):
         jbps.psum(np.ones(3, np.float32), compression="onebit")
     with pytest.raises(ValueError, match="compression must be None, 'bf16', 'fp16' or 'onebit', got 'twobit'"):
         jbps.optax.distributed(optax.sgd(0.1), compression="twobit")
-    with pytest.raises(NotImplementedError, match="MultiSteps: compression='onebit' is not supported yet"):
-        jbps.optax.MultiSteps(optax.sgd(0.1), 2, compression="onebit")
+    with pytest.raises(ValueError, match="MultiSteps: compression must be None, 'bf16', 'fp16' or 'onebit', got 'x'"):
+        jbps.optax.MultiSteps(optax.sgd(0.1), 2, compression="x")
 
 
 def test_optimizer_state_holds_a_residual_per_compressed_leaf(session):
@@ -108,3 +108,38 @@ def test_optimizer_state_holds_a_residual_per_compressed_leaf(session):
     bad = state._replace(residuals=dict(state.residuals, kernel=jnp.zeros((3,))))
     with pytest.raises(ValueError, match=r"onebit residual of leaf \['kernel'\] is float32\[3\], expected float32\[64, 32\]"):
         tx.update(grads, bad, params)
+
+
+def test_multisteps_sends_each_real_steps_mean_through_onebit(session):
+    # MultiSteps with onebit: the k-th mini-step's mean goes through the same
+    # onebit psum and feedback as distributed() would send it (one worker here,
+    # so the sum is the encoding of that mean); the other mini-steps send nothing.
+    every = 3
+    params = {"kernel": jnp.ones((64, 32)), "bias": jnp.ones(32)}
+    rng = np.random.default_rng(0)
+    grads = [{"kernel": jnp.asarray(rng.standard_normal((64, 32)), jnp.float32),
+              "bias": jnp.asarray(rng.standard_normal(32), jnp.float32)} for _ in range(3 * every)]
+    ms = jbps.optax.MultiSteps(optax.sgd(0.1, momentum=0.9), every, compression="onebit", name="ms")
+    ref = jbps.optax.distributed(optax.sgd(0.1, momentum=0.9), compression="onebit", name="ref")
+    ms_state, ref_state = ms.init(params), ref.init(params)
+    assert isinstance(ms_state.inner_opt_state, jbps.optax.FeedbackState)
+    ms_update, ref_update = jax.jit(ms.update), jax.jit(ref.update)
+    calls = jbps.engine_stats()["calls"]
+    zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
+    acc = zeros
+    for i, g in enumerate(grads):
+        updates, ms_state = jax.block_until_ready(ms_update(g, ms_state, params))
+        acc = jax.tree_util.tree_map(lambda a, x: a + (x - a) / jnp.float32(i % every + 1), acc, g)
+        if i % every < every - 1:
+            for u in jax.tree_util.tree_leaves(updates):
+                assert not np.asarray(u).any()
+            continue
+        real_steps = (i + 1) // every  # one call per real step, and the reference's before this one
+        assert jbps.engine_stats()["calls"] - calls == real_steps + (real_steps - 1)
+        expected, ref_state = jax.block_until_ready(ref_update(acc, ref_state, params))
+        acc = zeros
+        for name in params:
+            np.testing.assert_allclose(np.asarray(updates[name]), np.asarray(expected[name]), rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(np.asarray(ms_state.inner_opt_state.residuals[name]),
+                                       np.asarray(ref_state.residuals[name]), rtol=1e-5, atol=1e-6)
+    assert np.abs(np.asarray(ms_state.inner_opt_state.residuals["kernel"])).max() > 0.1  # onebit did lose something
