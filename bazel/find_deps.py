@@ -21,6 +21,7 @@ def main():
     if not ffi:
         try:
             import jax.ffi
+
             ffi = jax.ffi.include_dir()
         except (ImportError, AttributeError):
             fail("jax (with jax.ffi) is not installed and JBPS_FFI_INCLUDE_DIR is not set")
@@ -32,14 +33,17 @@ def main():
     robin_map = os.path.join(os.path.dirname(nanobind.__file__), "ext", "robin_map", "include")
     if not os.path.isdir(robin_map):
         fail(f"nanobind's robin_map headers not found at {robin_map}")
-    json.dump({
-        "python": sys.executable,
-        "python_include": py_include,
-        "nanobind_src": nanobind.source_dir(),
-        "nanobind_include": nanobind.include_dir(),
-        "robin_map_include": robin_map,
-        "ffi_include": ffi,
-    }, sys.stdout)
+    json.dump(
+        {
+            "python": sys.executable,
+            "python_include": py_include,
+            "nanobind_src": nanobind.source_dir(),
+            "nanobind_include": nanobind.include_dir(),
+            "robin_map_include": robin_map,
+            "ffi_include": ffi,
+        },
+        sys.stdout,
+    )
 
 
 if __name__ == "__main__":

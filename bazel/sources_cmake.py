@@ -19,7 +19,7 @@ def parse(text, prefix="xla_ext/"):
         for item in body.split():
             if not item.startswith(_DIR):
                 raise ValueError(f"sources.cmake: {name}: {item!r} does not start with {_DIR}")
-            paths.append(prefix + item[len(_DIR):])
+            paths.append(prefix + item[len(_DIR) :])
         lists[name] = paths
     return lists
 

@@ -41,8 +41,12 @@ PARAM_SPECS = {"w1": P(None, "model"), "b1": P("model"), "w2": P("model", None),
 
 def init_params(key, dims):
     k1, k2 = jax.random.split(key)
-    return {"w1": jax.random.normal(k1, (dims[0], dims[1])) / np.sqrt(dims[0]), "b1": jnp.zeros(dims[1]),
-            "w2": jax.random.normal(k2, (dims[1], dims[2])) / np.sqrt(dims[1]), "b2": jnp.zeros(dims[2])}
+    return {
+        "w1": jax.random.normal(k1, (dims[0], dims[1])) / np.sqrt(dims[0]),
+        "b1": jnp.zeros(dims[1]),
+        "w2": jax.random.normal(k2, (dims[1], dims[2])) / np.sqrt(dims[1]),
+        "b2": jnp.zeros(dims[2]),
+    }
 
 
 def forward(params, x):
@@ -92,8 +96,7 @@ def main():
     # (local devices and workers) is the mean of the workers' gradients: the
     # gradient of the job's mean loss. The result is typed replicated over
     # "data", which the out_specs state (shard_map checks it).
-    average = shard_map(lambda g: jbps.pmean(g, "data"), mesh=mesh, in_specs=(PARAM_SPECS,),
-                        out_specs=PARAM_SPECS)
+    average = shard_map(lambda g: jbps.pmean(g, "data"), mesh=mesh, in_specs=(PARAM_SPECS,), out_specs=PARAM_SPECS)
     tx = optax.sgd(args.lr, momentum=0.9)
 
     @jax.jit
@@ -118,9 +121,12 @@ def main():
     jax.block_until_ready(params)
     elapsed = time.perf_counter() - start
     comm = jbps.engine_stats()["busy_seconds"] - busy
-    print(f"worker {rank}: mesh data {local_data} x model {args.model} on each of {workers} worker(s); "
-          f"loss {losses[0]:.4f} -> {losses[-1]:.4f}; communication {100 * comm / max(elapsed, 1e-9):.0f}% "
-          f"of step time", flush=True)
+    print(
+        f"worker {rank}: mesh data {local_data} x model {args.model} on each of {workers} worker(s); "
+        f"loss {losses[0]:.4f} -> {losses[-1]:.4f}; communication {100 * comm / max(elapsed, 1e-9):.0f}% "
+        f"of step time",
+        flush=True,
+    )
 
     # One process, one device, the job's whole batch: what the run must equal.
     @jax.jit
@@ -132,14 +138,19 @@ def main():
     ref, ref_state = start_params, tx.init(start_params)
     for i in range(args.steps):
         batches = [make_batch(args.seed, i, w, args.batch_size, teacher) for w in range(workers)]
-        ref, ref_state = reference_step(ref, ref_state, np.concatenate([b[0] for b in batches]),
-                                        np.concatenate([b[1] for b in batches]))
-    diff = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(jax.device_get(params)),
-                                                                   jax.tree.leaves(ref)))
+        ref, ref_state = reference_step(
+            ref, ref_state, np.concatenate([b[0] for b in batches]), np.concatenate([b[1] for b in batches])
+        )
+    diff = max(
+        float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(jax.device_get(params)), jax.tree.leaves(ref))
+    )
     scale = max(float(jnp.max(jnp.abs(b))) for b in jax.tree.leaves(ref))
     ok = diff <= 1e-4 * scale
-    print(f"worker {rank}: parameters vs one process on the whole batch: max difference {diff:.2e} "
-          f"({'match' if ok else 'MISMATCH'})", flush=True)
+    print(
+        f"worker {rank}: parameters vs one process on the whole batch: max difference {diff:.2e} "
+        f"({'match' if ok else 'MISMATCH'})",
+        flush=True,
+    )
     jbps.shutdown()
     if not ok:
         sys.exit(1)

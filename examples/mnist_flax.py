@@ -50,8 +50,9 @@ class CNN(nn.Module):
 def load_data(seed):
     digits = load_digits()
     images = (digits.images / 16.0).astype(np.float32)[..., None]  # (N, 8, 8, 1) in [0, 1]
-    return train_test_split(images, digits.target.astype(np.int32), test_size=0.2, random_state=seed,
-                            stratify=digits.target)
+    return train_test_split(
+        images, digits.target.astype(np.int32), test_size=0.2, random_state=seed, stratify=digits.target
+    )
 
 
 def loss_fn(params, apply_fn, x, y):
@@ -74,10 +75,18 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--epochs", type=int, default=12)
     p.add_argument("--batch-size", type=int, default=64, help="global batch, split over the workers")
-    p.add_argument("--compression", choices=["bf16", "fp16", "onebit"], default=None,
-                   help="gradients on the wire (default: float32 as computed)")
-    p.add_argument("--optimizer", choices=["adam", "sgd"], default="adam",
-                   help="sgd: with momentum 0.9 (what onebit compression suits best)")
+    p.add_argument(
+        "--compression",
+        choices=["bf16", "fp16", "onebit"],
+        default=None,
+        help="gradients on the wire (default: float32 as computed)",
+    )
+    p.add_argument(
+        "--optimizer",
+        choices=["adam", "sgd"],
+        default="adam",
+        help="sgd: with momentum 0.9 (what onebit compression suits best)",
+    )
     p.add_argument("--lr", type=float, default=None, help="default: 2e-3 for adam, 0.05 for sgd")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
@@ -104,14 +113,15 @@ def main():
     # A bar on a terminal only (disable=None: tqdm's test for one); piped, as
     # under jbps run, its redraws would pile up into one long line, so rank 0
     # prints a line per epoch instead.
-    progress = tqdm(total=args.epochs * steps_per_epoch, disable=None if rank == 0 else True,
-                    desc=f"{workers} worker(s)")
+    progress = tqdm(
+        total=args.epochs * steps_per_epoch, disable=None if rank == 0 else True, desc=f"{workers} worker(s)"
+    )
     busy_before, start = jbps.engine_stats()["busy_seconds"], time.perf_counter()
     for epoch in range(args.epochs):
         order = np.random.default_rng([args.seed, epoch]).permutation(len(x_train))  # same on every worker
         for step in range(steps_per_epoch):
-            batch = order[step * args.batch_size:(step + 1) * args.batch_size]
-            mine = batch[rank * per_worker:(rank + 1) * per_worker]
+            batch = order[step * args.batch_size : (step + 1) * args.batch_size]
+            mine = batch[rank * per_worker : (rank + 1) * per_worker]
             state, loss = train_step(state, x_train[mine], y_train[mine])
             progress.update()
         progress.set_postfix(epoch=epoch + 1, loss=f"{float(loss):.3f}")
@@ -124,8 +134,10 @@ def main():
 
     test_accuracy = float(accuracy(state, x_test, y_test))
     if rank == 0:
-        print(f"workers {workers}, {args.epochs} epochs of {steps_per_epoch} steps in {elapsed:.1f} s; "
-              f"communication {share.communication:.0%} of step time")
+        print(
+            f"workers {workers}, {args.epochs} epochs of {steps_per_epoch} steps in {elapsed:.1f} s; "
+            f"communication {share.communication:.0%} of step time"
+        )
         print(f"test accuracy {test_accuracy:.4f}")
     jbps.shutdown()
 

@@ -14,9 +14,13 @@ import jbps
 
 def fake_grads(worker, device):
     rng = np.random.default_rng([worker, device])
-    return {"dense": {"kernel": rng.standard_normal((256, 128)).astype(np.float32),
-                      "bias": rng.standard_normal(128).astype(np.float32)},
-            "embed": rng.standard_normal((1000, 64)).astype(jnp.bfloat16)}
+    return {
+        "dense": {
+            "kernel": rng.standard_normal((256, 128)).astype(np.float32),
+            "bias": rng.standard_normal(128).astype(np.float32),
+        },
+        "embed": rng.standard_normal((1000, 64)).astype(jnp.bfloat16),
+    }
 
 
 def main():
@@ -30,8 +34,10 @@ def main():
     everyone = [fake_grads(w, d) for w in range(workers) for d in range(L)]
     want = np.sum([g["dense"]["kernel"] for g in everyone], axis=0)
     err = np.abs(np.asarray(out["dense"]["kernel"][0]) - want).max()
-    print(f"worker {rank}/{workers}: summed {L} local devices x {workers} workers, "
-          f"kernel[0,:3]={np.asarray(out['dense']['kernel'][0, 0, :3])}, max error vs numpy {err:.2e}")
+    print(
+        f"worker {rank}/{workers}: summed {L} local devices x {workers} workers, "
+        f"kernel[0,:3]={np.asarray(out['dense']['kernel'][0, 0, :3])}, max error vs numpy {err:.2e}"
+    )
     jbps.shutdown()
 
 

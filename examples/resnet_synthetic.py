@@ -49,8 +49,7 @@ class ResNet(nn.Module):
 
     @nn.compact
     def __call__(self, x, train=True):
-        x = nn.relu(nn.BatchNorm(use_running_average=not train)(nn.Conv(self.widths[0], (3, 3),
-                                                                         use_bias=False)(x)))
+        x = nn.relu(nn.BatchNorm(use_running_average=not train)(nn.Conv(self.widths[0], (3, 3), use_bias=False)(x)))
         for stage, width in enumerate(self.widths):
             for block in range(self.blocks_per_stage):
                 x = BasicBlock(width, strides=2 if stage and block == 0 else 1)(x, train)
@@ -63,8 +62,9 @@ class TrainState(train_state.TrainState):
 
 def train_step(state, images, labels):
     def loss_fn(params):
-        logits, updates = state.apply_fn({"params": params, "batch_stats": state.batch_stats}, images,
-                                         mutable=["batch_stats"])
+        logits, updates = state.apply_fn(
+            {"params": params, "batch_stats": state.batch_stats}, images, mutable=["batch_stats"]
+        )
         loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
         return loss, updates["batch_stats"]
 
@@ -94,8 +94,9 @@ def main():
     variables = model.init(jax.random.PRNGKey(0), jnp.zeros(shape, jnp.float32))
     variables = jbps.broadcast_parameters(variables)  # every worker starts from rank 0's
     tx = jbps.optax.distributed(optax.sgd(0.1, momentum=0.9), axis_name="batch")
-    state = TrainState.create(apply_fn=model.apply, params=variables["params"],
-                              batch_stats=variables["batch_stats"], tx=tx)
+    state = TrainState.create(
+        apply_fn=model.apply, params=variables["params"], batch_stats=variables["batch_stats"], tx=tx
+    )
     state = replicate(state, devices)
     step = jax.pmap(train_step, axis_name="batch")
 
@@ -114,12 +115,16 @@ def main():
 
     per_worker = args.steps * devices * args.batch_size / elapsed
     count = sum(x.size for x in jax.tree_util.tree_leaves(variables["params"]))
-    print(f"worker {rank}: {per_worker:.1f} images/s on {devices} device(s); "
-          f"communication {share.communication:.0%} of step time, waiting for slower workers {share.waiting:.0%}",
-          flush=True)
+    print(
+        f"worker {rank}: {per_worker:.1f} images/s on {devices} device(s); "
+        f"communication {share.communication:.0%} of step time, waiting for slower workers {share.waiting:.0%}",
+        flush=True,
+    )
     if rank == 0:
-        print(f"total: {per_worker * workers:.1f} images/s over {workers} worker(s) "
-              f"({count:,} parameters, {args.steps} steps, final loss {float(loss[0]):.3f})")
+        print(
+            f"total: {per_worker * workers:.1f} images/s over {workers} worker(s) "
+            f"({count:,} parameters, {args.steps} steps, final loss {float(loss[0]):.3f})"
+        )
     jbps.shutdown()
 
 

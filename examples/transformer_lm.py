@@ -98,8 +98,12 @@ def main():
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--compression", choices=["bf16", "fp16", "onebit"], default=None,
-                   help="gradients on the wire (default: float32 as computed)")
+    p.add_argument(
+        "--compression",
+        choices=["bf16", "fp16", "onebit"],
+        default=None,
+        help="gradients on the wire (default: float32 as computed)",
+    )
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--corpus-bytes", type=int, default=2_000_000)
     p.add_argument("--log-every", type=int, default=25)
@@ -132,8 +136,11 @@ def main():
             elapsed = time.perf_counter() - start
             share = jbps.communication_share(jbps.engine_stats()["busy_seconds"] - busy, elapsed)  # every worker
             if rank == 0:
-                print(f"step {step:4d}  loss {loss:.3f}  {tokens * (step - 1) / elapsed:,.0f} tokens/s over "
-                      f"the job  communication {share.communication:.0%} of step time", flush=True)
+                print(
+                    f"step {step:4d}  loss {loss:.3f}  {tokens * (step - 1) / elapsed:,.0f} tokens/s over "
+                    f"the job  communication {share.communication:.0%} of step time",
+                    flush=True,
+                )
     if rank == 0:
         print(f"loss {first_loss:.3f} -> {loss:.3f}")
     jbps.shutdown()

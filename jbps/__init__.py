@@ -1,10 +1,10 @@
 """jbps: BytePS for JAX.
 
-    import jbps
-    jbps.init()                                     # JBPS_SERVERS, JBPS_NUM_WORKERS, JBPS_WORKER_RANK
-    f = jax.pmap(lambda g: jbps.psum(g, "i"), axis_name="i")
-    tx = jbps.optax.distributed(optax.adam(1e-3), axis_name="i")   # or in a flax TrainState
-    params = jbps.broadcast_parameters(params)      # every worker starts from rank 0's
+import jbps
+jbps.init()                                     # JBPS_SERVERS, JBPS_NUM_WORKERS, JBPS_WORKER_RANK
+f = jax.pmap(lambda g: jbps.psum(g, "i"), axis_name="i")
+tx = jbps.optax.distributed(optax.adam(1e-3), axis_name="i")   # or in a flax TrainState
+params = jbps.broadcast_parameters(params)      # every worker starts from rank 0's
 """
 
 import importlib
@@ -14,8 +14,20 @@ from .errors import JbpsError, is_jbps_error
 from . import errors, partition
 from .ops import broadcast, broadcast_parameters, pmean, psum
 from .partition import forward_order, optimal_split
-from .runtime import (Session, check, config, engine_stats, has_cuda_support, init, is_initialized, local_rank,
-                      local_size, rank, shutdown, size)
+from .runtime import (
+    Session,
+    check,
+    config,
+    engine_stats,
+    has_cuda_support,
+    init,
+    is_initialized,
+    local_rank,
+    local_size,
+    rank,
+    shutdown,
+    size,
+)
 from .timing import CommunicationShare, communication_share
 
 __version__ = "0.1.0"

@@ -58,8 +58,10 @@ def _server(argv: list[str]) -> int:
 
 
 _COMMANDS = {
-    "bench": (_bench, "benchmark jbps psum against MPI Allreduce and JAX gloo psum (`jbps bench network`: "
-                      "across emulated hosts)"),
+    "bench": (
+        _bench,
+        "benchmark jbps psum against MPI Allreduce and JAX gloo psum (`jbps bench network`: across emulated hosts)",
+    ),
     "plan": (_plan, "predict a model's traffic per server and communication time vs CPU machines"),
     "run": (_run, "run a whole job on this machine: scheduler, servers and workers"),
     "scheduler": (_scheduler, "run the rendezvous of an environment-variable (DMLC_*) bootstrap"),
@@ -68,8 +70,9 @@ _COMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="jbps", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+    parser = argparse.ArgumentParser(
+        prog="jbps", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
     parser.add_argument("--version", action="version", version=f"jbps {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (_, help_text) in _COMMANDS.items():

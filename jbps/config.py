@@ -129,48 +129,126 @@ def _byteps_trace_dir(environ: Mapping[str, str]) -> tuple[str, str] | None:
 
 
 OPTIONS = (
-    Option("servers", ("JBPS_SERVERS",), _servers, None,
-           "comma-separated host:port of every summation server"),
-    Option("num_workers", ("JBPS_NUM_WORKERS", "DMLC_NUM_WORKER"), _positive_int, None,
-           "number of worker processes in the job (default 1 with JBPS_SERVERS; a bootstrap finds it)"),
-    Option("worker_rank", ("JBPS_WORKER_RANK", "DMLC_WORKER_ID"), _non_negative_int, None,
-           "this worker's rank, 0 .. num_workers-1 (default 0 with JBPS_SERVERS; a bootstrap assigns it)"),
-    Option("local_rank", ("JBPS_LOCAL_RANK",), _non_negative_int, None,
-           "this worker's rank among the workers on its host (default 0; a bootstrap assigns it)"),
-    Option("local_size", ("JBPS_LOCAL_SIZE",), _positive_int, None,
-           "worker processes on this host (default 1; a bootstrap finds it)"),
-    Option("role", ("JBPS_ROLE", "DMLC_ROLE"), _role, None,
-           "worker, server or scheduler: which part of an environment bootstrap this process is"),
-    Option("num_servers", ("JBPS_NUM_SERVERS", "DMLC_NUM_SERVER"), _positive_int, None,
-           "summation server processes the scheduler waits for"),
-    Option("scheduler_host", ("JBPS_SCHEDULER_HOST", "DMLC_PS_ROOT_URI"), _text, None,
-           "host of the scheduler (environment bootstrap)"),
-    Option("scheduler_port", ("JBPS_SCHEDULER_PORT", "DMLC_PS_ROOT_PORT"), _port, None,
-           "port of the scheduler (environment bootstrap)"),
-    Option("colocated_servers", ("JBPS_COLOCATED_SERVERS",), _non_negative_int, 1,
-           "under mpirun: summation servers jbps starts inside the first worker of each host"),
-    Option("partition_bytes", ("JBPS_PARTITION_BYTES", "BYTEPS_PARTITION_BYTES"), _positive_bytes,
-           None, "largest chunk of a tensor sent as one message (bytes, or e.g. 4M); default 1 MiB on one host, and across hosts "
-                 "sized to each psum (see jbps/partition/defaults.py)"),
-    Option("scheduling_credit", ("JBPS_SCHEDULING_CREDIT", "BYTEPS_SCHEDULING_CREDIT"), _positive_int,
-           None, "chunks pushed and not yet acknowledged, per worker (the credit window); default "
-                 "max(4, 2 x servers) on one host, across hosts the servers that get bytes + 2"),
-    Option("bucket_bytes", ("JBPS_BUCKET_BYTES",), _non_negative_bytes, DEFAULT_BUCKET_BYTES,
-           "a psum of a larger tree is split into calls (buckets) of about this many bytes, in the order the "
-           "backward pass produces the leaves, so each can start while the rest is computed; 0: one call"),
-    Option("timeout_s", ("JBPS_TIMEOUT_S",), _positive_float, DEFAULT_TIMEOUT_S,
-           "seconds before connecting or a psum gives up with an error"),
-    Option("shm", ("JBPS_SHM",), _switch, True,
-           "share memory with summation servers on the same host instead of sending bytes through loopback "
-           "TCP (0: TCP only); servers read it too"),
-    Option("job_token", ("JBPS_JOB_TOKEN",), _token, 0,
-           "shared secret of the job; servers refuse workers without it"),
-    Option("trace_dir", ("JBPS_TRACE_DIR",), _text, None,
-           "write a Chrome/Perfetto trace of every chunk to DIR/<rank>/comm.json at shutdown",
-           fallback=_byteps_trace_dir),
-    Option("huge_pages", ("JBPS_HUGE_PAGES",), _switch, True,
-           "back a psum's fresh output buffers (of a parameter the caller keeps, 2 MiB and more) with transparent "
-           "huge pages (madvise), so their first touch faults in 2 MiB pages, not 4 KiB ones; 0: as allocated"),
+    Option("servers", ("JBPS_SERVERS",), _servers, None, "comma-separated host:port of every summation server"),
+    Option(
+        "num_workers",
+        ("JBPS_NUM_WORKERS", "DMLC_NUM_WORKER"),
+        _positive_int,
+        None,
+        "number of worker processes in the job (default 1 with JBPS_SERVERS; a bootstrap finds it)",
+    ),
+    Option(
+        "worker_rank",
+        ("JBPS_WORKER_RANK", "DMLC_WORKER_ID"),
+        _non_negative_int,
+        None,
+        "this worker's rank, 0 .. num_workers-1 (default 0 with JBPS_SERVERS; a bootstrap assigns it)",
+    ),
+    Option(
+        "local_rank",
+        ("JBPS_LOCAL_RANK",),
+        _non_negative_int,
+        None,
+        "this worker's rank among the workers on its host (default 0; a bootstrap assigns it)",
+    ),
+    Option(
+        "local_size",
+        ("JBPS_LOCAL_SIZE",),
+        _positive_int,
+        None,
+        "worker processes on this host (default 1; a bootstrap finds it)",
+    ),
+    Option(
+        "role",
+        ("JBPS_ROLE", "DMLC_ROLE"),
+        _role,
+        None,
+        "worker, server or scheduler: which part of an environment bootstrap this process is",
+    ),
+    Option(
+        "num_servers",
+        ("JBPS_NUM_SERVERS", "DMLC_NUM_SERVER"),
+        _positive_int,
+        None,
+        "summation server processes the scheduler waits for",
+    ),
+    Option(
+        "scheduler_host",
+        ("JBPS_SCHEDULER_HOST", "DMLC_PS_ROOT_URI"),
+        _text,
+        None,
+        "host of the scheduler (environment bootstrap)",
+    ),
+    Option(
+        "scheduler_port",
+        ("JBPS_SCHEDULER_PORT", "DMLC_PS_ROOT_PORT"),
+        _port,
+        None,
+        "port of the scheduler (environment bootstrap)",
+    ),
+    Option(
+        "colocated_servers",
+        ("JBPS_COLOCATED_SERVERS",),
+        _non_negative_int,
+        1,
+        "under mpirun: summation servers jbps starts inside the first worker of each host",
+    ),
+    Option(
+        "partition_bytes",
+        ("JBPS_PARTITION_BYTES", "BYTEPS_PARTITION_BYTES"),
+        _positive_bytes,
+        None,
+        "largest chunk of a tensor sent as one message (bytes, or e.g. 4M); default 1 MiB on one host, and across hosts "
+        "sized to each psum (see jbps/partition/defaults.py)",
+    ),
+    Option(
+        "scheduling_credit",
+        ("JBPS_SCHEDULING_CREDIT", "BYTEPS_SCHEDULING_CREDIT"),
+        _positive_int,
+        None,
+        "chunks pushed and not yet acknowledged, per worker (the credit window); default "
+        "max(4, 2 x servers) on one host, across hosts the servers that get bytes + 2",
+    ),
+    Option(
+        "bucket_bytes",
+        ("JBPS_BUCKET_BYTES",),
+        _non_negative_bytes,
+        DEFAULT_BUCKET_BYTES,
+        "a psum of a larger tree is split into calls (buckets) of about this many bytes, in the order the "
+        "backward pass produces the leaves, so each can start while the rest is computed; 0: one call",
+    ),
+    Option(
+        "timeout_s",
+        ("JBPS_TIMEOUT_S",),
+        _positive_float,
+        DEFAULT_TIMEOUT_S,
+        "seconds before connecting or a psum gives up with an error",
+    ),
+    Option(
+        "shm",
+        ("JBPS_SHM",),
+        _switch,
+        True,
+        "share memory with summation servers on the same host instead of sending bytes through loopback "
+        "TCP (0: TCP only); servers read it too",
+    ),
+    Option("job_token", ("JBPS_JOB_TOKEN",), _token, 0, "shared secret of the job; servers refuse workers without it"),
+    Option(
+        "trace_dir",
+        ("JBPS_TRACE_DIR",),
+        _text,
+        None,
+        "write a Chrome/Perfetto trace of every chunk to DIR/<rank>/comm.json at shutdown",
+        fallback=_byteps_trace_dir,
+    ),
+    Option(
+        "huge_pages",
+        ("JBPS_HUGE_PAGES",),
+        _switch,
+        True,
+        "back a psum's fresh output buffers (of a parameter the caller keeps, 2 MiB and more) with transparent "
+        "huge pages (madvise), so their first touch faults in 2 MiB pages, not 4 KiB ones; 0: as allocated",
+    ),
 )
 
 
@@ -228,6 +306,7 @@ def argparse_type(name: str) -> Callable[[str], Any]:
             return parse_option(name, text)
         except ValueError as exc:
             raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+
     return parse
 
 
@@ -283,19 +362,26 @@ class Config:
         """The settings a worker's engine starts with: servers known (given,
         or filled in by a bootstrap), defaults filled, ranges checked."""
         if not self.servers:
-            raise JbpsError("no summation servers: set JBPS_SERVERS=host:port[,host:port...] or pass "
-                            "jbps.init(servers=[...]); or start the job with `jbps run`, under mpirun, or with a "
-                            "scheduler (DMLC_PS_ROOT_URI and DMLC_PS_ROOT_PORT)")
+            raise JbpsError(
+                "no summation servers: set JBPS_SERVERS=host:port[,host:port...] or pass "
+                "jbps.init(servers=[...]); or start the job with `jbps run`, under mpirun, or with a "
+                "scheduler (DMLC_PS_ROOT_URI and DMLC_PS_ROOT_PORT)"
+            )
         done = dataclasses.replace(
             self,
             num_workers=self.num_workers or 1,
             worker_rank=self.worker_rank or 0,
             local_rank=self.local_rank or 0,
-            local_size=self.local_size or 1)
+            local_size=self.local_size or 1,
+        )
         if done.worker_rank >= done.num_workers:
-            raise JbpsError(f"worker rank {done.worker_rank} (JBPS_WORKER_RANK) is out of range for "
-                            f"{done.num_workers} workers (JBPS_NUM_WORKERS)")
+            raise JbpsError(
+                f"worker rank {done.worker_rank} (JBPS_WORKER_RANK) is out of range for "
+                f"{done.num_workers} workers (JBPS_NUM_WORKERS)"
+            )
         if done.local_rank >= done.local_size:
-            raise JbpsError(f"local rank {done.local_rank} (JBPS_LOCAL_RANK) is out of range for "
-                            f"{done.local_size} local workers (JBPS_LOCAL_SIZE)")
+            raise JbpsError(
+                f"local rank {done.local_rank} (JBPS_LOCAL_RANK) is out of range for "
+                f"{done.local_size} local workers (JBPS_LOCAL_SIZE)"
+            )
         return done

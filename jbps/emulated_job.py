@@ -54,8 +54,11 @@ class JobResult:
             listening = _SERVER_LISTENING.search(s.stdout)
             if listening:
                 done = _SERVER_DONE.search(s.stderr)
-                out[listening.group(1)] = {"host": s.host, "role": listening.group(2),
-                                           "bytes_received": int(done.group(2)) if done else None}
+                out[listening.group(1)] = {
+                    "host": s.host,
+                    "role": listening.group(2),
+                    "bytes_received": int(done.group(2)) if done else None,
+                }
         return out
 
 
@@ -71,15 +74,24 @@ def python_env(base: Mapping[str, str] | None = None, **extra: str) -> dict[str,
     return env
 
 
-def run_job(net: EmulatedNetwork, worker_hosts: Sequence[int], server_hosts: Sequence[int],
-            argv: Sequence[str], *, env: Mapping[str, str] | None = None, local_devices: int = 1,
-            timeout_s: float = 300, python: str = sys.executable) -> JobResult:
+def run_job(
+    net: EmulatedNetwork,
+    worker_hosts: Sequence[int],
+    server_hosts: Sequence[int],
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    local_devices: int = 1,
+    timeout_s: float = 300,
+    python: str = sys.executable,
+) -> JobResult:
     """Runs `python argv...` as one worker on each of `worker_hosts` (rank i on
     worker_hosts[i]) with a server on each of `server_hosts`; returns when every
     worker has exited and the servers have. Raises JobFailed, with every
     process's output, when a worker fails or the job takes over `timeout_s`."""
-    with EmulatedJob(net, worker_hosts, server_hosts, argv, env=env, local_devices=local_devices,
-                     timeout_s=timeout_s, python=python) as job:
+    with EmulatedJob(
+        net, worker_hosts, server_hosts, argv, env=env, local_devices=local_devices, timeout_s=timeout_s, python=python
+    ) as job:
         return job.wait()
 
 
@@ -88,9 +100,18 @@ class EmulatedJob:
     every process it started, by PID. wait() collects it; in between, a test
     may read the workers' output or cut a host's link."""
 
-    def __init__(self, net: EmulatedNetwork, worker_hosts: Sequence[int], server_hosts: Sequence[int],
-                 argv: Sequence[str], *, env: Mapping[str, str] | None = None, local_devices: int = 1,
-                 timeout_s: float = 300, python: str = sys.executable):
+    def __init__(
+        self,
+        net: EmulatedNetwork,
+        worker_hosts: Sequence[int],
+        server_hosts: Sequence[int],
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        local_devices: int = 1,
+        timeout_s: float = 300,
+        python: str = sys.executable,
+    ):
         self.net, self.python = net, python
         self.worker_hosts, self.server_hosts = list(worker_hosts), list(server_hosts)
         self.argv, self.local_devices, self.timeout_s = list(argv), local_devices, timeout_s
@@ -141,8 +162,12 @@ class EmulatedJob:
         base = dict(self.env, JBPS_TIMEOUT_S=timeout, DMLC_NUM_WORKER=str(n), DMLC_NUM_SERVER=str(s))
         first = self.worker_hosts[0]
         address = self.net.hosts[first].address
-        sched = self.spawn("scheduler", first, [self.python, "-m", "jbps.scheduler", "--bind", f"{address}:0"],
-                           dict(base, DMLC_ROLE="scheduler"))
+        sched = self.spawn(
+            "scheduler",
+            first,
+            [self.python, "-m", "jbps.scheduler", "--bind", f"{address}:0"],
+            dict(base, DMLC_ROLE="scheduler"),
+        )
         port = None
         while port is None:
             m = _SCHEDULER_LISTENING.search((self.dir / "scheduler.out").read_text())
@@ -153,13 +178,20 @@ class EmulatedJob:
             else:
                 time.sleep(0.02)
         base.update(DMLC_PS_ROOT_URI=address, DMLC_PS_ROOT_PORT=port)
-        self.servers = [self.spawn(f"server {i}", host, [self.python, "-m", "jbps.server"],
-                                   dict(base, DMLC_ROLE="server")) for i, host in enumerate(self.server_hosts)]
+        self.servers = [
+            self.spawn(f"server {i}", host, [self.python, "-m", "jbps.server"], dict(base, DMLC_ROLE="server"))
+            for i, host in enumerate(self.server_hosts)
+        ]
         flags = f"{self.env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={self.local_devices}"
-        self.workers = [self.spawn(f"worker {rank}", host, [self.python, *self.argv],
-                                   dict(base, DMLC_ROLE="worker", DMLC_WORKER_ID=str(rank), JAX_PLATFORMS="cpu",
-                                        XLA_FLAGS=flags.strip()))
-                        for rank, host in enumerate(self.worker_hosts)]
+        self.workers = [
+            self.spawn(
+                f"worker {rank}",
+                host,
+                [self.python, *self.argv],
+                dict(base, DMLC_ROLE="worker", DMLC_WORKER_ID=str(rank), JAX_PLATFORMS="cpu", XLA_FLAGS=flags.strip()),
+            )
+            for rank, host in enumerate(self.worker_hosts)
+        ]
 
     def wait(self) -> JobResult:
         """Every worker's and server's output once all have exited; JobFailed
@@ -178,8 +210,10 @@ class EmulatedJob:
                 p.wait(timeout=max(1.0, min(30.0, self.deadline - time.monotonic())))
             except subprocess.TimeoutExpired:
                 raise JobFailed(f"a server did not exit after the job:\n{self.describe()}") from None
-        return JobResult(workers=[self.output(f"worker {r}") for r in range(len(self.workers))],
-                         servers=[self.output(f"server {i}") for i in range(len(self.servers))])
+        return JobResult(
+            workers=[self.output(f"worker {r}") for r in range(len(self.workers))],
+            servers=[self.output(f"server {i}") for i in range(len(self.servers))],
+        )
 
     def end(self) -> None:
         procs = [p for _, _, p in self.procs]

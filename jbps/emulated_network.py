@@ -169,8 +169,9 @@ class EmulatedNetwork:
         if not isinstance(num_hosts, int) or num_hosts < 1:
             raise NetworkError(f"need at least one host, got {num_hosts!r}")
         if num_hosts > MAX_HOSTS:
-            raise NetworkError(f"{num_hosts} hosts, but their address range {FIRST_ADDRESS - 1}/{PREFIX_LEN} has "
-                               f"{MAX_HOSTS} addresses")
+            raise NetworkError(
+                f"{num_hosts} hosts, but their address range {FIRST_ADDRESS - 1}/{PREFIX_LEN} has {MAX_HOSTS} addresses"
+            )
         try:
             self.rate = parse_rate(rate) if isinstance(rate, str) else float(rate)
             if not self.rate >= 1e5:
@@ -202,8 +203,10 @@ class EmulatedNetwork:
 
     def _catch_signals(self) -> None:
         """SIGTERM becomes SystemExit, so `with` blocks remove what they made."""
+
         def on_term(signum, frame):
             raise SystemExit(128 + signum)
+
         if threading.current_thread() is threading.main_thread():
             self._old_handlers[signal.SIGTERM] = signal.signal(signal.SIGTERM, on_term)
 
@@ -226,22 +229,52 @@ class EmulatedNetwork:
             self._made.append(h.name)
             port = f"p{h.index}"
             ns = ["ip", "-n", h.name]
-            _run(["ip", "link", "add", "eth0", "netns", h.name, "type", "veth", "peer", "name", port,
-                  "netns", self.bridge_ns], f"creating host {h.index}'s link")
+            _run(
+                [
+                    "ip",
+                    "link",
+                    "add",
+                    "eth0",
+                    "netns",
+                    h.name,
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    port,
+                    "netns",
+                    self.bridge_ns,
+                ],
+                f"creating host {h.index}'s link",
+            )
             _run(br + ["link", "set", port, "master", "br0", "up"], f"plugging host {h.index} into the bridge")
             # Loopback keeps 127.0.0.1 only: its /8 route would make the peers' addresses local.
             _run(ns + ["link", "set", "lo", "up"], f"host {h.index}: loopback")
             _run(ns + ["addr", "del", "127.0.0.1/8", "dev", "lo"], f"host {h.index}: loopback")
             _run(ns + ["addr", "add", "127.0.0.1/32", "dev", "lo"], f"host {h.index}: loopback")
-            _run(["ip", "netns", "exec", h.name, "sysctl", "-qw", "net.ipv4.conf.all.route_localnet=1",
-                  "net.ipv4.conf.eth0.route_localnet=1"], f"host {h.index}: route_localnet")
+            _run(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    h.name,
+                    "sysctl",
+                    "-qw",
+                    "net.ipv4.conf.all.route_localnet=1",
+                    "net.ipv4.conf.eth0.route_localnet=1",
+                ],
+                f"host {h.index}: route_localnet",
+            )
             _run(ns + ["addr", "add", f"{h.address}/{PREFIX_LEN}", "dev", "eth0"], f"host {h.index}: address")
             _run(ns + ["link", "set", "eth0", "up"], f"host {h.index}: link up")
             # The cap each way: the host's upload on its side, its download on the bridge's.
-            _run(["tc", "-n", h.name, "qdisc", "add", "dev", "eth0", "root", *self._tbf()],
-                 f"host {h.index}: upload cap")
-            _run(["tc", "-n", self.bridge_ns, "qdisc", "add", "dev", port, "root", *self._tbf()],
-                 f"host {h.index}: download cap")
+            _run(
+                ["tc", "-n", h.name, "qdisc", "add", "dev", "eth0", "root", *self._tbf()], f"host {h.index}: upload cap"
+            )
+            _run(
+                ["tc", "-n", self.bridge_ns, "qdisc", "add", "dev", port, "root", *self._tbf()],
+                f"host {h.index}: download cap",
+            )
             etc = NETNS_ETC / h.name
             etc.mkdir(parents=True, exist_ok=True)
             (etc / "hosts").write_text(f"127.0.0.1 localhost\n{h.address} {hostname}\n{names}")
@@ -265,11 +298,26 @@ class EmulatedNetwork:
         """argv run inside host `host` (as root, `ip netns exec` keeps the environment)."""
         return ["ip", "netns", "exec", self.hosts[host].name, *argv]
 
-    def run(self, host: int, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
-            stdout=None, stderr=None, cwd: str | None = None) -> subprocess.Popen:
+    def run(
+        self,
+        host: int,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        stdout=None,
+        stderr=None,
+        cwd: str | None = None,
+    ) -> subprocess.Popen:
         """Starts argv on host `host` in its own session; ended by close()."""
-        proc = subprocess.Popen(self.command(host, argv), env=None if env is None else dict(env), stdout=stdout,
-                                stderr=stderr, cwd=cwd, start_new_session=True, text=True)
+        proc = subprocess.Popen(
+            self.command(host, argv),
+            env=None if env is None else dict(env),
+            stdout=stdout,
+            stderr=stderr,
+            cwd=cwd,
+            start_new_session=True,
+            text=True,
+        )
         self.procs.append(proc)
         return proc
 
@@ -294,7 +342,11 @@ class EmulatedNetwork:
 
     def counters(self, host: int) -> dict[str, int]:
         """Bytes host `host`'s NIC sent and received (its eth0)."""
-        out = subprocess.run(["ip", "-n", self.hosts[host].name, "-s", "-j", "link", "show", "eth0"],
-                             capture_output=True, text=True, timeout=30)
+        out = subprocess.run(
+            ["ip", "-n", self.hosts[host].name, "-s", "-j", "link", "show", "eth0"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         stats = json.loads(out.stdout)[0]["stats64"]
         return {"tx_bytes": int(stats["tx"]["bytes"]), "rx_bytes": int(stats["rx"]["bytes"])}

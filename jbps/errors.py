@@ -28,8 +28,9 @@ def is_jbps_error(exc: BaseException) -> bool:
     a jbps psum (its message starts with "jbps:")."""
     # jax raises a failed custom call as JaxRuntimeError (XlaRuntimeError
     # before 0.6), and in some dispatch paths as ValueError: go by the message.
-    return isinstance(exc, JbpsError) or (isinstance(exc, (RuntimeError, ValueError)) and
-                                          PREFIX in str(exc).split("\n", 1)[0])
+    return isinstance(exc, JbpsError) or (
+        isinstance(exc, (RuntimeError, ValueError)) and PREFIX in str(exc).split("\n", 1)[0]
+    )
 
 
 @contextlib.contextmanager

@@ -18,8 +18,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _built(package_dir: str) -> bool:
-    return bool(glob.glob(os.path.join(package_dir, "_core*.so")) or glob.glob(os.path.join(package_dir,
-                                                                                            "_core*.pyd")))
+    return bool(glob.glob(os.path.join(package_dir, "_core*.so")) or glob.glob(os.path.join(package_dir, "_core*.pyd")))
 
 
 def installed_elsewhere() -> str | None:
@@ -39,10 +38,11 @@ def missing_message() -> str:
         fixes.append(f"`pip install .` in {root} builds it there too")
     if other:
         fixes.append(f"run from another directory, and the jbps installed at {other} is used")
-    return (f"jbps at {HERE} has no built C++ extension (jbps/_core*.so): it is a source tree that was never built, "
-            "found first because Python puts the working directory (python -m, python -c) or the script's folder "
-            "first on sys.path. " + ("; or ".join(fixes) or "Install jbps (pip install .) and import it from there")
-            + ".")
+    return (
+        f"jbps at {HERE} has no built C++ extension (jbps/_core*.so): it is a source tree that was never built, "
+        "found first because Python puts the working directory (python -m, python -c) or the script's folder "
+        "first on sys.path. " + ("; or ".join(fixes) or "Install jbps (pip install .) and import it from there") + "."
+    )
 
 
 def load_core():

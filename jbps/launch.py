@@ -34,8 +34,18 @@ _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 log = logging.getLogger("jbps.run")
 
 # Variables of other bootstraps that would override the scheduler's answer.
-_CLEARED = ("JBPS_SERVERS", "JBPS_NUM_WORKERS", "JBPS_WORKER_RANK", "JBPS_LOCAL_RANK", "JBPS_LOCAL_SIZE",
-            "JBPS_SCHEDULER_HOST", "JBPS_SCHEDULER_PORT", "JBPS_NUM_SERVERS", "JBPS_ROLE", "DMLC_WORKER_ID")
+_CLEARED = (
+    "JBPS_SERVERS",
+    "JBPS_NUM_WORKERS",
+    "JBPS_WORKER_RANK",
+    "JBPS_LOCAL_RANK",
+    "JBPS_LOCAL_SIZE",
+    "JBPS_SCHEDULER_HOST",
+    "JBPS_SCHEDULER_PORT",
+    "JBPS_NUM_SERVERS",
+    "JBPS_ROLE",
+    "DMLC_WORKER_ID",
+)
 
 
 class _Output:
@@ -57,8 +67,7 @@ class _Output:
 
 
 class Job:
-    def __init__(self, command: list[str], workers: int, servers: int, local_devices: int | None,
-                 timeout_s: float):
+    def __init__(self, command: list[str], workers: int, servers: int, local_devices: int | None, timeout_s: float):
         self.command, self.workers, self.servers = command, workers, servers
         self.local_devices, self.timeout_s = local_devices, timeout_s
         self.children: list[tuple[str, subprocess.Popen]] = []
@@ -70,17 +79,31 @@ class Job:
     def _env(self, scheduler: Scheduler, role: str, extra: dict) -> dict:
         env = {k: v for k, v in os.environ.items() if k not in _CLEARED}
         host, _, port = scheduler.address.rpartition(":")
-        env.update(DMLC_ROLE=role, DMLC_NUM_WORKER=str(self.workers), DMLC_NUM_SERVER=str(self.servers),
-                   DMLC_PS_ROOT_URI=host, DMLC_PS_ROOT_PORT=port, JBPS_TIMEOUT_S=str(self.timeout_s),
-                   PYTHONUNBUFFERED="1", **extra)
+        env.update(
+            DMLC_ROLE=role,
+            DMLC_NUM_WORKER=str(self.workers),
+            DMLC_NUM_SERVER=str(self.servers),
+            DMLC_PS_ROOT_URI=host,
+            DMLC_PS_ROOT_PORT=port,
+            JBPS_TIMEOUT_S=str(self.timeout_s),
+            PYTHONUNBUFFERED="1",
+            **extra,
+        )
         if self.local_devices:
             flags = env.get("XLA_FLAGS", "")
             env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={self.local_devices}".strip()
         return env
 
     def _spawn(self, name: str, argv: list[str], env: dict, cwd: str | None = None) -> None:
-        proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True)
+        proc = subprocess.Popen(
+            argv,
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
         self.children.append((name, proc))
         self.outputs.append(_Output(proc.stdout, sys.stdout.buffer, f"[{name}] "))
         self.outputs.append(_Output(proc.stderr, sys.stderr.buffer, f"[{name}] "))
@@ -95,19 +118,29 @@ class Job:
 
     def run(self) -> int:
         scheduler = Scheduler(self.workers, self.servers, bind="127.0.0.1:0", timeout_s=self.timeout_s)
-        log.info("scheduler on %s; %d servers, %d workers: %s", scheduler.address, self.servers, self.workers,
-                 " ".join(self.command))
+        log.info(
+            "scheduler on %s; %d servers, %d workers: %s",
+            scheduler.address,
+            self.servers,
+            self.workers,
+            " ".join(self.command),
+        )
         threading.Thread(target=self._rendezvous, args=(scheduler,), daemon=True).start()
         try:
             for i in range(self.servers):
                 # `-m` puts the working directory first on sys.path: from a source
                 # checkout that would be the checkout's package. Servers run from the
                 # folder holding the jbps this launcher imported, so they get the same.
-                self._spawn(f"server {i}", [sys.executable, "-m", "jbps.server"], self._env(scheduler, "server", {}),
-                            cwd=_PACKAGE_PARENT)
+                self._spawn(
+                    f"server {i}",
+                    [sys.executable, "-m", "jbps.server"],
+                    self._env(scheduler, "server", {}),
+                    cwd=_PACKAGE_PARENT,
+                )
             for rank in range(self.workers):
-                self._spawn(f"worker {rank}", self.command,
-                            self._env(scheduler, "worker", {"DMLC_WORKER_ID": str(rank)}))
+                self._spawn(
+                    f"worker {rank}", self.command, self._env(scheduler, "worker", {"DMLC_WORKER_ID": str(rank)})
+                )
             return self._wait()
         except OSError as exc:  # the command cannot be started (main checks it is there; it may still not run)
             log.error("cannot start %s: %s", " ".join(self.command), exc)
@@ -115,8 +148,11 @@ class Job:
         except KeyboardInterrupt:  # SIGINT or SIGTERM (main): said before the ending, so the log reads in order
             signum = self.stop_signal or signal.SIGINT
             others = [n for n, p in self.children if p.poll() is None]
-            log.error("%s: jbps run is ending the job%s", signal.Signals(signum).name,
-                      f" (stopping {', '.join(others)})" if others else "")
+            log.error(
+                "%s: jbps run is ending the job%s",
+                signal.Signals(signum).name,
+                f" (stopping {', '.join(others)})" if others else "",
+            )
             return 128 + signum
         finally:
             self.ending = True
@@ -143,8 +179,12 @@ class Job:
                 continue
             if code != 0:
                 others = [n for n, p in self.children if n != name and p.poll() is None]
-                log.error("%s exited with %d: jbps run is ending the job%s", name, code,
-                          f" (stopping {', '.join(others)})" if others else "")
+                log.error(
+                    "%s exited with %d: jbps run is ending the job%s",
+                    name,
+                    code,
+                    f" (stopping {', '.join(others)})" if others else "",
+                )
                 return code if code > 0 else 128 - code  # killed by a signal: 128 + its number
             succeeded.add(name)
             if len(succeeded) == len(self.children):
@@ -174,12 +214,24 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     p = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-n", "--workers", type=int, required=True, help="worker processes")
     p.add_argument("--servers", type=int, default=None, help="summation server processes (default: as many as workers)")
-    p.add_argument("--local-devices", type=int, default=None,
-                   help="CPU devices per worker (sets --xla_force_host_platform_device_count)")
-    p.add_argument("--timeout", type=argparse_type("timeout_s"), default=None,
-                   help="seconds for the job to assemble, and for each psum (default: JBPS_TIMEOUT_S, else 60)")
-    p.add_argument("-v", "--verbose", action="store_true",
-                   help="say how the job assembles: the scheduler's address, each member registering")
+    p.add_argument(
+        "--local-devices",
+        type=int,
+        default=None,
+        help="CPU devices per worker (sets --xla_force_host_platform_device_count)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=argparse_type("timeout_s"),
+        default=None,
+        help="seconds for the job to assemble, and for each psum (default: JBPS_TIMEOUT_S, else 60)",
+    )
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="say how the job assembles: the scheduler's address, each member registering",
+    )
     p.add_argument("command", nargs=argparse.REMAINDER, help="the worker command, e.g. python train.py")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="[%(name)s] %(message)s")

@@ -54,9 +54,18 @@ def _output(path: Path) -> str:
 class LocalCluster:
     """Servers started on enter; workers run with run_workers(); all ended on exit."""
 
-    def __init__(self, num_workers: int, num_servers: int, *, local_devices: int = 1, timeout_s: float = 120,
-                 env: Mapping[str, str] | None = None, python: str = sys.executable,
-                 server_args: Sequence[str] = (), server_roles: Sequence[str] | None = None):
+    def __init__(
+        self,
+        num_workers: int,
+        num_servers: int,
+        *,
+        local_devices: int = 1,
+        timeout_s: float = 120,
+        env: Mapping[str, str] | None = None,
+        python: str = sys.executable,
+        server_args: Sequence[str] = (),
+        server_roles: Sequence[str] | None = None,
+    ):
         self.num_workers = num_workers
         self.num_servers = num_servers
         self.local_devices = local_devices
@@ -92,16 +101,33 @@ class LocalCluster:
         try:
             # cwd: the job's own folder, so `python -m` never imports a source
             # checkout in the caller's cwd ahead of the installed package.
-            return subprocess.Popen(argv, env=dict(env), stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                    cwd=self.dir, start_new_session=True)
+            return subprocess.Popen(
+                argv,
+                env=dict(env),
+                stdout=out,
+                stderr=err,
+                stdin=subprocess.DEVNULL,
+                cwd=self.dir,
+                start_new_session=True,
+            )
         finally:
             out.close()
             err.close()
 
     def start_servers(self) -> list[str]:
         for i in range(self.num_servers):
-            argv = [self.python, "-m", "jbps.server", "--bind", "127.0.0.1:0", "--num-workers",
-                    str(self.num_workers), "--role", self.server_roles[i], *self.server_args]
+            argv = [
+                self.python,
+                "-m",
+                "jbps.server",
+                "--bind",
+                "127.0.0.1:0",
+                "--num-workers",
+                str(self.num_workers),
+                "--role",
+                self.server_roles[i],
+                *self.server_args,
+            ]
             self.servers.append(self._spawn(argv, self.env, f"server{i}"))
         deadline = time.monotonic() + 60
         for i, proc in enumerate(self.servers):
@@ -111,32 +137,40 @@ class LocalCluster:
                     self.addresses.append(match.group(1))
                     break
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"server {i} did not start (exit code {proc.poll()}):\n"
-                                       f"{_output(self.dir / f'server{i}.err')}")
+                    raise RuntimeError(
+                        f"server {i} did not start (exit code {proc.poll()}):\n{_output(self.dir / f'server{i}.err')}"
+                    )
                 time.sleep(0.02)
         return self.addresses
 
     def worker_env(self, rank: int) -> dict[str, str]:
         env = dict(self.env)
-        env.update({
-            "JBPS_SERVERS": ",".join(self.addresses),
-            "JBPS_NUM_WORKERS": str(self.num_workers),
-            "JBPS_WORKER_RANK": str(rank),
-            "JAX_PLATFORMS": "cpu",
-            "XLA_FLAGS": f"--xla_force_host_platform_device_count={self.local_devices}",
-        })
+        env.update(
+            {
+                "JBPS_SERVERS": ",".join(self.addresses),
+                "JBPS_NUM_WORKERS": str(self.num_workers),
+                "JBPS_WORKER_RANK": str(rank),
+                "JAX_PLATFORMS": "cpu",
+                "XLA_FLAGS": f"--xla_force_host_platform_device_count={self.local_devices}",
+            }
+        )
         return env
 
-    def run_workers(self, argv: Sequence[str], env_per_rank: Mapping[int, Mapping[str, str]] | None = None,
-                    timeout_s: float | None = None) -> list[WorkerResult]:
+    def run_workers(
+        self,
+        argv: Sequence[str],
+        env_per_rank: Mapping[int, Mapping[str, str]] | None = None,
+        timeout_s: float | None = None,
+    ) -> list[WorkerResult]:
         """Runs `python argv...` as every worker; returns when all have exited.
 
         On timeout every worker is killed and TimeoutError carries their output.
         """
         return self.wait_workers(self.start_workers(argv, env_per_rank), timeout_s)
 
-    def start_workers(self, argv: Sequence[str],
-                      env_per_rank: Mapping[int, Mapping[str, str]] | None = None) -> list[subprocess.Popen]:
+    def start_workers(
+        self, argv: Sequence[str], env_per_rank: Mapping[int, Mapping[str, str]] | None = None
+    ) -> list[subprocess.Popen]:
         """Starts `python argv...` as every worker (output in self.dir/worker<rank>.out/.err)."""
         procs = []
         for rank in range(self.num_workers):
@@ -155,13 +189,19 @@ class LocalCluster:
             for proc in procs:
                 _end(proc)
             raise TimeoutError("workers did not finish in time:\n" + self._report(procs)) from None
-        return [WorkerResult(rank, p.returncode, _output(self.dir / f"worker{rank}.out"),
-                             _output(self.dir / f"worker{rank}.err")) for rank, p in enumerate(procs)]
+        return [
+            WorkerResult(
+                rank, p.returncode, _output(self.dir / f"worker{rank}.out"), _output(self.dir / f"worker{rank}.err")
+            )
+            for rank, p in enumerate(procs)
+        ]
 
     def _report(self, procs) -> str:
         parts = []
         for rank, p in enumerate(procs):
-            parts.append(f"--- worker {rank} (exit {p.returncode}) stderr:\n{_output(self.dir / f'worker{rank}.err')[-3000:]}")
+            parts.append(
+                f"--- worker {rank} (exit {p.returncode}) stderr:\n{_output(self.dir / f'worker{rank}.err')[-3000:]}"
+            )
         return "\n".join(parts)
 
     def close(self) -> None:

@@ -31,13 +31,26 @@ from .ops import onebit, psum
 from .ops.psum import psum_with_feedback
 from .partition.priority import Priority
 
-__all__ = ["DistributedOptimizer", "FeedbackState", "MultiSteps", "MultiStepsState", "distributed",
-           "psum_gradients", "zero_residuals"]
+__all__ = [
+    "DistributedOptimizer",
+    "FeedbackState",
+    "MultiSteps",
+    "MultiStepsState",
+    "distributed",
+    "psum_gradients",
+    "zero_residuals",
+]
 
 
-def psum_gradients(axis_name: Any = None, *, average: bool = True, name: str | None = None,
-                   priority: Priority = None, bucket_bytes: int | None = None,
-                   compression: str | None = None) -> optax.GradientTransformation:
+def psum_gradients(
+    axis_name: Any = None,
+    *,
+    average: bool = True,
+    name: str | None = None,
+    priority: Priority = None,
+    bucket_bytes: int | None = None,
+    compression: str | None = None,
+) -> optax.GradientTransformation:
     """A stateless transformation that reduces the updates with jbps.psum, to
     put first in an optax.chain."""
 
@@ -45,15 +58,29 @@ def psum_gradients(axis_name: Any = None, *, average: bool = True, name: str | N
 
     def update_fn(updates, state, params=None):
         del params
-        return psum(updates, axis_name, average=average, name=name, priority=priority,
-                    bucket_bytes=bucket_bytes, compression=compression), state
+        return psum(
+            updates,
+            axis_name,
+            average=average,
+            name=name,
+            priority=priority,
+            bucket_bytes=bucket_bytes,
+            compression=compression,
+        ), state
 
     return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
 
 
-def distributed(tx: optax.GradientTransformation, *, axis_name: Any = None, average: bool = True,
-                name: str | None = None, priority: Priority = None, bucket_bytes: int | None = None,
-                compression: str | None = None) -> optax.GradientTransformationExtraArgs:
+def distributed(
+    tx: optax.GradientTransformation,
+    *,
+    axis_name: Any = None,
+    average: bool = True,
+    name: str | None = None,
+    priority: Priority = None,
+    bucket_bytes: int | None = None,
+    compression: str | None = None,
+) -> optax.GradientTransformationExtraArgs:
     """`tx`, with its update applied to the gradients reduced over the job.
 
     axis_name: the pmap/shard_map axes to average over besides the workers
@@ -75,12 +102,20 @@ def distributed(tx: optax.GradientTransformation, *, axis_name: Any = None, aver
     wire.check(compression, "jbps.optax.distributed", stateful_ok=True)
     inner = optax.with_extra_args_support(tx)
     if compression == "onebit":
-        return _with_feedback(inner, axis_name=axis_name, average=average, name=name, priority=priority,
-                              bucket_bytes=bucket_bytes)
+        return _with_feedback(
+            inner, axis_name=axis_name, average=average, name=name, priority=priority, bucket_bytes=bucket_bytes
+        )
 
     def update_fn(updates, state, params=None, **extra_args):
-        reduced = psum(updates, axis_name, average=average, name=name, priority=priority, bucket_bytes=bucket_bytes,
-                       compression=compression)
+        reduced = psum(
+            updates,
+            axis_name,
+            average=average,
+            name=name,
+            priority=priority,
+            bucket_bytes=bucket_bytes,
+            compression=compression,
+        )
         return inner.update(reduced, state, params, **extra_args)
 
     return optax.GradientTransformationExtraArgs(inner.init, update_fn)
@@ -93,6 +128,7 @@ class FeedbackState(NamedTuple):
     leaves of fewer than 1024 values). It lives on
     the device and checkpoints with the rest; restored, it resumes the
     feedback exactly (the servers' residuals start from zero in a new job)."""
+
     residuals: Any
     inner_state: Any
 
@@ -123,9 +159,17 @@ class MultiStepsState(NamedTuple):
     inner_opt_state: Any
 
 
-def MultiSteps(tx: optax.GradientTransformation, every_k_schedule: int, *, axis_name: Any = None,  # noqa: N802
-               average: bool = True, name: str | None = None, priority: Priority = None,
-               bucket_bytes: int | None = None, compression: str | None = None) -> optax.GradientTransformationExtraArgs:
+def MultiSteps(
+    tx: optax.GradientTransformation,
+    every_k_schedule: int,
+    *,
+    axis_name: Any = None,  # noqa: N802
+    average: bool = True,
+    name: str | None = None,
+    priority: Priority = None,
+    bucket_bytes: int | None = None,
+    compression: str | None = None,
+) -> optax.GradientTransformationExtraArgs:
     """Gradient accumulation over `every_k_schedule` mini-steps with one
     communication per real step: each worker averages its own mini-step
     gradients, and only on the k-th does the mean travel (a lax.cond, so
@@ -138,16 +182,25 @@ def MultiSteps(tx: optax.GradientTransformation, every_k_schedule: int, *, axis_
         raise TypeError(f"jbps.optax.MultiSteps: every_k_schedule must be a positive int, got {every_k_schedule!r}")
     wire.check(compression, "jbps.optax.MultiSteps", stateful_ok=True)
     # What the k-th mini-step runs: the reduction and tx's update, as distributed() does.
-    inner = distributed(tx, axis_name=axis_name, average=average, name=name, priority=priority,
-                        bucket_bytes=bucket_bytes, compression=compression)
+    inner = distributed(
+        tx,
+        axis_name=axis_name,
+        average=average,
+        name=name,
+        priority=priority,
+        bucket_bytes=bucket_bytes,
+        compression=compression,
+    )
 
     def init_fn(params):
-        return MultiStepsState(jnp.zeros([], jnp.int32), jax.tree_util.tree_map(jnp.zeros_like, params),
-                               inner.init(params))
+        return MultiStepsState(
+            jnp.zeros([], jnp.int32), jax.tree_util.tree_map(jnp.zeros_like, params), inner.init(params)
+        )
 
     def update_fn(updates, state, params=None, **extra_args):
-        acc = jax.tree_util.tree_map(lambda g, a: a + (g - a) / (state.mini_step + 1).astype(a.dtype),
-                                     updates, state.acc_grads)
+        acc = jax.tree_util.tree_map(
+            lambda g, a: a + (g - a) / (state.mini_step + 1).astype(a.dtype), updates, state.acc_grads
+        )
 
         def communicate(acc, inner_state):
             return inner.update(acc, inner_state, params, **extra_args)

@@ -95,10 +95,18 @@ def init(**overrides) -> Session:
         # Until the servers' roles are known, the window as if every server got bytes (the most).
         credit = config.scheduling_credit or defaults.credit([1.0] * len(config.servers), across)
         try:
-            _core.engine_start(list(config.servers), config.worker_rank, config.num_workers, config.job_token,
-                               credit, config.timeout_s, trace=config.trace_dir is not None, shm=config.shm,
-                               shm_slot_bytes=config.partition_bytes or defaults.largest_partition_bytes(across),
-                               huge_pages=config.huge_pages)
+            _core.engine_start(
+                list(config.servers),
+                config.worker_rank,
+                config.num_workers,
+                config.job_token,
+                credit,
+                config.timeout_s,
+                trace=config.trace_dir is not None,
+                shm=config.shm,
+                shm_slot_bytes=config.partition_bytes or defaults.largest_partition_bytes(across),
+                huge_pages=config.huge_pages,
+            )
         except RuntimeError as exc:
             for server in hosted:
                 server.stop()

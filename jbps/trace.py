@@ -50,8 +50,15 @@ class ChunkTrace:
 def chrome_trace(chunks: Iterable[ChunkTrace], rank: int) -> dict:
     events = [{"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"jbps worker {rank}"}}]
     for seq, ch in enumerate(chunks):
-        args = {"tensor": ch.tensor, "key": f"{ch.key:#018x}", "round": ch.round, "shard": ch.shard,
-                "server": ch.server, "priority": ch.priority, "bytes": ch.nbytes}
+        args = {
+            "tensor": ch.tensor,
+            "key": f"{ch.key:#018x}",
+            "round": ch.round,
+            "shard": ch.shard,
+            "server": ch.server,
+            "priority": ch.priority,
+            "bytes": ch.nbytes,
+        }
         for name, start, end in ch.phases():
             common = {"name": name, "cat": "jbps", "id": seq, "pid": rank, "tid": ch.shard}
             events.append({**common, "ph": "b", "ts": start, "args": args})
@@ -89,9 +96,20 @@ def read_trace(path: str) -> list[ChunkTrace]:
     for seq in sorted(begins):
         phase = begins[seq]
         args = phase["queue"]["args"]
-        chunks.append(ChunkTrace(tensor=args["tensor"], key=int(args["key"], 16), round=args["round"],
-                                 shard=args["shard"], server=args["server"], priority=args["priority"],
-                                 nbytes=args["bytes"], queued=phase["queue"]["ts"], sent_start=phase["push"]["ts"],
-                                 acked=phase["server wait"]["ts"], sum_arrived=phase["pull"]["ts"],
-                                 pulled=ends[seq]["pull"]))
+        chunks.append(
+            ChunkTrace(
+                tensor=args["tensor"],
+                key=int(args["key"], 16),
+                round=args["round"],
+                shard=args["shard"],
+                server=args["server"],
+                priority=args["priority"],
+                nbytes=args["bytes"],
+                queued=phase["queue"]["ts"],
+                sent_start=phase["push"]["ts"],
+                acked=phase["server wait"]["ts"],
+                sum_arrived=phase["pull"]["ts"],
+                pulled=ends[seq]["pull"],
+            )
+        )
     return chunks

@@ -52,8 +52,9 @@ def worker_script(name):
 
 def run_job(script_args, *, workers, servers, devices=1, env=None, env_per_rank=None, timeout_s=180):
     """Runs a multi-process job; returns the WorkerResults (asserting none timed out)."""
-    with LocalCluster(workers, servers, local_devices=devices, timeout_s=timeout_s, env=env,
-                      python=sys.executable) as cluster:
+    with LocalCluster(
+        workers, servers, local_devices=devices, timeout_s=timeout_s, env=env, python=sys.executable
+    ) as cluster:
         return cluster.run_workers(script_args, env_per_rank=env_per_rank)
 
 
@@ -86,5 +87,6 @@ def _emulated_hosts_unavailable() -> str | None:
 
 
 # Tests across emulated hosts (jbps.emulated_network): skipped, saying why, where they cannot run.
-needs_emulated_hosts = pytest.mark.skipif(_emulated_hosts_unavailable() is not None,
-                                          reason=_emulated_hosts_unavailable() or "")
+needs_emulated_hosts = pytest.mark.skipif(
+    _emulated_hosts_unavailable() is not None, reason=_emulated_hosts_unavailable() or ""
+)

@@ -65,7 +65,10 @@ def test_empty_leaves_and_empty_tree(session):
 
 
 def test_nested_tree_structure_is_kept(session):
-    tree = {"a": [jnp.ones((L, 2)), (jnp.arange(L * 3.0).reshape(L, 3), None)], "b": {"c": jnp.full((L,), 2, jnp.int32)}}
+    tree = {
+        "a": [jnp.ones((L, 2)), (jnp.arange(L * 3.0).reshape(L, 3), None)],
+        "b": {"c": jnp.full((L,), 2, jnp.int32)},
+    }
     out = jax.pmap(lambda t: jbps.psum(t, "i"), axis_name="i")(tree)
     assert jax.tree_util.tree_structure(out) == jax.tree_util.tree_structure(tree)
     np.testing.assert_array_equal(np.asarray(out["a"][1][0][0]), device_sum(np.arange(L * 3.0).reshape(L, 3)))
@@ -219,8 +222,12 @@ def test_trace_dir_and_its_byteps_alias(tmp_path):
     assert jbps.Config.resolve({}, env).trace_dir is None
     assert jbps.Config.resolve({}, {**env, "BYTEPS_TRACE_DIR": "/x"}).trace_dir is None  # needs TRACE_ON
     assert jbps.Config.resolve({}, {**env, "BYTEPS_TRACE_ON": "1", "BYTEPS_TRACE_DIR": "/x"}).trace_dir == "/x"
-    assert jbps.Config.resolve({}, {**env, "BYTEPS_TRACE_ON": "1", "BYTEPS_TRACE_DIR": "/x",
-                                    "JBPS_TRACE_DIR": "/y"}).trace_dir == "/y"
+    assert (
+        jbps.Config.resolve(
+            {}, {**env, "BYTEPS_TRACE_ON": "1", "BYTEPS_TRACE_DIR": "/x", "JBPS_TRACE_DIR": "/y"}
+        ).trace_dir
+        == "/y"
+    )
 
 
 def test_server_fractions_follow_declared_roles(server):

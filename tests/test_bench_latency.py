@@ -17,10 +17,28 @@ SWEEP = [4096, 16384]
 
 @pytest.fixture(scope="module")
 def doc():
-    out = subprocess.run([sys.executable, "-m", "jbps.bench", "--sizes", "64K", "--iters", "3", "--skip-peers",
-                          "--skip-priority", "--skip-g3", "--skip-g4", "--json", "--latency-sizes", "4K,16K"],
-                         capture_output=True, text=True, timeout=300,
-                         cwd="/")  # the installed package, not the source tree
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "jbps.bench",
+            "--sizes",
+            "64K",
+            "--iters",
+            "3",
+            "--skip-peers",
+            "--skip-priority",
+            "--skip-g3",
+            "--skip-g4",
+            "--json",
+            "--latency-sizes",
+            "4K,16K",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd="/",
+    )  # the installed package, not the source tree
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout)
 
@@ -51,15 +69,30 @@ def test_targets_and_table(doc):
     targets = {t["what"]: t for t in doc["latency"]["targets"]}
     assert targets["4 KiB psum, in place"]["value"] > 0 and targets["4 KiB psum, in place"]["target"] == 100e-6
     assert targets["64 MiB jbps/MPI, out of place"]["value"] is None  # no 64 MiB row, no MPI
-    table = format_table({**doc, "tools": {k: t and {**t, "results": {int(s): r for s, r in t["results"].items()}}
-                                           for k, t in doc["tools"].items()}})
+    table = format_table(
+        {
+            **doc,
+            "tools": {
+                k: t and {**t, "results": {int(s): r for s, r in t["results"].items()}} for k, t in doc["tools"].items()
+            },
+        }
+    )
     assert "latency: jbps psum" in table and "where a jbps psum's time goes" in table
     assert "PASS" not in table.split("latency: jbps psum")[1].split("goals (issue 6)")[0]
 
 
 def test_call_stages_from_stamps():
-    record = {"failed": False, "submitted": 110, "pushed": 130, "sum_arrived": 300, "pulled": 310,
-              "tree_checked": 0, "done": 330, "server_ns": 40, "peer_wait_ns": 50}
+    record = {
+        "failed": False,
+        "submitted": 110,
+        "pushed": 130,
+        "sum_arrived": 300,
+        "pulled": 310,
+        "tree_checked": 0,
+        "done": 330,
+        "server_ns": 40,
+        "peer_wait_ns": 50,
+    }
     s = call_stages(record, 100, 400)
     assert s["dispatch"] == pytest.approx(10e-9) and s["push"] == pytest.approx(20e-9)
     assert s["wire"] == pytest.approx((170 - 40 - 50) * 1e-9) and s["tree"] == 0
@@ -77,9 +110,11 @@ def test_typical_stages_is_the_middle_half():
 
 
 def test_rows_compare_out_of_place_with_mpi_out_of_place():
-    tools = {"jbps": {"results": {4096: {"median_s": 2.0, "out_of_place": {"median_s": 3.0}}}},
-             "mpi": {"results": {4096: {"median_s": 1.0, "out_of_place": {"median_s": 1.5}}}},
-             "gloo": {"results": {4096: {"median_s": 8.0}}}}
+    tools = {
+        "jbps": {"results": {4096: {"median_s": 2.0, "out_of_place": {"median_s": 3.0}}}},
+        "mpi": {"results": {4096: {"median_s": 1.0, "out_of_place": {"median_s": 1.5}}}},
+        "gloo": {"results": {4096: {"median_s": 8.0}}},
+    }
     [row] = latency.make_rows({"sizes": [4096], "tools": tools}, None)
     assert row["in_place_over_mpi"] == 2.0 and row["out_of_place_over_mpi"] == 2.0
     assert row["in_place_over_gloo"] == 0.25 and row["out_of_place_over_in_place"] == 1.5

@@ -15,8 +15,9 @@ pytestmark = needs_emulated_hosts
 
 
 def _run(module, *argv, timeout=600):
-    return subprocess.run([sys.executable, "-m", module, *argv], env=job_free_env(), capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", module, *argv], env=job_free_env(), capture_output=True, text=True, timeout=timeout
+    )
 
 
 def _namespaces():
@@ -34,8 +35,23 @@ def _run_json(module, *argv):
 
 
 def test_network_bench_runs_every_tool_and_reports_the_split():
-    doc = _run_json("jbps.bench.network", "--workers", "2", "--cpu-hosts", "0,1", "--size", "1M", "--rate", "1G",
-                    "--iters", "2", "--warmup", "1", "--compression", "bf16")
+    doc = _run_json(
+        "jbps.bench.network",
+        "--workers",
+        "2",
+        "--cpu-hosts",
+        "0,1",
+        "--size",
+        "1M",
+        "--rate",
+        "1G",
+        "--iters",
+        "2",
+        "--warmup",
+        "1",
+        "--compression",
+        "bf16",
+    )
     cases = {c["k"]: c["jbps"] for c in doc["cases"]}
     for k in (0, 1):
         assert cases[k]["defaults"]["median_s"] > 0 and cases[k]["compression bf16"]["median_s"] > 0, cases[k]
@@ -47,8 +63,23 @@ def test_network_bench_runs_every_tool_and_reports_the_split():
 
 
 def test_overlap_bench_times_every_case():
-    doc = _run_json("jbps.bench.overlap", "--cpu-hosts", "0", "--layers", "3", "--width", "256", "--batch", "64",
-                    "--steps", "3", "--warmup", "1", "--bucket-bytes", "64K")
+    doc = _run_json(
+        "jbps.bench.overlap",
+        "--cpu-hosts",
+        "0",
+        "--layers",
+        "3",
+        "--width",
+        "256",
+        "--batch",
+        "64",
+        "--steps",
+        "3",
+        "--warmup",
+        "1",
+        "--bucket-bytes",
+        "64K",
+    )
     case = doc["cases"]["0"]
     for name in ("comm", "one call", "buckets", "buckets 64 KiB"):
         assert case[name]["median_s"] > 0, name
@@ -58,14 +89,17 @@ def test_overlap_bench_times_every_case():
     assert rows and all(r["pushes"] and r["pulls"] for r in rows), rows
 
 
-@pytest.mark.parametrize("module,argv,needle", [
-    ("jbps.bench.network", ["--rate", "fast"], "fast"),
-    ("jbps.bench.network", ["--size", "12 apples"], "12 apples"),
-    ("jbps.bench.network", ["--workers", "200", "--cpu-hosts", "60"], "254"),
-    ("jbps.bench.network", ["--compression", "int8"], "int8"),
-    ("jbps.bench.overlap", ["--rate", "fast"], "fast"),
-    ("jbps.bench.overlap", ["--bucket-bytes", "lots"], "lots"),
-])
+@pytest.mark.parametrize(
+    "module,argv,needle",
+    [
+        ("jbps.bench.network", ["--rate", "fast"], "fast"),
+        ("jbps.bench.network", ["--size", "12 apples"], "12 apples"),
+        ("jbps.bench.network", ["--workers", "200", "--cpu-hosts", "60"], "254"),
+        ("jbps.bench.network", ["--compression", "int8"], "int8"),
+        ("jbps.bench.overlap", ["--rate", "fast"], "fast"),
+        ("jbps.bench.overlap", ["--bucket-bytes", "lots"], "lots"),
+    ],
+)
 def test_bad_input_is_one_line_naming_it(module, argv, needle):
     before = _namespaces()
     proc = _run(module, *argv, timeout=120)

@@ -17,13 +17,37 @@ G3_LEAVES = 8
 
 @pytest.fixture(scope="module")
 def bench_doc():
-    out = subprocess.run([sys.executable, "-m", "jbps.bench", "--sizes", "4K,64K", "--iters", "2",
-                          "--skip-peers", "--json", "--credits", "2",
-                          "--tree-leaves", str(G3_LEAVES), "--tree-max", "16K",
-                          "--memory-bytes", "256K", "--memory-peak-rounds", "2", "--memory-round-bytes", "64K",
-                          "--memory-rounds", "20"],
-                         capture_output=True, text=True, timeout=300,
-                         cwd="/")  # the installed package, not the source tree
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "jbps.bench",
+            "--sizes",
+            "4K,64K",
+            "--iters",
+            "2",
+            "--skip-peers",
+            "--json",
+            "--credits",
+            "2",
+            "--tree-leaves",
+            str(G3_LEAVES),
+            "--tree-max",
+            "16K",
+            "--memory-bytes",
+            "256K",
+            "--memory-peak-rounds",
+            "2",
+            "--memory-round-bytes",
+            "64K",
+            "--memory-rounds",
+            "20",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd="/",
+    )  # the installed package, not the source tree
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout)
 
@@ -74,13 +98,23 @@ def test_bench_ratios_and_table(bench_doc):
     goals = {g["goal"]: g for g in bench_doc["goals"]}
     # No 64/256 MiB rows and no peers: the ratios against the peers are listed as not measured.
     assert [g["pass"] for name, g in goals.items() if name.startswith("jbps psum / ")] == [None] * 4
-    for name in (f"tree of {G3_LEAVES} leaves / one buffer (time)", "peak RSS beyond jax's buffers / M, M = 256 KiB",
-                 "RSS growth, rounds 2-20 / M, M = 64 KiB"):
+    for name in (
+        f"tree of {G3_LEAVES} leaves / one buffer (time)",
+        "peak RSS beyond jax's buffers / M, M = 256 KiB",
+        "RSS growth, rounds 2-20 / M, M = 64 KiB",
+    ):
         goal = goals[name]
         assert goal["ratio"] is not None and goal["pass"] is (goal["ratio"] <= goal["target"])
     table = format_table(bench_doc)
-    for text in ("many small tensors:", "memory of worker 0", "transport:", "ratios: jbps against the reference named",
-                 "not measured", "(aim <= 1.5)", "numpy add time / jbps f32 add time"):
+    for text in (
+        "many small tensors:",
+        "memory of worker 0",
+        "transport:",
+        "ratios: jbps against the reference named",
+        "not measured",
+        "(aim <= 1.5)",
+        "numpy add time / jbps f32 add time",
+    ):
         assert text in table
     # A benchmark reports; it names what it measures, not planning labels, and passes no verdicts.
     for word in ("PASS", "FAIL", "issue", "G1", "G2", "G3", "G4"):
@@ -88,8 +122,9 @@ def test_bench_ratios_and_table(bench_doc):
 
 
 def test_bench_help_names_what_it_measures():
-    out = subprocess.run([sys.executable, "-m", "jbps.bench", "--help"], capture_output=True, text=True, timeout=120,
-                         cwd="/")
+    out = subprocess.run(
+        [sys.executable, "-m", "jbps.bench", "--help"], capture_output=True, text=True, timeout=120, cwd="/"
+    )
     assert out.returncode == 0, out.stderr
     assert "--skip-small-tensors" in out.stdout and "--memory-rounds" in out.stdout
     for word in ("PASS", "FAIL", "issue", "G1", "G2", "G3", "G4", "g3", "g4"):
@@ -100,8 +135,9 @@ def test_bench_plot_draws_the_tree_points(bench_doc, tmp_path):
     pytest.importorskip("matplotlib")
     doc = dict(bench_doc)
     # The JSON's keys are strings; plot() takes the document as main() builds it.
-    doc["tools"] = {k: t and {**t, "results": {int(s): r for s, r in t["results"].items()}}
-                    for k, t in doc["tools"].items()}
+    doc["tools"] = {
+        k: t and {**t, "results": {int(s): r for s, r in t["results"].items()}} for k, t in doc["tools"].items()
+    }
     plot(doc, str(tmp_path / "bench.png"))
     assert (tmp_path / "bench.png").stat().st_size > 0
 
@@ -132,10 +168,13 @@ def test_floor_growth_ignores_buffers_that_come_and_go():
 def test_goals_from_rows_and_kernel():
     from jbps.bench.goals import make_goals
 
-    doc = {"rows": [{"bytes": 64 << 20, "jbps_over_mpi": 0.9, "jbps_over_gloo": 0.6}],
-           # G1's goals, as the summation kernels' result carries them (greater is better).
-           "kernel": {"goals": {"f32_vs_copy": {"what": "f32 add GB/s / copy GB/s", "ratio": 0.9, "target": 0.8,
-                                                "passed": True}}}}
+    doc = {
+        "rows": [{"bytes": 64 << 20, "jbps_over_mpi": 0.9, "jbps_over_gloo": 0.6}],
+        # G1's goals, as the summation kernels' result carries them (greater is better).
+        "kernel": {
+            "goals": {"f32_vs_copy": {"what": "f32 add GB/s / copy GB/s", "ratio": 0.9, "target": 0.8, "passed": True}}
+        },
+    }
     goals = {g["goal"]: g for g in make_goals(doc)}
     kernel = "server kernel: f32 add GB/s / copy GB/s"
     assert goals[kernel] == {"goal": kernel, "ratio": 0.9, "target": 0.8, "compare": ">=", "pass": True}

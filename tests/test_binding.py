@@ -13,8 +13,15 @@ from jbps.procs import terminate
 
 
 def start_server(*args):
-    return subprocess.Popen([sys.executable, "-m", "jbps.server", "--num-workers", "1", *args], env=job_free_env(),
-                            cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "jbps.server", "--num-workers", "1", *args],
+        env=job_free_env(),
+        cwd="/",
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def listening_address(proc):

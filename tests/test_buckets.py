@@ -43,17 +43,25 @@ def test_bucket_bytes_is_an_option(raw, expected):
 @pytest.mark.parametrize("mode,devices", [("pmap", 2), ("jit", 1)])
 def test_random_trees_in_small_buckets_match_numpy(mode, devices):
     rounds = 3
-    results = run_job([worker_script("random_trees.py"), "--rounds", str(rounds), "--mode", mode, "--seed", "21"],
-                      workers=2, servers=2, devices=devices,
-                      env={"JBPS_BUCKET_BYTES": "4096", "JBPS_PARTITION_BYTES": "65536", "JBPS_TIMEOUT_S": "60"})
+    results = run_job(
+        [worker_script("random_trees.py"), "--rounds", str(rounds), "--mode", mode, "--seed", "21"],
+        workers=2,
+        servers=2,
+        devices=devices,
+        env={"JBPS_BUCKET_BYTES": "4096", "JBPS_PARTITION_BYTES": "65536", "JBPS_TIMEOUT_S": "60"},
+    )
     check_results(results, rounds)
 
 
 def test_a_training_step_pushes_its_first_bucket_before_the_last_is_entered(tmp_path):
     def run(bucket_bytes, trace_dir):
-        results = run_job([worker_script("overlap_step.py"), "--bucket-bytes", str(bucket_bytes)],
-                          workers=2, servers=2, env={"JBPS_TRACE_DIR": str(trace_dir), "JBPS_TIMEOUT_S": "60"},
-                          timeout_s=300)
+        results = run_job(
+            [worker_script("overlap_step.py"), "--bucket-bytes", str(bucket_bytes)],
+            workers=2,
+            servers=2,
+            env={"JBPS_TRACE_DIR": str(trace_dir), "JBPS_TIMEOUT_S": "60"},
+            timeout_s=300,
+        )
         for r in results:
             assert r.returncode == 0, r.stderr[-3000:]
         return [last_json(r.stdout) for r in results]

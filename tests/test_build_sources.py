@@ -45,8 +45,12 @@ def files_of(names):
 def test_every_source_file_is_in_a_list_and_exists():
     listed = files_of(lists())
     on_disk = {p.relative_to(REPO).as_posix() for p in (REPO / "xla_ext").rglob("*") if p.suffix in SOURCE_SUFFIXES}
-    assert not on_disk - listed.keys(), f"in neither build (add to xla_ext/sources.cmake): {sorted(on_disk - listed.keys())}"
-    assert not listed.keys() - on_disk, f"listed in xla_ext/sources.cmake but missing: {sorted(listed.keys() - on_disk)}"
+    assert not on_disk - listed.keys(), (
+        f"in neither build (add to xla_ext/sources.cmake): {sorted(on_disk - listed.keys())}"
+    )
+    assert not listed.keys() - on_disk, (
+        f"listed in xla_ext/sources.cmake but missing: {sorted(listed.keys() - on_disk)}"
+    )
 
 
 def test_cmake_and_bazel_build_the_same_files():
@@ -63,10 +67,15 @@ def test_cmake_and_bazel_build_the_same_files():
 @pytest.mark.parametrize("build_file", ["CMakeLists.txt", "BUILD.bazel"])
 def test_build_files_name_no_source_outside_the_lists(build_file):
     # A file may be named for its flags (the FFI handler's -fpermissive), never added by hand.
-    named = set(re.findall(r"xla_ext/[\w/]+(?:" + "|".join(map(re.escape, SOURCE_SUFFIXES)) + r")\b",
-                           (REPO / build_file).read_text()))
+    named = set(
+        re.findall(
+            r"xla_ext/[\w/]+(?:" + "|".join(map(re.escape, SOURCE_SUFFIXES)) + r")\b", (REPO / build_file).read_text()
+        )
+    )
     built = files_of(cmake_lists() if build_file == "CMakeLists.txt" else bazel_lists())
-    assert not named - built.keys(), f"{build_file} names sources that are not in its lists: {sorted(named - built.keys())}"
+    assert not named - built.keys(), (
+        f"{build_file} names sources that are not in its lists: {sorted(named - built.keys())}"
+    )
 
 
 def test_every_sources_list_is_parsed():
@@ -75,7 +84,9 @@ def test_every_sources_list_is_parsed():
       ${CMAKE_CURRENT_LIST_DIR}/a.cc  # comment
     )
     set(JBPS_CUDA_SOURCES ${CMAKE_CURRENT_LIST_DIR}/b.cu ${CMAKE_CURRENT_LIST_DIR}/sub/c.cc)"""
-    assert sources_cmake.parse(text) == {"JBPS_CORE_SOURCES": ["xla_ext/a.cc"],
-                                         "JBPS_CUDA_SOURCES": ["xla_ext/b.cu", "xla_ext/sub/c.cc"]}
+    assert sources_cmake.parse(text) == {
+        "JBPS_CORE_SOURCES": ["xla_ext/a.cc"],
+        "JBPS_CUDA_SOURCES": ["xla_ext/b.cu", "xla_ext/sub/c.cc"],
+    }
     with pytest.raises(ValueError, match="JBPS_X_SOURCES"):
         sources_cmake.parse("set(JBPS_X_SOURCES /abs/d.cc)")

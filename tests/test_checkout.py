@@ -24,15 +24,22 @@ needs_built_checkout = pytest.mark.skipif(not BUILT_HERE, reason="`pip install .
 
 @needs_built_checkout
 def test_pip_install_places_the_extension_in_the_checkout():
-    assert glob.glob(os.path.join(CHECKOUT, "jbps", "_core*.so")), \
+    assert glob.glob(os.path.join(CHECKOUT, "jbps", "_core*.so")), (
         "pip install . built the extension here, but the checkout's jbps/ has none: python -m jbps.* fails here"
+    )
 
 
 @needs_built_checkout
 @pytest.mark.parametrize("module", ["jbps.server", "jbps.scheduler", "jbps.bench", "jbps.partition", "jbps"])
 def test_python_m_commands_run_from_the_checkout_root(module):
-    proc = subprocess.run([sys.executable, "-m", module, "--help"], env=job_free_env(), cwd=CHECKOUT,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", module, "--help"],
+        env=job_free_env(),
+        cwd=CHECKOUT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "usage:" in proc.stdout
 
@@ -41,8 +48,27 @@ def test_python_m_commands_run_from_the_checkout_root(module):
 @needs_built_checkout
 def test_the_readme_mpmd_line_runs_from_the_checkout_root():
     env = base_env(JBPS_TIMEOUT_S="60")
-    proc, out, err = run([MPIEXEC, "-n", "2", sys.executable, worker_script("random_trees.py"), "--rounds", "2",
-                          "--mode", "jit", ":", "-n", "2", sys.executable, "-m", "jbps.server"], env, cwd=CHECKOUT)
+    proc, out, err = run(
+        [
+            MPIEXEC,
+            "-n",
+            "2",
+            sys.executable,
+            worker_script("random_trees.py"),
+            "--rounds",
+            "2",
+            "--mode",
+            "jit",
+            ":",
+            "-n",
+            "2",
+            sys.executable,
+            "-m",
+            "jbps.server",
+        ],
+        env,
+        cwd=CHECKOUT,
+    )
     assert proc.returncode == 0, err[-3000:]
     check_reports(per_rank_reports(out), 2, 2)
     assert out.count("jbps.server listening on") == 2
@@ -51,11 +77,18 @@ def test_the_readme_mpmd_line_runs_from_the_checkout_root():
 
 def test_an_unbuilt_source_tree_says_why_it_cannot_be_imported(tmp_path):
     # A checkout nobody ran `pip install .` in: the sources alone.
-    shutil.copytree(os.path.join(CHECKOUT, "jbps"), tmp_path / "jbps",
-                    ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    shutil.copytree(
+        os.path.join(CHECKOUT, "jbps"), tmp_path / "jbps", ignore=shutil.ignore_patterns("*.so", "__pycache__")
+    )
     shutil.copy(os.path.join(CHECKOUT, "pyproject.toml"), tmp_path)
-    proc = subprocess.run([sys.executable, "-m", "jbps.server", "--help"], env=job_free_env(), cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "jbps.server", "--help"],
+        env=job_free_env(),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]
     assert f"jbps at {tmp_path / 'jbps'} has no built C++ extension" in last, proc.stderr[-3000:]

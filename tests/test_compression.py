@@ -10,8 +10,12 @@ from conftest import last_json, run_job, worker_script
 
 @pytest.mark.parametrize("compression", ["bf16", "fp16"])
 def test_compressed_sums_equal_numpys_sum_of_the_rounded_inputs(compression):
-    results = run_job([worker_script("compressed_psum.py"), "--compression", compression], workers=2, servers=2,
-                      env={"JBPS_TIMEOUT_S": "60"})
+    results = run_job(
+        [worker_script("compressed_psum.py"), "--compression", compression],
+        workers=2,
+        servers=2,
+        env={"JBPS_TIMEOUT_S": "60"},
+    )
     for r in results:
         assert r.returncode == 0, r.stderr[-3000:]
         rep = last_json(r.stdout)
@@ -19,9 +23,22 @@ def test_compressed_sums_equal_numpys_sum_of_the_rounded_inputs(compression):
 
 
 def test_workers_that_disagree_fail_naming_the_leaf():
-    results = run_job([worker_script("compressed_psum.py"), "--compression", "bf16", "--rounds", "1",
-                       "--compression-rank", "1", "--compression-there", "none"],
-                      workers=2, servers=1, env={"JBPS_TIMEOUT_S": "30"})
+    results = run_job(
+        [
+            worker_script("compressed_psum.py"),
+            "--compression",
+            "bf16",
+            "--rounds",
+            "1",
+            "--compression-rank",
+            "1",
+            "--compression-there",
+            "none",
+        ],
+        workers=2,
+        servers=1,
+        env={"JBPS_TIMEOUT_S": "30"},
+    )
     for r in results:
         assert r.returncode == 0, r.stderr[-3000:]
         err = last_json(r.stdout)["error"]

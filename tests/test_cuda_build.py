@@ -31,8 +31,9 @@ def test_build_has_the_handler_ci_expects():
     expect = os.environ.get("JBPS_EXPECT_CUDA")
     if expect is None:
         pytest.skip("JBPS_EXPECT_CUDA not set: nothing to compare has_cuda_support() with")
-    assert jbps.has_cuda_support() == (expect == "1"), \
+    assert jbps.has_cuda_support() == (expect == "1"), (
         f"JBPS_EXPECT_CUDA={expect} but has_cuda_support() is {jbps.has_cuda_support()}"
+    )
 
 
 @pytest.mark.skipif(shutil.which("ldd") is None, reason="ldd not available")
@@ -56,12 +57,16 @@ def test_import_and_psum_with_jax_choosing_its_backend(tmp_path):
     # CPU; the CUDA registration must not break that.
     env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "XLA_FLAGS")}
     env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (os.path.dirname(os.path.dirname(jbps.__file__)), env.get("PYTHONPATH")) if p)
-    code = ("import jax, jax.numpy as jnp, jbps\n"
-            "with jbps.init(timeout_s=20):\n"
-            "    print(jax.default_backend(), jbps.has_cuda_support(), float(jax.jit(jbps.psum)(jnp.ones(3)).sum()))\n")
-    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True,
-                          timeout=120)
+        p for p in (os.path.dirname(os.path.dirname(jbps.__file__)), env.get("PYTHONPATH")) if p
+    )
+    code = (
+        "import jax, jax.numpy as jnp, jbps\n"
+        "with jbps.init(timeout_s=20):\n"
+        "    print(jax.default_backend(), jbps.has_cuda_support(), float(jax.jit(jbps.psum)(jnp.ones(3)).sum()))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     backend, has, total = proc.stdout.split()[-3:]
     assert has == str(jbps.has_cuda_support())

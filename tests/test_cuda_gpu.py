@@ -17,8 +17,13 @@ from conftest import check_results, last_json, run_job, worker_script
 def _gpu_backend() -> str | None:
     """None when a fresh process's jax (not forced to CPU) has a GPU; else why not."""
     env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "XLA_FLAGS")}
-    proc = subprocess.run([sys.executable, "-c", "import jax; print(jax.default_backend())"], env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", "import jax; print(jax.default_backend())"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if proc.returncode != 0:
         return f"jax failed to start: {proc.stderr[-500:]}"
     backend = proc.stdout.split()[-1]
@@ -34,8 +39,13 @@ def _skip_without_gpu():
 
 
 # Both workers share the GPU: neither may take most of its memory up front.
-GPU_ENV = {"JAX_PLATFORMS": "cuda", "XLA_FLAGS": "", "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
-           "JBPS_PARTITION_BYTES": "65536", "JBPS_TIMEOUT_S": "60"}
+GPU_ENV = {
+    "JAX_PLATFORMS": "cuda",
+    "XLA_FLAGS": "",
+    "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+    "JBPS_PARTITION_BYTES": "65536",
+    "JBPS_TIMEOUT_S": "60",
+}
 
 
 def _gpu_job(script_args, extra_env=None):

@@ -32,8 +32,11 @@ def test_the_readme_points_at_the_design_page_which_exists():
 
 def test_nothing_points_at_design_notes_outside_the_checkout():
     here = os.path.abspath(__file__)
-    found = [path for path in _files() if path != here and re.search(r"DESIGN\.md|\.\./shared", open(
-        path, errors="replace").read())]
+    found = [
+        path
+        for path in _files()
+        if path != here and re.search(r"DESIGN\.md|\.\./shared", open(path, errors="replace").read())
+    ]
     assert found == []
 
 

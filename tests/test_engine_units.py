@@ -74,12 +74,18 @@ def fuse(chunks, partition):
 
 def test_fusion_groups_small_chunks_per_server_and_dtype():
     partition = 64
-    chunks = [(10, "float32", 0, 0), (10, "float32", 0, 0), (100, "float32", 0, 0),  # a big one stays alone
-              (10, "float32", 1, 0),  # another server
-              (10, "float16", 0, 0),  # another dtype: server 0's open group is now this one's
-              (16, "float32", 0, 0), (16, "float32", 0, 0), (16, "float32", 0, 0),  # a new group: 48 bytes
-              (16, "float32", 0, 0),  # 64 would be a whole partition, not over it: joins
-              (1, "float32", 0, 0)]  # 65 would be over: a new group
+    chunks = [
+        (10, "float32", 0, 0),
+        (10, "float32", 0, 0),
+        (100, "float32", 0, 0),  # a big one stays alone
+        (10, "float32", 1, 0),  # another server
+        (10, "float16", 0, 0),  # another dtype: server 0's open group is now this one's
+        (16, "float32", 0, 0),
+        (16, "float32", 0, 0),
+        (16, "float32", 0, 0),  # a new group: 48 bytes
+        (16, "float32", 0, 0),  # 64 would be a whole partition, not over it: joins
+        (1, "float32", 0, 0),
+    ]  # 65 would be over: a new group
     assert fuse(chunks, partition) == [[0, 1], [2], [3], [4], [5, 6, 7, 8], [9]]
 
 
@@ -88,8 +94,15 @@ def test_fusion_keeps_its_rules(seed):
     rng = random.Random(seed)
     partition = rng.choice([4096, 65536, 1 << 20])
     small = partition // 4
-    chunks = [(rng.choice([rng.randint(1, small), rng.randint(1, partition)]), rng.choice(["float32", "float16"]),
-               rng.randint(0, 3), rng.choice([0, -1, -2, 7])) for _ in range(rng.randint(1, 2000))]
+    chunks = [
+        (
+            rng.choice([rng.randint(1, small), rng.randint(1, partition)]),
+            rng.choice(["float32", "float16"]),
+            rng.randint(0, 3),
+            rng.choice([0, -1, -2, 7]),
+        )
+        for _ in range(rng.randint(1, 2000))
+    ]
     groups = fuse(chunks, partition)
     assert sorted(i for g in groups for i in g) == list(range(len(chunks)))  # every chunk, once
     send_order = sorted(range(len(chunks)), key=lambda i: -chunks[i][3])  # stable: by priority, then position

@@ -13,15 +13,19 @@ from jbps import _core
 from conftest import job_free_env, last_json, run_job, worker_script
 
 
-@pytest.mark.parametrize("what,tensor,mine,theirs", [
-    ("shape", "b", "float32[2,3]", "float32[7]"),
-    ("dtype", "b", "float32[2,3]", "float16[2,3]"),
-    ("layout", "b", "float32[2,3]", "float32[3,2]"),  # the same bytes: only the tree check sees it
-    ("leaves", "c", "nothing", "float32[4]"),  # and its routing of 'a' and 'b' may differ
-])
+@pytest.mark.parametrize(
+    "what,tensor,mine,theirs",
+    [
+        ("shape", "b", "float32[2,3]", "float32[7]"),
+        ("dtype", "b", "float32[2,3]", "float16[2,3]"),
+        ("layout", "b", "float32[2,3]", "float32[3,2]"),  # the same bytes: only the tree check sees it
+        ("leaves", "c", "nothing", "float32[4]"),  # and its routing of 'a' and 'b' may differ
+    ],
+)
 def test_workers_disagreeing_on_a_tensor_all_raise_naming_it(what, tensor, mine, theirs):
-    results = run_job([worker_script("mismatch.py"), "--what", what], workers=2, servers=2,
-                      env={"JBPS_TIMEOUT_S": "20"})
+    results = run_job(
+        [worker_script("mismatch.py"), "--what", what], workers=2, servers=2, env={"JBPS_TIMEOUT_S": "20"}
+    )
     for r in results:
         assert r.returncode == 0, r.stderr[-3000:]
         rep = last_json(r.stdout)
@@ -33,14 +37,21 @@ def test_workers_disagreeing_on_a_tensor_all_raise_naming_it(what, tensor, mine,
         assert rep["recovered"], f"worker {r.rank} could not psum after the failed call"
 
 
-@pytest.mark.parametrize("what,tensor,mine,theirs", [
-    ("layout", "b", "float32[2,3]", "float32[3,2]"),
-    ("leaves", "c", "nothing", "float32[4]"),
-])
+@pytest.mark.parametrize(
+    "what,tensor,mine,theirs",
+    [
+        ("layout", "b", "float32[2,3]", "float32[3,2]"),
+        ("leaves", "c", "nothing", "float32[4]"),
+    ],
+)
 def test_workers_disagreeing_after_agreeing_all_raise_naming_it(what, tensor, mine, theirs):
     # The servers know worker 0's tree from the calls before: its check sends the digest alone.
-    results = run_job([worker_script("mismatch.py"), "--what", what, "--good-calls", "3"], workers=2, servers=2,
-                      env={"JBPS_TIMEOUT_S": "20"})
+    results = run_job(
+        [worker_script("mismatch.py"), "--what", what, "--good-calls", "3"],
+        workers=2,
+        servers=2,
+        env={"JBPS_TIMEOUT_S": "20"},
+    )
     for r in results:
         assert r.returncode == 0, r.stderr[-3000:]
         rep = last_json(r.stdout)
@@ -81,10 +92,8 @@ def test_wrong_job_token_is_refused():
     srv = _core.Server("127.0.0.1:0", 1, token=1234)
     try:
         with pytest.raises(jbps.JbpsError, match=f"127.0.0.1:{srv.port}"):
-            jbps.init(servers=[f"127.0.0.1:{srv.port}"], num_workers=1, worker_rank=0, timeout_s=2.0,
-                      job_token=99)
-        with jbps.init(servers=[f"127.0.0.1:{srv.port}"], num_workers=1, worker_rank=0, timeout_s=2.0,
-                       job_token=1234):
+            jbps.init(servers=[f"127.0.0.1:{srv.port}"], num_workers=1, worker_rank=0, timeout_s=2.0, job_token=99)
+        with jbps.init(servers=[f"127.0.0.1:{srv.port}"], num_workers=1, worker_rank=0, timeout_s=2.0, job_token=1234):
             assert float(jax.jit(lambda x: jbps.psum(x))(jnp.float32(2))) == 2.0
         assert srv.stats()["rejected"] >= 1
     finally:
@@ -145,41 +154,75 @@ def test_bad_configuration_names_the_variable(monkeypatch):
         jbps.init(server="127.0.0.1:1")
 
 
-@pytest.mark.parametrize("argv,env,needle", [
-    (["--num-workers", "0"], {}, "--num-workers"),
-    (["--num-workers", "1", "--token", str(1 << 65)], {}, "--token"),
-    ([], {}, "--num-workers is required"),
-])
+@pytest.mark.parametrize(
+    "argv,env,needle",
+    [
+        (["--num-workers", "0"], {}, "--num-workers"),
+        (["--num-workers", "1", "--token", str(1 << 65)], {}, "--token"),
+        ([], {}, "--num-workers is required"),
+    ],
+)
 def test_server_command_line_names_the_bad_flag(argv, env, needle):
     import subprocess
     import sys
-    out = subprocess.run([sys.executable, "-m", "jbps.server", *argv], env=job_free_env(**env), cwd="/",
-                         capture_output=True, text=True, timeout=60)
+
+    out = subprocess.run(
+        [sys.executable, "-m", "jbps.server", *argv],
+        env=job_free_env(**env),
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2, out.stderr
     assert needle in out.stderr
 
 
-@pytest.mark.parametrize("module,argv,env,line", [
-    ("jbps.server", ["--num-workers", "1"], {"JBPS_TIMEOUT_S": "-3"}, "JBPS_TIMEOUT_S='-3': must be positive"),
-    ("jbps.server", [], {"DMLC_NUM_WORKER": "many"}, "DMLC_NUM_WORKER='many': 'many' is not a whole number"),
-    ("jbps.server", ["--num-workers", "1"], {"JBPS_SERVER_ENGINE_THREADS": "lots"},
-     "JBPS_SERVER_ENGINE_THREADS='lots': must be a whole number of threads (0: min(4, cores))"),
-    ("jbps.server", ["--num-workers", "1"], {"JBPS_SERVER_ROLE": "boss"},
-     "JBPS_SERVER_ROLE='boss': expected one of colocated, dedicated"),
-    ("jbps.scheduler", [], {"JBPS_TIMEOUT_S": "soon"},
-     "JBPS_TIMEOUT_S='soon': 'soon' is not a number (of seconds, e.g. 60 or 2.5)"),
-])
+@pytest.mark.parametrize(
+    "module,argv,env,line",
+    [
+        ("jbps.server", ["--num-workers", "1"], {"JBPS_TIMEOUT_S": "-3"}, "JBPS_TIMEOUT_S='-3': must be positive"),
+        ("jbps.server", [], {"DMLC_NUM_WORKER": "many"}, "DMLC_NUM_WORKER='many': 'many' is not a whole number"),
+        (
+            "jbps.server",
+            ["--num-workers", "1"],
+            {"JBPS_SERVER_ENGINE_THREADS": "lots"},
+            "JBPS_SERVER_ENGINE_THREADS='lots': must be a whole number of threads (0: min(4, cores))",
+        ),
+        (
+            "jbps.server",
+            ["--num-workers", "1"],
+            {"JBPS_SERVER_ROLE": "boss"},
+            "JBPS_SERVER_ROLE='boss': expected one of colocated, dedicated",
+        ),
+        (
+            "jbps.scheduler",
+            [],
+            {"JBPS_TIMEOUT_S": "soon"},
+            "JBPS_TIMEOUT_S='soon': 'soon' is not a number (of seconds, e.g. 60 or 2.5)",
+        ),
+    ],
+)
 def test_a_bad_environment_variable_is_one_line_naming_it_without_usage(module, argv, env, line):
     import subprocess
     import sys
-    out = subprocess.run([sys.executable, "-m", module, *argv], env=job_free_env(**env), cwd="/",
-                         capture_output=True, text=True, timeout=60)
+
+    out = subprocess.run(
+        [sys.executable, "-m", module, *argv],
+        env=job_free_env(**env),
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2, out.stderr
     assert out.stderr.strip() == f"python -m {module}: {line}", out.stderr  # no flag was wrong: no usage
 
 
-@pytest.mark.parametrize("text,nbytes", [("4194304", 4 << 20), ("4M", 4 << 20), ("4MiB", 4 << 20),
-                                         ("4 MiB", 4 << 20), ("64K", 64 << 10), ("1g", 1 << 30)])
+@pytest.mark.parametrize(
+    "text,nbytes",
+    [("4194304", 4 << 20), ("4M", 4 << 20), ("4MiB", 4 << 20), ("4 MiB", 4 << 20), ("64K", 64 << 10), ("1g", 1 << 30)],
+)
 def test_sizes_are_written_with_units(text, nbytes):
     env = {"JBPS_PARTITION_BYTES": text}
     assert jbps.Config.resolve({}, env).partition_bytes == nbytes

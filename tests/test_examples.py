@@ -27,8 +27,7 @@ def test_mnist_reaches_95_percent_with_two_workers():
     # From the checkout, as the README's quickstart runs it: the servers that
     # `jbps run` starts must import the installed package, not the source tree.
     env = base_env()
-    proc, out, err = run([*JBPS, "run", "-n", "2", PYTHON, example("mnist_flax.py")], env, timeout=300,
-                         cwd=CHECKOUT)
+    proc, out, err = run([*JBPS, "run", "-n", "2", PYTHON, example("mnist_flax.py")], env, timeout=300, cwd=CHECKOUT)
     assert proc.returncode == 0, err[-3000:]
     assert "[worker 0] workers 2, 12 epochs" in out, out[-3000:]
     accuracy = float(re.search(r"\[worker 0\] test accuracy ([0-9.]+)", out).group(1))
@@ -44,8 +43,12 @@ def test_mnist_with_onebit_compression_reaches_97_percent():
     # Gradients at 1/25.6 of their bytes, error feedback in the optimizer
     # state; SGD with momentum, which suits sign compression.
     env = base_env()
-    proc, out, err = run([*JBPS, "run", "-n", "2", PYTHON, example("mnist_flax.py"), "--compression", "onebit",
-                          "--optimizer", "sgd"], env, timeout=300, cwd=CHECKOUT)
+    proc, out, err = run(
+        [*JBPS, "run", "-n", "2", PYTHON, example("mnist_flax.py"), "--compression", "onebit", "--optimizer", "sgd"],
+        env,
+        timeout=300,
+        cwd=CHECKOUT,
+    )
     assert proc.returncode == 0, err[-3000:]
     accuracy = float(re.search(r"\[worker 0\] test accuracy ([0-9.]+)", out).group(1))
     assert accuracy >= 0.97, out[-3000:]
@@ -54,8 +57,26 @@ def test_mnist_with_onebit_compression_reaches_97_percent():
 
 def test_transformer_runs_alone_and_its_loss_goes_down():
     env = base_env()
-    proc, out, err = run([PYTHON, example("transformer_lm.py"), "--steps", "40", "--dim", "64", "--layers", "1",
-                          "--seq-len", "32", "--corpus-bytes", "200000", "--log-every", "20"], env, timeout=300)
+    proc, out, err = run(
+        [
+            PYTHON,
+            example("transformer_lm.py"),
+            "--steps",
+            "40",
+            "--dim",
+            "64",
+            "--layers",
+            "1",
+            "--seq-len",
+            "32",
+            "--corpus-bytes",
+            "200000",
+            "--log-every",
+            "20",
+        ],
+        env,
+        timeout=300,
+    )
     assert proc.returncode == 0, err[-3000:]
     assert "1 worker(s)" in out and "tokens/s over the job" in out, out
     first, last = map(float, re.search(r"loss ([0-9.]+) -> ([0-9.]+)", out).groups())
@@ -65,8 +86,11 @@ def test_transformer_runs_alone_and_its_loss_goes_down():
 
 def test_mesh_example_equals_one_process_with_two_workers():
     env = base_env()
-    proc, out, err = run([*JBPS, "run", "-n", "2", "--local-devices", "4", PYTHON, example("mesh_data_model.py"),
-                          "--steps", "30"], env, timeout=300)
+    proc, out, err = run(
+        [*JBPS, "run", "-n", "2", "--local-devices", "4", PYTHON, example("mesh_data_model.py"), "--steps", "30"],
+        env,
+        timeout=300,
+    )
     assert proc.returncode == 0, err[-3000:]
     for rank in (0, 1):
         assert f"[worker {rank}] worker {rank}: mesh data 2 x model 2 on each of 2 worker(s)" in out, out[-3000:]
@@ -80,12 +104,36 @@ def test_mesh_example_equals_one_process_with_two_workers():
 @needs_mpi
 def test_resnet_under_mpirun_reports_throughput():
     env = base_env(XLA_FLAGS="--xla_force_host_platform_device_count=2")
-    proc, out, err = run([MPIEXEC, "-n", "2", PYTHON, example("resnet_synthetic.py"), "--steps", "2",
-                          "--batch-size", "4", "--image-size", "16", "--widths", "8,16", "--blocks", "1"], env,
-                         timeout=300)
+    proc, out, err = run(
+        [
+            MPIEXEC,
+            "-n",
+            "2",
+            PYTHON,
+            example("resnet_synthetic.py"),
+            "--steps",
+            "2",
+            "--batch-size",
+            "4",
+            "--image-size",
+            "16",
+            "--widths",
+            "8,16",
+            "--blocks",
+            "1",
+        ],
+        env,
+        timeout=300,
+    )
     assert proc.returncode == 0, err[-3000:]
-    shares = [re.search(rf"worker {rank}: [0-9.]+ images/s on 2 device\(s\); communication (\d+)% of step time, "
-                        r"waiting for slower workers \d+%", out) for rank in (0, 1)]
+    shares = [
+        re.search(
+            rf"worker {rank}: [0-9.]+ images/s on 2 device\(s\); communication (\d+)% of step time, "
+            r"waiting for slower workers \d+%",
+            out,
+        )
+        for rank in (0, 1)
+    ]
     assert all(shares), out
     assert shares[0].group(1) == shares[1].group(1), out  # the job's figure, not each worker's waits
     assert re.search(r"total: [0-9.]+ images/s over 2 worker\(s\)", out), out

@@ -27,8 +27,13 @@ def run_with_fault(kill, tmp_path):
     go = tmp_path / "go"
     # 64-byte chunks: the pending psum (64 float32) has chunks on both servers, so it waits on
     # whichever server is killed (a psum waits only on the servers its chunks go to).
-    with LocalCluster(WORKERS, 2, timeout_s=90, python=sys.executable,
-                      env={"JBPS_TIMEOUT_S": str(TIMEOUT_S), "JBPS_PARTITION_BYTES": "64"}) as cluster:
+    with LocalCluster(
+        WORKERS,
+        2,
+        timeout_s=90,
+        python=sys.executable,
+        env={"JBPS_TIMEOUT_S": str(TIMEOUT_S), "JBPS_PARTITION_BYTES": "64"},
+    ) as cluster:
         procs = cluster.start_workers([worker_script("lost_peer.py"), "--late-rank", str(LATE), "--go-file", str(go)])
         deadline = time.monotonic() + 60
         while not all("pending" in (cluster.dir / f"worker{r}.out").read_text() for r in range(LATE)):

@@ -69,5 +69,4 @@ def test_sums_are_the_same_without_huge_pages(server):
     with jbps.init(servers=[server], num_workers=1, worker_rank=0, huge_pages=False) as s:
         assert s.config.huge_pages is False
         x = jnp.arange(N, dtype=jnp.float32)
-        np.testing.assert_array_equal(np.asarray(jax.jit(lambda t: jbps.psum(t, name="small pages"))(x)),
-                                      np.asarray(x))
+        np.testing.assert_array_equal(np.asarray(jax.jit(lambda t: jbps.psum(t, name="small pages"))(x)), np.asarray(x))

@@ -54,7 +54,7 @@ def hostile(rng):
     if kind == 0:
         return bytes(rng.getrandbits(8) for _ in range(rng.randrange(0, 200)))
     if kind == 1:
-        return hello()[:rng.randrange(0, 48)]  # truncated
+        return hello()[: rng.randrange(0, 48)]  # truncated
     if kind == 2:
         return hello(token=TOKEN ^ (1 << rng.randrange(64)))  # wrong token
     if kind == 3:  # a valid frame, but not a hello: a push of an unknown key claiming a huge length
@@ -73,9 +73,26 @@ def hostile(rng):
 @pytest.fixture
 def server():
     env = job_free_env()
-    proc = subprocess.Popen([sys.executable, "-m", "jbps.server", "--num-workers", "1", "--keep-alive",
-                             "--token", str(TOKEN), "--timeout", "5"], env=env, cwd="/", stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "jbps.server",
+            "--num-workers",
+            "1",
+            "--keep-alive",
+            "--token",
+            str(TOKEN),
+            "--timeout",
+            "5",
+        ],
+        env=env,
+        cwd="/",
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         match = re.search(r"listening on (\S+):(\d+)", proc.stdout.readline())
         assert match, proc.stderr.read()

@@ -52,9 +52,11 @@ def test_jobs_back_to_back_on_one_keep_alive_server():
     srv = _core.Server("127.0.0.1:0", 1, token=TOKEN, keep_alive=True, timeout_s=10)
     try:
         import jax
+
         for job in range(3):
-            with jbps.init(servers=[f"127.0.0.1:{srv.port}"], num_workers=1, worker_rank=0, job_token=TOKEN,
-                           timeout_s=20):
+            with jbps.init(
+                servers=[f"127.0.0.1:{srv.port}"], num_workers=1, worker_rank=0, job_token=TOKEN, timeout_s=20
+            ):
                 x = np.arange(1000, dtype=np.float32) * (job + 1)
                 np.testing.assert_array_equal(jax.jit(lambda t: jbps.psum(t, name="job"))(x), x)
     finally:

@@ -40,8 +40,9 @@ class Result:
 
 
 def run(argv, env, timeout=180, cwd="/"):
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, cwd=cwd)
+    proc = subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=cwd
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -70,16 +71,20 @@ def check_reports(reports, workers, rounds):
     assert len({r["digest"] for r in reports}) == 1, reports
 
 
-needs_mpi = pytest.mark.skipif(shutil.which(MPIEXEC) is None or not os.access(MPIEXEC, os.X_OK),
-                               reason="no mpiexec next to this Python: pip install 'jbps[mpi]'")
+needs_mpi = pytest.mark.skipif(
+    shutil.which(MPIEXEC) is None or not os.access(MPIEXEC, os.X_OK),
+    reason="no mpiexec next to this Python: pip install 'jbps[mpi]'",
+)
 
 
 @needs_mpi
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_mpirun_every_rank_a_worker(ranks):
     env = base_env(XLA_FLAGS="--xla_force_host_platform_device_count=2", JBPS_TIMEOUT_S="60")
-    proc, out, err = run([MPIEXEC, "-n", str(ranks), PYTHON, worker_script("random_trees.py"), "--rounds", "3",
-                          "--seed", str(ranks)], env)
+    proc, out, err = run(
+        [MPIEXEC, "-n", str(ranks), PYTHON, worker_script("random_trees.py"), "--rounds", "3", "--seed", str(ranks)],
+        env,
+    )
     assert proc.returncode == 0, err[-3000:]
     check_reports(per_rank_reports(out), ranks, 3)
     assert_nothing_left(env)
@@ -88,8 +93,26 @@ def test_mpirun_every_rank_a_worker(ranks):
 @needs_mpi
 def test_mpirun_mpmd_with_dedicated_server_ranks():
     env = base_env(JBPS_TIMEOUT_S="60")
-    proc, out, err = run([MPIEXEC, "-n", "3", PYTHON, worker_script("random_trees.py"), "--rounds", "3", "--mode",
-                          "jit", ":", "-n", "2", PYTHON, "-m", "jbps.server"], env)
+    proc, out, err = run(
+        [
+            MPIEXEC,
+            "-n",
+            "3",
+            PYTHON,
+            worker_script("random_trees.py"),
+            "--rounds",
+            "3",
+            "--mode",
+            "jit",
+            ":",
+            "-n",
+            "2",
+            PYTHON,
+            "-m",
+            "jbps.server",
+        ],
+        env,
+    )
     assert proc.returncode == 0, err[-3000:]
     check_reports(per_rank_reports(out), 3, 3)
     assert out.count("jbps.server listening on") == 2
@@ -102,8 +125,11 @@ def test_mpirun_local_ranks_come_from_the_shared_memory_split():
     proc, out, err = run([MPIEXEC, "-n", "3", PYTHON, worker_script("launch_probe.py")], env)
     assert proc.returncode == 0, err[-3000:]
     reports = per_rank_reports(out)
-    assert [(r["rank"], r["size"], r["local_rank"], r["local_size"]) for r in reports] == \
-        [(0, 3, 0, 3), (1, 3, 1, 3), (2, 3, 2, 3)]
+    assert [(r["rank"], r["size"], r["local_rank"], r["local_size"]) for r in reports] == [
+        (0, 3, 0, 3),
+        (1, 3, 1, 3),
+        (2, 3, 2, 3),
+    ]
 
 
 def test_mpirun_without_mpi4py_says_what_is_missing():
@@ -118,14 +144,26 @@ def start_member(role, env, argv, worker_id=None):
     extra = {"DMLC_ROLE": role}
     if worker_id is not None:
         extra["DMLC_WORKER_ID"] = str(worker_id)
-    return subprocess.Popen(argv, env={**env, **extra}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, cwd="/")
+    return subprocess.Popen(
+        argv,
+        env={**env, **extra},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        cwd="/",
+    )
 
 
 def scheduler_env(timeout_s):
     port = 20000 + random.Random().randrange(20000)
-    return base_env(DMLC_NUM_WORKER="2", DMLC_NUM_SERVER="2", DMLC_PS_ROOT_URI="127.0.0.1",
-                    DMLC_PS_ROOT_PORT=str(port), JBPS_TIMEOUT_S=str(timeout_s))
+    return base_env(
+        DMLC_NUM_WORKER="2",
+        DMLC_NUM_SERVER="2",
+        DMLC_PS_ROOT_URI="127.0.0.1",
+        DMLC_PS_ROOT_PORT=str(port),
+        JBPS_TIMEOUT_S=str(timeout_s),
+    )
 
 
 def finish(procs, timeout):
@@ -144,11 +182,13 @@ def finish(procs, timeout):
 def test_environment_bootstrap_in_any_start_order(seed):
     env = scheduler_env(60)
     fixed_port = int(env["DMLC_PS_ROOT_PORT"]) + 1  # a server a firewall expects on a known port
-    members = [("scheduler", [PYTHON, "-m", "jbps.scheduler"], None),
-               ("server", [PYTHON, "-m", "jbps.server", "--bind", f":{fixed_port}"], None),
-               ("server", [PYTHON, "-m", "jbps.server"], None),
-               ("worker", [PYTHON, worker_script("random_trees.py"), "--rounds", "3", "--mode", "jit"], 0),
-               ("worker", [PYTHON, worker_script("random_trees.py"), "--rounds", "3", "--mode", "jit"], None)]
+    members = [
+        ("scheduler", [PYTHON, "-m", "jbps.scheduler"], None),
+        ("server", [PYTHON, "-m", "jbps.server", "--bind", f":{fixed_port}"], None),
+        ("server", [PYTHON, "-m", "jbps.server"], None),
+        ("worker", [PYTHON, worker_script("random_trees.py"), "--rounds", "3", "--mode", "jit"], 0),
+        ("worker", [PYTHON, worker_script("random_trees.py"), "--rounds", "3", "--mode", "jit"], None),
+    ]
     rng = random.Random(seed)
     rng.shuffle(members)
     procs = []
@@ -167,10 +207,12 @@ def test_environment_bootstrap_in_any_start_order(seed):
 def test_a_missing_worker_fails_everyone_naming_it():
     env = scheduler_env(3)
     t0 = time.monotonic()
-    procs = [start_member("scheduler", env, [PYTHON, "-m", "jbps.scheduler"]),
-             start_member("server", env, [PYTHON, "-m", "jbps.server"]),
-             start_member("server", env, [PYTHON, "-m", "jbps.server"]),
-             start_member("worker", env, [PYTHON, worker_script("launch_probe.py")], worker_id=0)]
+    procs = [
+        start_member("scheduler", env, [PYTHON, "-m", "jbps.scheduler"]),
+        start_member("server", env, [PYTHON, "-m", "jbps.server"]),
+        start_member("server", env, [PYTHON, "-m", "jbps.server"]),
+        start_member("worker", env, [PYTHON, worker_script("launch_probe.py")], worker_id=0),
+    ]
     outputs = finish(procs, 60)
     assert time.monotonic() - t0 < 30
     for code, out, err in outputs:
@@ -185,8 +227,21 @@ def jbps_run(args, env, timeout=180):
 
 def test_jbps_run_job_with_prefixed_output():
     env = base_env()
-    proc, out, err = jbps_run(["-n", "2", "--servers", "1", "--local-devices", "2", PYTHON,
-                               worker_script("random_trees.py"), "--rounds", "3"], env)
+    proc, out, err = jbps_run(
+        [
+            "-n",
+            "2",
+            "--servers",
+            "1",
+            "--local-devices",
+            "2",
+            PYTHON,
+            worker_script("random_trees.py"),
+            "--rounds",
+            "3",
+        ],
+        env,
+    )
     assert proc.returncode == 0, err[-3000:]
     check_reports(per_rank_reports(out), 2, 3)
     assert "[worker 0] {" in out and "[worker 1] {" in out and "[server 0] jbps.server listening" in out
@@ -196,8 +251,24 @@ def test_jbps_run_job_with_prefixed_output():
 
 def test_jbps_run_propagates_a_crash_and_leaves_nothing():
     env = base_env()
-    proc, out, err = jbps_run(["-n", "3", "--servers", "2", "--timeout", "30", "--verbose", PYTHON,
-                               worker_script("launch_probe.py"), "--crash-rank", "1", "--sleep", "5"], env)
+    proc, out, err = jbps_run(
+        [
+            "-n",
+            "3",
+            "--servers",
+            "2",
+            "--timeout",
+            "30",
+            "--verbose",
+            PYTHON,
+            worker_script("launch_probe.py"),
+            "--crash-rank",
+            "1",
+            "--sleep",
+            "5",
+        ],
+        env,
+    )
     assert proc.returncode == 3, err[-3000:]
     assert "worker 1 exited with 3: jbps run is ending the job" in err
     assert err.count("[jbps.scheduler] worker registered") == 3, err[-3000:]  # --verbose tells the rendezvous
@@ -209,13 +280,20 @@ def test_jbps_run_names_the_worker_that_raised_not_the_one_it_ended():
     # goodbye carries the exception, so the servers end the job naming it,
     # and worker 0 (ended by the job's failure, or by jbps run) is blamed nowhere.
     env = base_env()
-    proc, out, err = jbps_run(["-n", "2", PYTHON, worker_script("raise_at_step.py"), "--raise-rank", "1",
-                               "--raise-step", "20"], env)
+    proc, out, err = jbps_run(
+        ["-n", "2", PYTHON, worker_script("raise_at_step.py"), "--raise-rank", "1", "--raise-step", "20"], env
+    )
     assert proc.returncode == 1, err[-3000:]
-    cause = ("jbps: worker 1 (127.0.0.1:", ") left the job: it exited with an uncaught exception: ValueError: a bug in "
-             "worker 1's own code at step 20; seen by summation server")
-    blamed = [line for line in err.splitlines() if line.startswith("[server") and "jbps: worker" in line
-              and "ended early" not in line]
+    cause = (
+        "jbps: worker 1 (127.0.0.1:",
+        ") left the job: it exited with an uncaught exception: ValueError: a bug in "
+        "worker 1's own code at step 20; seen by summation server",
+    )
+    blamed = [
+        line
+        for line in err.splitlines()
+        if line.startswith("[server") and "jbps: worker" in line and "ended early" not in line
+    ]
     assert blamed and all(cause[0] in line and cause[1] in line for line in blamed), err[-3000:]
     assert "jbps: worker 0 " not in err and "was lost" not in err, err[-3000:]
     assert re.search(r"\[jbps\.run\] worker [01] exited with 1: jbps run is ending the job", err), err[-3000:]
@@ -224,9 +302,15 @@ def test_jbps_run_names_the_worker_that_raised_not_the_one_it_ended():
 
 def test_jbps_run_listens_on_loopback_only_and_ctrl_c_ends_everything():
     env = base_env()
-    proc = subprocess.Popen([PYTHON, "-m", "jbps.cli", "run", "-n", "2", PYTHON, worker_script("launch_probe.py"),
-                             "--sleep", "120"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, cwd="/")
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "jbps.cli", "run", "-n", "2", PYTHON, worker_script("launch_probe.py"), "--sleep", "120"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        cwd="/",
+    )
     try:
         ready = 0
         deadline = time.monotonic() + 120
@@ -281,10 +365,33 @@ def test_communication_share_is_the_jobs_not_a_workers_waits():
 
 def test_two_jobs_at_once_on_one_host():
     envs = [base_env(), base_env()]
-    procs = [subprocess.Popen([PYTHON, "-m", "jbps.cli", "run", "-n", "2", PYTHON, worker_script("random_trees.py"),
-                               "--rounds", "4", "--seed", str(i), "--mode", "jit"], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, start_new_session=True, cwd="/")
-             for i, env in enumerate(envs)]
+    procs = [
+        subprocess.Popen(
+            [
+                PYTHON,
+                "-m",
+                "jbps.cli",
+                "run",
+                "-n",
+                "2",
+                PYTHON,
+                worker_script("random_trees.py"),
+                "--rounds",
+                "4",
+                "--seed",
+                str(i),
+                "--mode",
+                "jit",
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+            cwd="/",
+        )
+        for i, env in enumerate(envs)
+    ]
     outputs = finish(procs, 240)
     digests = []
     for code, out, err in outputs:
@@ -318,13 +425,28 @@ def test_mpirun_rank_that_ends_before_joining_ends_the_job_naming_it():
     env = base_env(JBPS_TIMEOUT_S="5")
     t0 = time.monotonic()
     with MpichSegments(env) as segments:
-        proc, out, err = run([MPIEXEC, "-n", "2", PYTHON, worker_script("launch_probe.py"), ":",
-                              "-n", "1", PYTHON, "-c", "raise SystemExit('this rank ends before it joins')"],
-                             env, timeout=90)
+        proc, out, err = run(
+            [
+                MPIEXEC,
+                "-n",
+                "2",
+                PYTHON,
+                worker_script("launch_probe.py"),
+                ":",
+                "-n",
+                "1",
+                PYTHON,
+                "-c",
+                "raise SystemExit('this rank ends before it joins')",
+            ],
+            env,
+            timeout=90,
+        )
     assert proc.returncode != 0
     assert time.monotonic() - t0 < 30
-    assert "waited 5 s (JBPS_TIMEOUT_S) for MPI to start in every rank; rank 2 is no longer running" in out + err, \
-        err[-2000:]
+    assert "waited 5 s (JBPS_TIMEOUT_S) for MPI to start in every rank; rank 2 is no longer running" in out + err, err[
+        -2000:
+    ]
     assert_nothing_left(env)
     segments.assert_none_left()
 
@@ -336,9 +458,15 @@ def test_a_killed_mpirun_job_leaves_nothing(sig):
     # rank's guard removes it once no process of the job maps it.
     env = base_env(JBPS_TIMEOUT_S="60")
     with MpichSegments(env) as segments:
-        proc = subprocess.Popen([MPIEXEC, "-n", "2", PYTHON, worker_script("launch_probe.py"), "--sleep", "120"],
-                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True, cwd="/")
+        proc = subprocess.Popen(
+            [MPIEXEC, "-n", "2", PYTHON, worker_script("launch_probe.py"), "--sleep", "120"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+            cwd="/",
+        )
         try:
             # mpiexec forwards the ranks' output in whatever pieces it reads: look for both
             # ranks' words anywhere in it, not one per line.

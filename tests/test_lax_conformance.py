@@ -40,8 +40,9 @@ def alone():
 
 @pytest.fixture(scope="module")
 def two_workers():
-    results = run_job([SCRIPT], workers=2, servers=2, devices=2 * DEVICES_PER_WORKER, env={"JBPS_TIMEOUT_S": "60"},
-                      timeout_s=600)
+    results = run_job(
+        [SCRIPT], workers=2, servers=2, devices=2 * DEVICES_PER_WORKER, env={"JBPS_TIMEOUT_S": "60"}, timeout_s=600
+    )
     return [(reports(r.stdout), r.returncode, r.stderr) for r in results]
 
 

@@ -49,7 +49,8 @@ def test_resnet50_has_no_running_statistics_and_one_projection_per_stage():
     names = [n for n, _ in builtin_model("resnet50")]
     assert not any("running" in n or "num_batches" in n for n in names)
     assert [n for n in names if n.endswith("downsample.0.weight")] == [
-        f"layer{s}.0.downsample.0.weight" for s in (1, 2, 3, 4)]
+        f"layer{s}.0.downsample.0.weight" for s in (1, 2, 3, 4)
+    ]
 
 
 def test_bert_layers_follow_each_other():
@@ -77,32 +78,45 @@ def write_spec(tmp_path, content):
 def test_load_dict_spec_keeps_file_order_as_float32(tmp_path):
     path = write_spec(tmp_path, {"b.weight": [4, 3], "a.bias": [4], "scalar": []})
     assert load_model_spec(path) == [
-        ("b.weight", (4, 3), "float32"), ("a.bias", (4,), "float32"), ("scalar", (), "float32")]
+        ("b.weight", (4, 3), "float32"),
+        ("a.bias", (4,), "float32"),
+        ("scalar", (), "float32"),
+    ]
 
 
 def test_load_list_spec_with_dtypes(tmp_path):
-    path = write_spec(tmp_path, [
-        {"name": "emb", "shape": [10, 8], "dtype": "bfloat16"},
-        {"name": "w", "shape": [8, 8], "dtype": "float16"},
-        {"name": "d", "shape": [2], "dtype": "float64"},
-        {"name": "step", "shape": [1], "dtype": "int32"},
-        {"name": "b", "shape": [8]},
-    ])
+    path = write_spec(
+        tmp_path,
+        [
+            {"name": "emb", "shape": [10, 8], "dtype": "bfloat16"},
+            {"name": "w", "shape": [8, 8], "dtype": "float16"},
+            {"name": "d", "shape": [2], "dtype": "float64"},
+            {"name": "step", "shape": [1], "dtype": "int32"},
+            {"name": "b", "shape": [8]},
+        ],
+    )
     assert load_model_spec(path) == [
-        ("emb", (10, 8), "bfloat16"), ("w", (8, 8), "float16"), ("d", (2,), "float64"),
-        ("step", (1,), "int32"), ("b", (8,), "float32")]
+        ("emb", (10, 8), "bfloat16"),
+        ("w", (8, 8), "float16"),
+        ("d", (2,), "float64"),
+        ("step", (1,), "int32"),
+        ("b", (8,), "float32"),
+    ]
 
 
-@pytest.mark.parametrize("content, offender", [
-    ({"ok": [2], "neg": [3, -1]}, "neg"),
-    ({"ok": [2], "flat": 7}, "flat"),
-    ({"ok": [2], "half": [2.5]}, "half"),
-    ([{"name": "ok", "shape": [2]}, {"name": "neg", "shape": [-4]}], "neg"),
-    ([{"name": "ok", "shape": [2]}, {"name": "str", "shape": "2,3"}], "str"),
-    ([{"name": "ok", "shape": [2]}, {"name": "odd", "shape": [2], "dtype": "complex64"}], "odd"),
-    ([{"name": "ok", "shape": [2]}, {"name": "typo", "shpae": [2]}], "typo"),
-    ([{"name": "twice", "shape": [2]}, {"name": "twice", "shape": [3]}], "twice"),
-])
+@pytest.mark.parametrize(
+    "content, offender",
+    [
+        ({"ok": [2], "neg": [3, -1]}, "neg"),
+        ({"ok": [2], "flat": 7}, "flat"),
+        ({"ok": [2], "half": [2.5]}, "half"),
+        ([{"name": "ok", "shape": [2]}, {"name": "neg", "shape": [-4]}], "neg"),
+        ([{"name": "ok", "shape": [2]}, {"name": "str", "shape": "2,3"}], "str"),
+        ([{"name": "ok", "shape": [2]}, {"name": "odd", "shape": [2], "dtype": "complex64"}], "odd"),
+        ([{"name": "ok", "shape": [2]}, {"name": "typo", "shpae": [2]}], "typo"),
+        ([{"name": "twice", "shape": [2]}, {"name": "twice", "shape": [3]}], "twice"),
+    ],
+)
 def test_bad_spec_raises_naming_file_and_entry(tmp_path, content, offender):
     path = write_spec(tmp_path, content)
     with pytest.raises(ValueError) as info:

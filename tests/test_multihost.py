@@ -36,10 +36,25 @@ def hosts():
 @pytest.mark.parametrize("mode,devices", [("pmap", 2), ("jit", 1)])
 def test_random_trees_across_hosts_match_numpy_and_split_bytes_by_role(hosts, mode, devices):
     rounds, big_elems = 4, 1_000_000  # 4 MB: many chunks per server
-    result = run_job(hosts, WORKER_HOSTS, SERVER_HOSTS,
-                     [worker_script("random_trees.py"), "--rounds", str(rounds), "--mode", mode, "--seed", "11",
-                      "--big-elems", str(big_elems)],
-                     env=job_free_env(JBPS_TIMEOUT_S="60"), local_devices=devices, timeout_s=300)
+    result = run_job(
+        hosts,
+        WORKER_HOSTS,
+        SERVER_HOSTS,
+        [
+            worker_script("random_trees.py"),
+            "--rounds",
+            str(rounds),
+            "--mode",
+            mode,
+            "--seed",
+            "11",
+            "--big-elems",
+            str(big_elems),
+        ],
+        env=job_free_env(JBPS_TIMEOUT_S="60"),
+        local_devices=devices,
+        timeout_s=300,
+    )
     reports = [last_json(w.stdout) for w in result.workers]
     assert [r["rounds"] for r in reports] == [rounds] * 2
     assert len({r["digest"] for r in reports}) == 1, "workers got different sums"
@@ -49,8 +64,7 @@ def test_random_trees_across_hosts_match_numpy_and_split_bytes_by_role(hosts, mo
     order = reports[0]["servers"]
     assert sorted(order) == sorted(servers) and reports[1]["servers"] == order
     roles = [servers[a]["role"] for a in order]
-    assert {servers[a]["host"]: servers[a]["role"] for a in order} == {0: "colocated", 1: "colocated",
-                                                                       2: "dedicated"}
+    assert {servers[a]["host"]: servers[a]["role"] for a in order} == {0: "colocated", 1: "colocated", 2: "dedicated"}
 
     # What the workers pushed is what the servers received, byte for byte...
     pushed = np.array([r["stats"]["server_bytes_pushed"] for r in reports])
@@ -75,8 +89,14 @@ def test_a_cut_link_fails_every_other_worker_naming_the_lost_peer(hosts, cut):
     # JBPS_TIMEOUT_S; each failure names a server or the lost worker: the
     # liveness bound (half the timeout) ends before the psum timeout.
     timeout_s = 10
-    with EmulatedJob(hosts, WORKER_HOSTS, SERVER_HOSTS, [worker_script("psum_until_cut.py"), "--seconds", "120"],
-                     env=job_free_env(JBPS_TIMEOUT_S=str(timeout_s)), timeout_s=180) as job:
+    with EmulatedJob(
+        hosts,
+        WORKER_HOSTS,
+        SERVER_HOSTS,
+        [worker_script("psum_until_cut.py"), "--seconds", "120"],
+        env=job_free_env(JBPS_TIMEOUT_S=str(timeout_s)),
+        timeout_s=180,
+    ) as job:
         deadline = time.monotonic() + 120
         while not all("running" in job.output(f"worker {r}").stdout for r in range(2)):
             assert all(p.poll() is None for p in job.workers), job.describe()
@@ -106,8 +126,26 @@ def test_mpirun_with_a_host_file_places_servers_by_host(hosts, tmp_path):
     # netmod between hosts. The bootstrap starts a colocated server inside the
     # first worker of each host and makes the server rank dedicated.
     argv = hosts.mpiexec(MPIEXEC, str(tmp_path), {0: 1, 1: 1, 2: 1})
-    argv += ["-n", "2", sys.executable, worker_script("random_trees.py"), "--rounds", "3", "--mode", "pmap",
-             "--seed", "5", "--big-elems", "1000000", ":", "-n", "1", sys.executable, "-m", "jbps.server"]
+    argv += [
+        "-n",
+        "2",
+        sys.executable,
+        worker_script("random_trees.py"),
+        "--rounds",
+        "3",
+        "--mode",
+        "pmap",
+        "--seed",
+        "5",
+        "--big-elems",
+        "1000000",
+        ":",
+        "-n",
+        "1",
+        sys.executable,
+        "-m",
+        "jbps.server",
+    ]
     env = job_free_env(JBPS_TIMEOUT_S="60", XLA_FLAGS="--xla_force_host_platform_device_count=2", **MPI_TCP_ENV)
     proc = hosts.run(0, argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(tmp_path))
     try:

@@ -16,8 +16,13 @@ from jbps.ops import onebit
 
 @pytest.mark.parametrize("mode,devices", [("jit", 1), ("pmap", 2)])
 def test_sums_and_residuals_equal_numpys_decode_sum_encode(mode, devices):
-    results = run_job([worker_script("onebit_psum.py"), "--check", "exact", "--mode", mode, "--rounds", "4"],
-                      workers=2, servers=2, devices=devices, env={"JBPS_TIMEOUT_S": "60"})
+    results = run_job(
+        [worker_script("onebit_psum.py"), "--check", "exact", "--mode", mode, "--rounds", "4"],
+        workers=2,
+        servers=2,
+        devices=devices,
+        env={"JBPS_TIMEOUT_S": "60"},
+    )
     for r in results:
         assert r.returncode == 0, r.stderr[-3000:]
         rep = last_json(r.stdout)
@@ -29,8 +34,12 @@ def test_error_feedback_makes_the_mean_of_the_sums_approach_the_true_sum():
     # the residuals carried (workers' and servers'), the mean over rounds
     # closes in. Without feedback it would stay where the first round was.
     rounds = 32
-    results = run_job([worker_script("onebit_psum.py"), "--check", "feedback", "--rounds", str(rounds)],
-                      workers=2, servers=2, env={"JBPS_TIMEOUT_S": "60"})
+    results = run_job(
+        [worker_script("onebit_psum.py"), "--check", "feedback", "--rounds", str(rounds)],
+        workers=2,
+        servers=2,
+        env={"JBPS_TIMEOUT_S": "60"},
+    )
     reports = []
     for r in results:
         assert r.returncode == 0, r.stderr[-3000:]
@@ -44,8 +53,12 @@ def test_error_feedback_makes_the_mean_of_the_sums_approach_the_true_sum():
 
 
 def test_workers_that_disagree_on_compression_fail_naming_the_leaf():
-    results = run_job([worker_script("onebit_psum.py"), "--check", "exact", "--rounds", "1", "--disagree", "1"],
-                      workers=2, servers=1, env={"JBPS_TIMEOUT_S": "30"})
+    results = run_job(
+        [worker_script("onebit_psum.py"), "--check", "exact", "--rounds", "1", "--disagree", "1"],
+        workers=2,
+        servers=1,
+        env={"JBPS_TIMEOUT_S": "30"},
+    )
     for r in results:
         assert r.returncode == 0, r.stderr[-3000:]
         err = last_json(r.stdout)["error"]
@@ -58,8 +71,8 @@ def test_encoding_keeps_the_invariant_and_the_format():
     x = rng.normal(size=3 * onebit.BLOCK).astype(np.float32) * np.float32(10.0) ** rng.uniform(-2, 2)
     old = rng.normal(size=x.size).astype(np.float32)
     counts = np.array([onebit.BLOCK, onebit.BLOCK, 100])
-    x[2 * onebit.BLOCK + 100:] = 0  # padding
-    old[2 * onebit.BLOCK + 100:] = 0
+    x[2 * onebit.BLOCK + 100 :] = 0  # padding
+    old[2 * onebit.BLOCK + 100 :] = 0
     corrected = x + old
     records, sent = jax.device_get(onebit.encode(jnp.asarray(corrected), jnp.asarray(counts)))
     new = corrected - sent
@@ -81,7 +94,9 @@ def test_encoding_keeps_the_invariant_and_the_format():
 
 
 def test_psum_refuses_onebit_pointing_at_the_optimizer(session):
-    with pytest.raises(ValueError, match=r"needs optimizer state: use jbps.optax.distributed\(tx, compression='onebit'\)"):
+    with pytest.raises(
+        ValueError, match=r"needs optimizer state: use jbps.optax.distributed\(tx, compression='onebit'\)"
+    ):
         jbps.psum(np.ones(3, np.float32), compression="onebit")
     with pytest.raises(ValueError, match="compression must be None, 'bf16', 'fp16' or 'onebit', got 'twobit'"):
         jbps.optax.distributed(optax.sgd(0.1), compression="twobit")
@@ -96,8 +111,11 @@ def test_optimizer_state_holds_a_residual_per_compressed_leaf(session):
     assert isinstance(state, jbps.optax.FeedbackState)
     shapes = jax.tree_util.tree_map(lambda r: r.shape, state.residuals)
     assert shapes == {"kernel": (64, 32), "bias": (0,), "steps": (0,)}  # small and integer leaves travel as they are
-    grads = {"kernel": jnp.linspace(-1, 1, 64 * 32).reshape(64, 32), "bias": jnp.full(32, 0.5),
-             "steps": jnp.zeros(4, jnp.int32)}
+    grads = {
+        "kernel": jnp.linspace(-1, 1, 64 * 32).reshape(64, 32),
+        "bias": jnp.full(32, 0.5),
+        "steps": jnp.zeros(4, jnp.int32),
+    }
     updates, state = jax.jit(tx.update)(grads, state, params)
     # One worker: the sum is onebit of the gradient; the residual what it lost.
     assert np.array_equal(np.asarray(updates["bias"]), np.full(32, -0.05, np.float32))
@@ -106,7 +124,9 @@ def test_optimizer_state_holds_a_residual_per_compressed_leaf(session):
     assert np.abs(lost).max() > 0.1
     # A residual of the wrong shape names its leaf.
     bad = state._replace(residuals=dict(state.residuals, kernel=jnp.zeros((3,))))
-    with pytest.raises(ValueError, match=r"onebit residual of leaf \['kernel'\] is float32\[3\], expected float32\[64, 32\]"):
+    with pytest.raises(
+        ValueError, match=r"onebit residual of leaf \['kernel'\] is float32\[3\], expected float32\[64, 32\]"
+    ):
         tx.update(grads, bad, params)
 
 
@@ -117,8 +137,13 @@ def test_multisteps_sends_each_real_steps_mean_through_onebit(session):
     every = 3
     params = {"kernel": jnp.ones((64, 32)), "bias": jnp.ones(32)}
     rng = np.random.default_rng(0)
-    grads = [{"kernel": jnp.asarray(rng.standard_normal((64, 32)), jnp.float32),
-              "bias": jnp.asarray(rng.standard_normal(32), jnp.float32)} for _ in range(3 * every)]
+    grads = [
+        {
+            "kernel": jnp.asarray(rng.standard_normal((64, 32)), jnp.float32),
+            "bias": jnp.asarray(rng.standard_normal(32), jnp.float32),
+        }
+        for _ in range(3 * every)
+    ]
     ms = jbps.optax.MultiSteps(optax.sgd(0.1, momentum=0.9), every, compression="onebit", name="ms")
     ref = jbps.optax.distributed(optax.sgd(0.1, momentum=0.9), compression="onebit", name="ref")
     ms_state, ref_state = ms.init(params), ref.init(params)
@@ -140,6 +165,10 @@ def test_multisteps_sends_each_real_steps_mean_through_onebit(session):
         acc = zeros
         for name in params:
             np.testing.assert_allclose(np.asarray(updates[name]), np.asarray(expected[name]), rtol=1e-5, atol=1e-6)
-            np.testing.assert_allclose(np.asarray(ms_state.inner_opt_state.residuals[name]),
-                                       np.asarray(ref_state.residuals[name]), rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(
+                np.asarray(ms_state.inner_opt_state.residuals[name]),
+                np.asarray(ref_state.residuals[name]),
+                rtol=1e-5,
+                atol=1e-6,
+            )
     assert np.abs(np.asarray(ms_state.inner_opt_state.residuals["kernel"])).max() > 0.1  # onebit did lose something

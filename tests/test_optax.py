@@ -29,8 +29,12 @@ def _load(path):
 def reference_params(tmp_path_factory):
     """SGD and Adam, one process, the whole batch, no jbps."""
     out = str(tmp_path_factory.mktemp("reference") / "{opt}.npz")
-    subprocess.run([sys.executable, worker_script("optax_equivalence.py"), "--reference", "--out", out],
-                   check=True, timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    subprocess.run(
+        [sys.executable, worker_script("optax_equivalence.py"), "--reference", "--out", out],
+        check=True,
+        timeout=120,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
     return {opt: _load(out.format(opt=opt, rank=0)) for opt in ("sgd", "adam")}
 
 
@@ -38,8 +42,13 @@ def reference_params(tmp_path_factory):
 def test_two_workers_end_where_one_process_on_the_full_batch_ends(tmp_path, reference_params, mode):
     # jit: one device per worker; pmap: two, each a quarter of the global batch.
     out = str(tmp_path / "{opt}-rank{rank}.npz")
-    results = run_job([worker_script("optax_equivalence.py"), "--mode", mode, "--out", out], workers=2,
-                      servers=2, devices=2 if mode == "pmap" else 1, timeout_s=150)
+    results = run_job(
+        [worker_script("optax_equivalence.py"), "--mode", mode, "--out", out],
+        workers=2,
+        servers=2,
+        devices=2 if mode == "pmap" else 1,
+        timeout_s=150,
+    )
     for r in results:
         assert r.returncode == 0, f"worker {r.rank} failed:\n{r.stderr[-4000:]}"
     for opt, reference in reference_params.items():
@@ -55,14 +64,20 @@ def test_two_workers_end_where_one_process_on_the_full_batch_ends(tmp_path, refe
 
 def _grads_per_device(seed=0):
     rng = np.random.default_rng(seed)
-    return {"dense": {"kernel": rng.standard_normal((DEVICES, 6, 3)).astype(np.float32),
-                      "bias": rng.standard_normal((DEVICES, 3)).astype(np.float32)},
-            "head": rng.standard_normal((DEVICES, 5)).astype(np.float32)}
+    return {
+        "dense": {
+            "kernel": rng.standard_normal((DEVICES, 6, 3)).astype(np.float32),
+            "bias": rng.standard_normal((DEVICES, 3)).astype(np.float32),
+        },
+        "head": rng.standard_normal((DEVICES, 5)).astype(np.float32),
+    }
 
 
 def _params():
-    return {"dense": {"kernel": np.ones((6, 3), np.float32), "bias": np.zeros(3, np.float32)},
-            "head": np.full(5, 0.5, np.float32)}
+    return {
+        "dense": {"kernel": np.ones((6, 3), np.float32), "bias": np.zeros(3, np.float32)},
+        "head": np.full(5, 0.5, np.float32),
+    }
 
 
 def _replicate(tree):
@@ -94,6 +109,7 @@ def _step_fn(tx):
     def step(params, state, grads):
         updates, state = tx.update(grads, state, params)
         return optax.apply_updates(params, updates), state
+
     return jax.pmap(step, axis_name="i")
 
 
@@ -156,16 +172,18 @@ def test_masked_sends_only_the_masked_leaves(session, steps):
 
 
 def test_inject_hyperparams(session, steps):
-    tx = optax.inject_hyperparams(lambda learning_rate: jbps.optax.distributed(optax.sgd(learning_rate),
-                                                                               axis_name="i"))(learning_rate=0.2)
+    tx = optax.inject_hyperparams(
+        lambda learning_rate: jbps.optax.distributed(optax.sgd(learning_rate), axis_name="i")
+    )(learning_rate=0.2)
     got, state = _train(tx, steps)
     assert float(state.hyperparams["learning_rate"][0]) == pytest.approx(0.2)
     _close(got, _reference(optax.sgd(0.2), steps))
 
 
 def test_chain_with_psum_gradients_equals_distributed(session, steps):
-    chained, _ = _train(optax.chain(jbps.optax.psum_gradients("i"), optax.clip_by_global_norm(1.0),
-                                    optax.adam(0.05)), steps)
+    chained, _ = _train(
+        optax.chain(jbps.optax.psum_gradients("i"), optax.clip_by_global_norm(1.0), optax.adam(0.05)), steps
+    )
     _close(chained, _reference(optax.chain(optax.clip_by_global_norm(1.0), optax.adam(0.05)), steps))
 
 
@@ -180,8 +198,14 @@ def test_distributed_optimizer_alias():
 def test_broadcast_gives_every_worker_the_roots_bits(modes, devices, x64):
     # Each worker checks its bits against the root's tree rebuilt by numpy.
     env = {"JAX_ENABLE_X64": "1"} if x64 else None
-    results = run_job([worker_script("broadcast_check.py"), "--root", "1", "--modes", modes], workers=3,
-                      servers=2, devices=devices, env=env, timeout_s=120)
+    results = run_job(
+        [worker_script("broadcast_check.py"), "--root", "1", "--modes", modes],
+        workers=3,
+        servers=2,
+        devices=devices,
+        env=env,
+        timeout_s=120,
+    )
     for r in results:
         assert r.returncode == 0, f"worker {r.rank} failed:\n{r.stderr[-4000:]}"
     reports = [last_json(r.stdout) for r in results]

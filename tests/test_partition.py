@@ -10,8 +10,16 @@ import sys
 import numpy as np
 import pytest
 
-from jbps.partition import (COLOCATED, DEDICATED, assign_chunks, forward_order, make_plan, optimal_split,
-                            resolve_priorities, server_fractions)
+from jbps.partition import (
+    COLOCATED,
+    DEDICATED,
+    assign_chunks,
+    forward_order,
+    make_plan,
+    optimal_split,
+    resolve_priorities,
+    server_fractions,
+)
 from jbps.partition.__main__ import main as plan_main
 from jbps.partition.traffic import busiest_nic_bytes, standard_placement
 
@@ -64,8 +72,16 @@ def random_tree_plan(rng, n, k, partition, shards=1, name="t", groups=1):
     shapes = [(rng.randint(1, 300_000),) for _ in range(count)]
     dtypes = [rng.choice([np.float32, np.float16, np.float64]) for _ in range(count)]
     roles = [COLOCATED] * n + [DEDICATED] * k
-    return make_plan(name, paths, shapes, dtypes, shards, partition_bytes=partition,
-                     server_fractions=server_fractions(roles, n), num_groups=groups), roles
+    return make_plan(
+        name,
+        paths,
+        shapes,
+        dtypes,
+        shards,
+        partition_bytes=partition,
+        server_fractions=server_fractions(roles, n),
+        num_groups=groups,
+    ), roles
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -83,8 +99,9 @@ def test_routing_hits_fractions_within_one_partition(seed):
 
 def test_groups_get_slots_of_their_own_and_split_leaves_over_the_reduced_devices_only():
     # 2 devices reduce together, 3 such groups (a psum over one axis of a 2x3 mesh).
-    plan = make_plan("g", ["['w']"], [(10,)], [np.float32], 2, num_groups=3, partition_bytes=8,
-                     server_fractions=[0.5, 0.5])
+    plan = make_plan(
+        "g", ["['w']"], [(10,)], [np.float32], 2, num_groups=3, partition_bytes=8, server_fractions=[0.5, 0.5]
+    )
     leaf = plan.leaves[0]
     assert (leaf.padded, leaf.shard_bytes, leaf.num_chunks) == (10, 20, 3)  # 5 floats a device, 2 a chunk
     assert plan.num_slots == 6
@@ -108,9 +125,17 @@ def test_routing_ignores_dict_order():
     plans = []
     for tree in (a, b):
         flat = jax.tree_util.tree_flatten_with_path(tree)[0]
-        plans.append(make_plan("x", [jax.tree_util.keystr(p) for p, _ in flat], [v.shape for _, v in flat],
-                               [v.dtype for _, v in flat], 2, partition_bytes=65536,
-                               server_fractions=server_fractions([COLOCATED] * 2 + [DEDICATED], 2)))
+        plans.append(
+            make_plan(
+                "x",
+                [jax.tree_util.keystr(p) for p, _ in flat],
+                [v.shape for _, v in flat],
+                [v.dtype for _, v in flat],
+                2,
+                partition_bytes=65536,
+                server_fractions=server_fractions([COLOCATED] * 2 + [DEDICATED], 2),
+            )
+        )
     assert plans[0] == plans[1]
 
 
@@ -130,8 +155,9 @@ def test_routing_identical_across_processes(tmp_path):
     for seed in ("1", "2", "random"):
         env = dict(os.environ, PYTHONHASHSEED=seed)
         # cwd: not the checkout, whose unbuilt sources `-c` would import first.
-        out = subprocess.run([sys.executable, "-c", ROUTING_SCRIPT], env=env, capture_output=True, text=True,
-                             timeout=120, cwd=tmp_path)
+        out = subprocess.run(
+            [sys.executable, "-c", ROUTING_SCRIPT], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path
+        )
         assert out.returncode == 0, out.stderr[-3000:]
         outputs.add(out.stdout.strip().splitlines()[-1])
     assert len(outputs) == 1
@@ -140,8 +166,9 @@ def test_routing_identical_across_processes(tmp_path):
 def test_many_small_calls_spread_over_servers():
     servers = set()
     for i in range(40):
-        plan = make_plan(f"call{i}", ["['w']"], [(10,)], [np.float32], 1, partition_bytes=4096,
-                         server_fractions=[0.25] * 4)
+        plan = make_plan(
+            f"call{i}", ["['w']"], [(10,)], [np.float32], 1, partition_bytes=4096, server_fractions=[0.25] * 4
+        )
         servers.update(plan.chunk_servers)
     assert servers == {0, 1, 2, 3}
 
@@ -163,8 +190,12 @@ def test_forward_order_follows_insertion_not_sorted_keys():
     params = {"params": {"Dense_2": {"kernel": 1, "bias": 2}, "Dense_10": {"kernel": 3}, "Conv_0": {"w": 4}}}
     order = forward_order(params)
     ranked = sorted(order, key=order.get, reverse=True)
-    assert ranked == ["['params']['Dense_2']['kernel']", "['params']['Dense_2']['bias']",
-                      "['params']['Dense_10']['kernel']", "['params']['Conv_0']['w']"]
+    assert ranked == [
+        "['params']['Dense_2']['kernel']",
+        "['params']['Dense_2']['bias']",
+        "['params']['Dense_10']['kernel']",
+        "['params']['Conv_0']['w']",
+    ]
 
 
 def test_plan_cli_table_json_and_plot(tmp_path, capsys):
@@ -176,7 +207,7 @@ def test_plan_cli_table_json_and_plot(tmp_path, capsys):
         assert M_bytes == 25_557_032 * 4
         n, k = 4, r["k"]
         bw = 100e9 / 8
-        formula = (2 * n * (n - 1) * M_bytes / ((n * n + k * n - 2 * k) * bw))
+        formula = 2 * n * (n - 1) * M_bytes / ((n * n + k * n - 2 * k) * bw)
         assert r["formula_s"] == pytest.approx(formula)
         # The actual routing is within one partition per server of the formula's load.
         assert r["jbps_s"] <= formula + n * 4 * 2**20 / bw
@@ -203,16 +234,23 @@ def test_the_plan_cuts_shards_as_the_engine_does(seed):
     from jbps import _core
     from jbps.ops import onebit
 
-    dtypes = {"float32": np.float32, "float64": np.float64, "float16": np.float16, "bfloat16": jnp.bfloat16,
-              "int32": np.int32, "onebit": onebit.RECORD_DTYPE}
+    dtypes = {
+        "float32": np.float32,
+        "float64": np.float64,
+        "float16": np.float16,
+        "bfloat16": jnp.bfloat16,
+        "int32": np.int32,
+        "onebit": onebit.RECORD_DTYPE,
+    }
     rng = random.Random(seed)
     for _ in range(200):
         name = rng.choice(sorted(dtypes))
         partition = rng.choice([1, 3, 7, 40, 4096, 65536, 1 << 20, rng.randint(1, 1 << 22)])
         shards = rng.randint(1, 4)
         size = rng.randint(1, min(300_000, 64 * partition))  # a few chunks a shard: the plan lists each
-        plan = make_plan("c", ["['w']"], [(size,)], [dtypes[name]], shards, partition_bytes=partition,
-                         server_fractions=[1.0])
+        plan = make_plan(
+            "c", ["['w']"], [(size,)], [dtypes[name]], shards, partition_bytes=partition, server_fractions=[1.0]
+        )
         leaf = plan.leaves[0]
         assert leaf.chunk_bytes == _core.engine_chunk_bytes(name, partition), (name, partition)
         assert leaf.num_chunks == _core.engine_num_chunks(leaf.shard_bytes, name, partition), (name, partition, size)

@@ -21,8 +21,11 @@ import random_trees  # noqa: E402  (the worker's own tree, to plan it here)
 def random_tree_leaves(big_elems):
     tree = random_trees.make_tree(0, 0, 0, 0, 1, big_elems)
     flat = jax.tree_util.tree_flatten_with_path(tree)[0]
-    return ([jax.tree_util.keystr(p) for p, _ in flat], [np.shape(x) for _, x in flat],
-            [np.asarray(x).dtype for _, x in flat])
+    return (
+        [jax.tree_util.keystr(p) for p, _ in flat],
+        [np.shape(x) for _, x in flat],
+        [np.asarray(x).dtype for _, x in flat],
+    )
 
 
 def test_servers_receive_the_planned_bytes(tmp_path):
@@ -34,8 +37,9 @@ def test_servers_receive_the_planned_bytes(tmp_path):
         rounds, partition = 3, 16384
         with LocalCluster(2, 0, timeout_s=180, env={"JBPS_PARTITION_BYTES": str(partition)}) as cluster:
             cluster.addresses = [f"127.0.0.1:{s.port}" for s in servers]
-            results = cluster.run_workers([worker_script("random_trees.py"), "--rounds", str(rounds), "--mode",
-                                           "jit", "--big-elems", "200000"])
+            results = cluster.run_workers(
+                [worker_script("random_trees.py"), "--rounds", str(rounds), "--mode", "jit", "--big-elems", "200000"]
+            )
         check_results(results, rounds)
         paths, shapes, dtypes = random_tree_leaves(200000)
         fractions = server_fractions(roles, 2)
@@ -69,10 +73,12 @@ def pull_order(trace_dir, rank):
 def test_trace_shows_priority_order(tmp_path, reverse):
     # Leaf [0] is 2 chunks, leaf [2] 32 chunks; a window of 2 chunks makes
     # the dispatch order visible in when each chunk's sum arrives.
-    results = run_job([worker_script("priority_tree.py")] + (["--reverse"] if reverse else []),
-                      workers=2, servers=2,
-                      env={"JBPS_TRACE_DIR": str(tmp_path), "JBPS_PARTITION_BYTES": "16384",
-                           "JBPS_SCHEDULING_CREDIT": "2"})
+    results = run_job(
+        [worker_script("priority_tree.py")] + (["--reverse"] if reverse else []),
+        workers=2,
+        servers=2,
+        env={"JBPS_TRACE_DIR": str(tmp_path), "JBPS_PARTITION_BYTES": "16384", "JBPS_SCHEDULING_CREDIT": "2"},
+    )
     for r in results:
         assert r.returncode == 0, r.stderr[-3000:]
         assert last_json(r.stdout)["leaves"] == 3
@@ -94,8 +100,12 @@ def test_trace_shows_priority_order(tmp_path, reverse):
 
 
 def test_byteps_trace_variables(tmp_path):
-    results = run_job([worker_script("priority_tree.py")], workers=1, servers=1,
-                      env={"BYTEPS_TRACE_ON": "1", "BYTEPS_TRACE_DIR": str(tmp_path)})
+    results = run_job(
+        [worker_script("priority_tree.py")],
+        workers=1,
+        servers=1,
+        env={"BYTEPS_TRACE_ON": "1", "BYTEPS_TRACE_DIR": str(tmp_path)},
+    )
     assert results[0].returncode == 0, results[0].stderr[-3000:]
     chunks = read_trace(trace_path(str(tmp_path), 0))
     assert {ch.tensor for ch in chunks} == {"grads[0]", "grads[1]", "grads[2]"}
@@ -105,8 +115,12 @@ def run_digests(deterministic):
     env = {"JBPS_PARTITION_BYTES": "65536"}
     if deterministic:
         env["JBPS_DETERMINISTIC"] = "1"
-    results = run_job([worker_script("random_trees.py"), "--rounds", "6", "--mode", "jit", "--jitter-ms", "40",
-                       "--seed", "3"], workers=3, servers=2, env=env)
+    results = run_job(
+        [worker_script("random_trees.py"), "--rounds", "6", "--mode", "jit", "--jitter-ms", "40", "--seed", "3"],
+        workers=3,
+        servers=2,
+        env=env,
+    )
     check_results(results, 6)
     return last_json(results[0].stdout)["digest"]
 
@@ -125,9 +139,13 @@ def test_high_priority_call_overtakes_queued_chunks(tmp_path):
     # leave before it, plus one: a big chunk dispatched in the same step as
     # the small one, to the other server, may reach its socket first.
     credit = 2
-    results = run_job([worker_script("overtake.py")], workers=2, servers=2, devices=2,
-                      env={"JBPS_TRACE_DIR": str(tmp_path), "JBPS_PARTITION_BYTES": "65536",
-                           "JBPS_SCHEDULING_CREDIT": str(credit)})
+    results = run_job(
+        [worker_script("overtake.py")],
+        workers=2,
+        servers=2,
+        devices=2,
+        env={"JBPS_TRACE_DIR": str(tmp_path), "JBPS_PARTITION_BYTES": "65536", "JBPS_SCHEDULING_CREDIT": str(credit)},
+    )
     for r in results:
         assert r.returncode == 0, r.stderr[-3000:]
     for rank in (0, 1):

@@ -31,9 +31,13 @@ def frame(type_, token=TOKEN, **fields):
 def run_trees(env=None, env_per_rank=None):
     """random_trees.py on 2 workers x 1 device and 2 servers; small partitions
     make the big leaf several chunks, and the small leaves get fused."""
-    results = run_job([worker_script("random_trees.py"), "--rounds", str(ROUNDS), "--seed", "7", "--mode", "jit"],
-                      workers=2, servers=2, env={"JBPS_PARTITION_BYTES": "65536", **(env or {})},
-                      env_per_rank=env_per_rank)
+    results = run_job(
+        [worker_script("random_trees.py"), "--rounds", str(ROUNDS), "--seed", "7", "--mode", "jit"],
+        workers=2,
+        servers=2,
+        env={"JBPS_PARTITION_BYTES": "65536", **(env or {})},
+        env_per_rank=env_per_rank,
+    )
     check_results(results, ROUNDS)
     return [last_json(r.stdout) for r in results]
 
@@ -64,11 +68,18 @@ def test_one_worker_on_tcp_and_one_on_shared_memory():
 def test_in_process_psum_uses_shared_memory():
     srv = _core.Server("127.0.0.1:0", 1, token=TOKEN)
     try:
-        with jbps.init(servers=[f"127.0.0.1:{srv.port}"], num_workers=1, worker_rank=0, job_token=TOKEN,
-                       timeout_s=20, partition_bytes=1 << 16):
+        with jbps.init(
+            servers=[f"127.0.0.1:{srv.port}"],
+            num_workers=1,
+            worker_rank=0,
+            job_token=TOKEN,
+            timeout_s=20,
+            partition_bytes=1 << 16,
+        ):
             x = np.arange(300_000, dtype=np.float32)
             tree = {"big": x, "small": [np.full(n, n, np.float32) for n in (1, 7, 1000)]}
             import jax
+
             before = jbps.engine_stats()  # the process's counters: earlier tests' bytes are in them
             out = jax.jit(jbps.psum)(tree)
             np.testing.assert_array_equal(out["big"], x)
@@ -115,10 +126,16 @@ def test_a_lost_workers_region_is_unmapped():
     before = _maps_of_pushes()
     try:
         for rank in (0, 1):
-            procs.append(subprocess.Popen([sys.executable, "-c", LOOPER, f"127.0.0.1:{srv.port}", str(rank),
-                                           str(TOKEN)], env=job_free_env(), stdout=subprocess.PIPE,
-                                          stderr=subprocess.PIPE, text=True,
-                                          cwd="/"))  # -c puts the cwd first: not a source checkout
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", LOOPER, f"127.0.0.1:{srv.port}", str(rank), str(TOKEN)],
+                    env=job_free_env(),
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    cwd="/",
+                )
+            )  # -c puts the cwd first: not a source checkout
         deadline = time.monotonic() + 60
         while srv.stats()["shm_workers"] < 2 or len(_maps_of_pushes(before)[0]) < 2:
             assert time.monotonic() < deadline, f"workers never attached: {srv.stats()}"
@@ -160,8 +177,8 @@ def _offer(instance, header, fd=None):
         os.close(extra)
     if not data:
         return None
-    fields = HEADER.unpack(data[:HEADER.size])
-    return fields, data[HEADER.size:].decode(errors="replace"), (fds[0] if fds else None)
+    fields = HEADER.unpack(data[: HEADER.size])
+    return fields, data[HEADER.size :].decode(errors="replace"), (fds[0] if fds else None)
 
 
 def test_offers_and_shared_memory_pushes_are_checked():
@@ -205,9 +222,9 @@ def test_offers_and_shared_memory_pushes_are_checked():
         os.close(region)
 
         # The server still sums for the next job.
-        with jbps.init(servers=[f"127.0.0.1:{srv.port}"], num_workers=1, worker_rank=0, job_token=TOKEN,
-                       timeout_s=20):
+        with jbps.init(servers=[f"127.0.0.1:{srv.port}"], num_workers=1, worker_rank=0, job_token=TOKEN, timeout_s=20):
             import jax
+
             x = np.arange(1000, dtype=np.float32)
             np.testing.assert_array_equal(jax.jit(jbps.psum)(x), x)
             assert jbps.engine_stats()["shm_servers"] == 1

@@ -11,8 +11,13 @@ from jbps import _core
 
 # Vector bodies are 8 or 16 elements wide: these sizes hit empty, tail-only, exact and ragged ends.
 SIZES = [0, 1, 7, 8, 9, 15, 16, 17, 31, 33, 1000, 4099]
-WIRE = {"float32": np.float32, "float64": np.float64, "int32": np.int32, "float16": np.float16,
-        "bfloat16": ml_dtypes.bfloat16}
+WIRE = {
+    "float32": np.float32,
+    "float64": np.float64,
+    "int32": np.int32,
+    "float16": np.float16,
+    "bfloat16": ml_dtypes.bfloat16,
+}
 # The 16-bit floats accumulate in float32; the others as themselves.
 ACC = {**WIRE, "float16": np.float32, "bfloat16": np.float32}
 FLOATS = ["float32", "float64", "float16", "bfloat16"]
@@ -33,8 +38,23 @@ def values(dtype, n, seed):
     else:
         info = ml_dtypes.finfo(dtype)
         out = (rng.standard_normal(n) * 100).astype(dtype)
-        special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, info.smallest_subnormal, -info.smallest_subnormal,
-                            info.tiny, info.max, -info.max, 1.0, -1.0], dtype)
+        special = np.array(
+            [
+                0.0,
+                -0.0,
+                np.inf,
+                -np.inf,
+                np.nan,
+                info.smallest_subnormal,
+                -info.smallest_subnormal,
+                info.tiny,
+                info.max,
+                -info.max,
+                1.0,
+                -1.0,
+            ],
+            dtype,
+        )
     out[::3] = np.resize(special, len(out[::3]))
     return out
 
@@ -49,8 +69,10 @@ def assert_same(got, want):
     np.testing.assert_array_equal(np.isnan(got.astype(np.float64)), nan, err_msg="NaN positions differ")
     bits = {2: np.uint16, 4: np.uint32, 8: np.uint64}[want.dtype.itemsize]
     bad = np.flatnonzero(got.view(bits)[~nan] != want.view(bits)[~nan])
-    assert bad.size == 0, (f"{bad.size} elements differ, first at non-NaN index {bad[0]}: "
-                           f"got {got[~nan][bad[0]]!r}, want {want[~nan][bad[0]]!r}")
+    assert bad.size == 0, (
+        f"{bad.size} elements differ, first at non-NaN index {bad[0]}: "
+        f"got {got[~nan][bad[0]]!r}, want {want[~nan][bad[0]]!r}"
+    )
 
 
 def finish_inputs(dtype, n, seed):
@@ -65,8 +87,26 @@ def finish_inputs(dtype, n, seed):
     ties = (below.view(wire).astype(np.float64) + (below + 1).view(wire).astype(np.float64)) / 2
     acc[1::4] = ties[1::4].astype(np.float32)
     tiny = float(ml_dtypes.finfo(wire).smallest_subnormal)
-    special = np.array([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-40, -1e-40, 70000.0, -70000.0, 3.4e38,
-                        -3.4e38, tiny / 2, -tiny * 1.5, 1e30], np.float32)
+    special = np.array(
+        [
+            np.nan,
+            -np.nan,
+            np.inf,
+            -np.inf,
+            0.0,
+            -0.0,
+            1e-40,
+            -1e-40,
+            70000.0,
+            -70000.0,
+            3.4e38,
+            -3.4e38,
+            tiny / 2,
+            -tiny * 1.5,
+            1e30,
+        ],
+        np.float32,
+    )
     acc[::4] = np.resize(special, len(acc[::4]))
     return acc
 
@@ -146,8 +186,9 @@ def test_nan_stays_nan(dtype, snan):
     _core.accumulate(dtype, acc, words)
     assert np.isnan(acc).all()
     out = np.zeros(19, np.uint16)
-    _core.accumulator_finish(dtype, out, np.resize(np.array([0x7F800001, 0xFF800001, 0x7FC00000], np.uint32),
-                                                   19).view(np.float32))
+    _core.accumulator_finish(
+        dtype, out, np.resize(np.array([0x7F800001, 0xFF800001, 0x7FC00000], np.uint32), 19).view(np.float32)
+    )
     assert np.isnan(out.view(WIRE[dtype]).astype(np.float32)).all()
 
 
@@ -189,7 +230,7 @@ def test_stream_copy_copies_every_byte(n, misalign):
     rng = np.random.default_rng(n + misalign)
     src = rng.integers(0, 256, n + misalign, dtype=np.uint8)[misalign:]
     room = np.full(n + misalign + 64, 0xAB, np.uint8)
-    dst = room[misalign:misalign + n]
+    dst = room[misalign : misalign + n]
     _core.stream_copy(dst, src)
     np.testing.assert_array_equal(dst, src)
-    assert (room[:misalign] == 0xAB).all() and (room[misalign + n:] == 0xAB).all()
+    assert (room[:misalign] == 0xAB).all() and (room[misalign + n :] == 0xAB).all()

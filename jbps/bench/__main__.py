@@ -97,13 +97,22 @@ def iters_for(nbytes: int, base: int, scale: bool) -> int:
 
 
 def parse_args(argv=None, prog=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog=prog or "python -m jbps.bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sizes", type=parse_sizes, default=parse_sizes(DEFAULT_SIZES),
-                   help=f"comma-separated float32 buffer sizes, K/M/G = KiB/MiB/GiB (default {DEFAULT_SIZES})")
-    p.add_argument("--iters", type=int, default=None,
-                   help="timed calls per size (default 20, scaled: x4 up to 4 MiB, /2 above 64 MiB; "
-                        "given explicitly, every size gets exactly this many)")
+    p = argparse.ArgumentParser(
+        prog=prog or "python -m jbps.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--sizes",
+        type=parse_sizes,
+        default=parse_sizes(DEFAULT_SIZES),
+        help=f"comma-separated float32 buffer sizes, K/M/G = KiB/MiB/GiB (default {DEFAULT_SIZES})",
+    )
+    p.add_argument(
+        "--iters",
+        type=int,
+        default=None,
+        help="timed calls per size (default 20, scaled: x4 up to 4 MiB, /2 above 64 MiB; "
+        "given explicitly, every size gets exactly this many)",
+    )
     p.add_argument("--warmup", type=int, default=2, help="untimed calls per size first (default 2)")
     p.add_argument("--workers", type=int, default=2, help="jbps worker processes (default 2)")
     p.add_argument("--servers", type=int, default=2, help="jbps summation servers (default 2)")
@@ -111,11 +120,18 @@ def parse_args(argv=None, prog=None) -> argparse.Namespace:
     p.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
     p.add_argument("--skip-peers", action="store_true", help="do not run MPI and gloo")
     p.add_argument("--plot", metavar="PNG", help="also draw bandwidth vs size into this file (needs matplotlib)")
-    p.add_argument("--priority-model", default="resnet50",
-                   help="built-in model whose gradients the priority case sums (default resnet50)")
-    p.add_argument("--credits", default="1,2,4,8,16",
-                   help="credit windows (chunks in flight) the priority case tries (default 1,2,4,8,16)")
+    p.add_argument(
+        "--priority-model",
+        default="resnet50",
+        help="built-in model whose gradients the priority case sums (default resnet50)",
+    )
+    p.add_argument(
+        "--credits",
+        default="1,2,4,8,16",
+        help="credit windows (chunks in flight) the priority case tries (default 1,2,4,8,16)",
+    )
     p.add_argument("--skip-priority", action="store_true", help="do not run the priority case")
+
     # Each case's options under the name of what it measures; the earlier --g3-*/--g4-*
     # spellings still work, unlisted.
     def option(name, old, **kwargs):
@@ -123,29 +139,70 @@ def parse_args(argv=None, prog=None) -> argparse.Namespace:
         if "action" not in kwargs:
             kwargs["metavar"] = name[2:].upper().replace("-", "_")
         p.add_argument(name, dest=dest, **kwargs)
-        p.add_argument(old, dest=dest, help=argparse.SUPPRESS,
-                       **{k: v for k, v in kwargs.items() if k not in ("help", "default")})
+        p.add_argument(
+            old, dest=dest, help=argparse.SUPPRESS, **{k: v for k, v in kwargs.items() if k not in ("help", "default")}
+        )
 
     option("--skip-small-tensors", "--skip-g3", action="store_true", help="do not run the many-small-tensors case")
-    option("--tree-leaves", "--g3-leaves", type=int, default=200,
-           help="many small tensors: leaves in the tree (default 200)")
-    option("--tree-min", "--g3-min", type=parse_size, default=parse_size("4K"),
-           help="many small tensors: smallest leaf (default 4K)")
-    option("--tree-max", "--g3-max", type=parse_size, default=parse_size("256K"),
-           help="many small tensors: largest leaf (default 256K)")
-    option("--tree-seed", "--g3-seed", type=int, default=0,
-           help="many small tensors: seed of the leaf sizes (default 0)")
+    option(
+        "--tree-leaves",
+        "--g3-leaves",
+        type=int,
+        default=200,
+        help="many small tensors: leaves in the tree (default 200)",
+    )
+    option(
+        "--tree-min",
+        "--g3-min",
+        type=parse_size,
+        default=parse_size("4K"),
+        help="many small tensors: smallest leaf (default 4K)",
+    )
+    option(
+        "--tree-max",
+        "--g3-max",
+        type=parse_size,
+        default=parse_size("256K"),
+        help="many small tensors: largest leaf (default 256K)",
+    )
+    option(
+        "--tree-seed", "--g3-seed", type=int, default=0, help="many small tensors: seed of the leaf sizes (default 0)"
+    )
     option("--skip-memory", "--skip-g4", action="store_true", help="do not run the memory case")
-    option("--memory-bytes", "--g4-bytes", type=parse_size, default=None,
-           help="memory: M, the psum whose peak memory is measured (default the largest of --sizes)")
-    option("--memory-peak-rounds", "--g4-peak-rounds", type=int, default=5,
-           help="memory: psums of M while the peak is taken (default 5)")
-    option("--memory-round-bytes", "--g4-round-bytes", type=parse_size, default=parse_size("4M"),
-           help="memory: the buffer of the growth rounds (default 4M)")
-    option("--memory-rounds", "--g4-rounds", type=int, default=1000,
-           help="memory: growth rounds; RSS growth from the 10th percent of them to the last (default 1000)")
-    p.add_argument("--latency-sizes", type=parse_sizes, default=parse_sizes(latency.DEFAULT_SIZES),
-                   help=f"the latency sweep's sizes (default {latency.DEFAULT_SIZES}); see jbps/bench/latency.py")
+    option(
+        "--memory-bytes",
+        "--g4-bytes",
+        type=parse_size,
+        default=None,
+        help="memory: M, the psum whose peak memory is measured (default the largest of --sizes)",
+    )
+    option(
+        "--memory-peak-rounds",
+        "--g4-peak-rounds",
+        type=int,
+        default=5,
+        help="memory: psums of M while the peak is taken (default 5)",
+    )
+    option(
+        "--memory-round-bytes",
+        "--g4-round-bytes",
+        type=parse_size,
+        default=parse_size("4M"),
+        help="memory: the buffer of the growth rounds (default 4M)",
+    )
+    option(
+        "--memory-rounds",
+        "--g4-rounds",
+        type=int,
+        default=1000,
+        help="memory: growth rounds; RSS growth from the 10th percent of them to the last (default 1000)",
+    )
+    p.add_argument(
+        "--latency-sizes",
+        type=parse_sizes,
+        default=parse_sizes(latency.DEFAULT_SIZES),
+        help=f"the latency sweep's sizes (default {latency.DEFAULT_SIZES}); see jbps/bench/latency.py",
+    )
     p.add_argument("--skip-latency", action="store_true", help="do not run the latency sweep")
     args = p.parse_args(argv)
     try:
@@ -173,34 +230,56 @@ def run_jbps(sizes, iters, warmup, workers, servers, timeout_s, cases=()) -> dic
     arguments in `cases`."""
     from ..local_cluster import LocalCluster
 
-    argv = [*_WORKER, "--sizes", ",".join(map(str, sizes)), "--iters", ",".join(str(iters[s]) for s in sizes),
-            "--warmup", str(warmup), *cases]
+    argv = [
+        *_WORKER,
+        "--sizes",
+        ",".join(map(str, sizes)),
+        "--iters",
+        ",".join(str(iters[s]) for s in sizes),
+        "--warmup",
+        str(warmup),
+        *cases,
+    ]
     with LocalCluster(workers, servers, local_devices=1, timeout_s=timeout_s) as cluster:
-        log.info("jbps: %s, %s at %s", _count(workers, "worker"), _count(servers, "server"),
-                 ",".join(cluster.addresses))
+        log.info(
+            "jbps: %s, %s at %s", _count(workers, "worker"), _count(servers, "server"), ",".join(cluster.addresses)
+        )
         if "--memory" in cases:  # worker 0 reads the servers' memory too
             argv += ["--server-pids", ",".join(str(proc.pid) for proc in cluster.servers)]
         results = cluster.run_workers(argv)
     failed = [r for r in results if r.returncode != 0]
     if failed:
-        raise RuntimeError("jbps workers failed:\n" + "\n".join(
-            f"--- worker {r.rank} (exit {r.returncode}):\n{r.stderr[-3000:]}" for r in failed))
+        raise RuntimeError(
+            "jbps workers failed:\n"
+            + "\n".join(f"--- worker {r.rank} (exit {r.returncode}):\n{r.stderr[-3000:]}" for r in failed)
+        )
     return parse_report(results[0].stdout + "\n" + results[0].stderr[-3000:], "jbps worker 0")
 
 
 def run_priority(model, credits, iters, warmup, workers, servers, timeout_s) -> dict:
     from ..local_cluster import LocalCluster
 
-    argv = ["-m", "jbps.bench.priority_worker", "--model", model, "--credits", ",".join(map(str, credits)),
-            "--iters", str(iters), "--warmup", str(warmup)]
+    argv = [
+        "-m",
+        "jbps.bench.priority_worker",
+        "--model",
+        model,
+        "--credits",
+        ",".join(map(str, credits)),
+        "--iters",
+        str(iters),
+        "--warmup",
+        str(warmup),
+    ]
     # --keep-alive: each credit window is a new init() against the same servers.
-    with LocalCluster(workers, servers, local_devices=1, timeout_s=timeout_s,
-                      server_args=["--keep-alive"]) as cluster:
+    with LocalCluster(workers, servers, local_devices=1, timeout_s=timeout_s, server_args=["--keep-alive"]) as cluster:
         results = cluster.run_workers(argv)
     failed = [r for r in results if r.returncode != 0]
     if failed:
-        raise RuntimeError("priority workers failed:\n" + "\n".join(
-            f"--- worker {r.rank} (exit {r.returncode}):\n{r.stderr[-3000:]}" for r in failed))
+        raise RuntimeError(
+            "priority workers failed:\n"
+            + "\n".join(f"--- worker {r.rank} (exit {r.returncode}):\n{r.stderr[-3000:]}" for r in failed)
+        )
     out = last_json_line(results[0].stdout)
     if out is None:
         raise RuntimeError(f"priority worker 0: no JSON result in output:\n{results[0].stdout[-3000:]}")
@@ -208,17 +287,27 @@ def run_priority(model, credits, iters, warmup, workers, servers, timeout_s) -> 
 
 
 def format_priority(prio: dict, cfg: dict) -> list[str]:
-    lines = [f"priority: {prio['model']} gradients ({prio['bytes'] / 2**20:.1f} MiB, {prio['leaves']} tensors) in one "
-             f"psum, {_count(cfg['workers'], 'worker')}, {_count(cfg['servers'], 'server')}; ms from the first chunk "
-             "queued until the first leaf's sum / the whole sum is back (median, rank 0's engine trace). "
-             "forward = jbps default; backprop = last leaf first, as FIFO without priority.",
-             "{:>7} {:>15} {:>16} {:>17} {:>13} {:>14}".format(
-                 "credit", "first fwd ms", "first bprop ms", "bprop/fwd first", "whole fwd ms", "whole bprop ms")]
+    lines = [
+        f"priority: {prio['model']} gradients ({prio['bytes'] / 2**20:.1f} MiB, {prio['leaves']} tensors) in one "
+        f"psum, {_count(cfg['workers'], 'worker')}, {_count(cfg['servers'], 'server')}; ms from the first chunk "
+        "queued until the first leaf's sum / the whole sum is back (median, rank 0's engine trace). "
+        "forward = jbps default; backprop = last leaf first, as FIFO without priority.",
+        "{:>7} {:>15} {:>16} {:>17} {:>13} {:>14}".format(
+            "credit", "first fwd ms", "first bprop ms", "bprop/fwd first", "whole fwd ms", "whole bprop ms"
+        ),
+    ]
     for credit, r in prio["results"].items():
         fwd, back = r["forward"], r["backprop"]
-        lines.append("{:>7} {:>15.2f} {:>16.2f} {:>16.0f}x {:>13.2f} {:>14.2f}".format(
-            credit, fwd["first_leaf_s"] * 1e3, back["first_leaf_s"] * 1e3,
-            back["first_leaf_s"] / fwd["first_leaf_s"], fwd["total_s"] * 1e3, back["total_s"] * 1e3))
+        lines.append(
+            "{:>7} {:>15.2f} {:>16.2f} {:>16.0f}x {:>13.2f} {:>14.2f}".format(
+                credit,
+                fwd["first_leaf_s"] * 1e3,
+                back["first_leaf_s"] * 1e3,
+                back["first_leaf_s"] / fwd["first_leaf_s"],
+                fwd["total_s"] * 1e3,
+                back["total_s"] * 1e3,
+            )
+        )
     return lines
 
 
@@ -261,18 +350,22 @@ def make_rows(sizes, tools) -> list[dict]:
     rows = []
     for nbytes in sizes:
         jbps_s, mpi_s, gloo_s = (_median(tools[k], nbytes) for k in ("jbps", "mpi", "gloo"))
-        rows.append({
-            "bytes": nbytes,
-            "jbps_median_s": jbps_s,
-            "jbps_gbps": nbytes / jbps_s / 1e9 if jbps_s else None,
-            "bytes_pushed_per_call": (tools["jbps"] or {}).get("results", {}).get(nbytes, {}).get(
-                "bytes_pushed_per_call"),
-            "mpi_median_s": mpi_s,
-            "gloo_median_s": gloo_s,
-            # Time ratios: below 1 means jbps is faster.
-            "jbps_over_mpi": _ratio(jbps_s, mpi_s),
-            "jbps_over_gloo": _ratio(jbps_s, gloo_s),
-        })
+        rows.append(
+            {
+                "bytes": nbytes,
+                "jbps_median_s": jbps_s,
+                "jbps_gbps": nbytes / jbps_s / 1e9 if jbps_s else None,
+                "bytes_pushed_per_call": (tools["jbps"] or {})
+                .get("results", {})
+                .get(nbytes, {})
+                .get("bytes_pushed_per_call"),
+                "mpi_median_s": mpi_s,
+                "gloo_median_s": gloo_s,
+                # Time ratios: below 1 means jbps is faster.
+                "jbps_over_mpi": _ratio(jbps_s, mpi_s),
+                "jbps_over_gloo": _ratio(jbps_s, gloo_s),
+            }
+        )
     return rows
 
 
@@ -287,16 +380,25 @@ def _cell(value, fmt: str) -> str:
 def format_table(doc: dict) -> str:
     cfg = doc["config"]
     header = ("size", "jbps ms", "jbps GB/s", "MPI ms", "gloo ms", "jbps/MPI", "jbps/gloo")
-    lines = [f"jbps psum: {_count(cfg['workers'], 'worker')} x 1 CPU device, {_count(cfg['servers'], 'server')}; "
-             f"peers: {_count(cfg['peer_processes'], 'process')}. Median of the slowest process per call; "
-             "GB/s = bytes / time (algorithm bandwidth); jbps/X = time ratio, < 1 means jbps is faster.",
-             "{:>9} {:>9} {:>10} {:>9} {:>9} {:>9} {:>10}".format(*header)]
+    lines = [
+        f"jbps psum: {_count(cfg['workers'], 'worker')} x 1 CPU device, {_count(cfg['servers'], 'server')}; "
+        f"peers: {_count(cfg['peer_processes'], 'process')}. Median of the slowest process per call; "
+        "GB/s = bytes / time (algorithm bandwidth); jbps/X = time ratio, < 1 means jbps is faster.",
+        "{:>9} {:>9} {:>10} {:>9} {:>9} {:>9} {:>10}".format(*header),
+    ]
     for row in doc["rows"]:
         ms = lambda s: None if s is None else s * 1e3  # noqa: E731
-        lines.append("{:>9} {:>9} {:>10} {:>9} {:>9} {:>9} {:>10}".format(
-            format_size(row["bytes"]), _cell(ms(row["jbps_median_s"]), ".2f"), _cell(row["jbps_gbps"], ".3f"),
-            _cell(ms(row["mpi_median_s"]), ".2f"), _cell(ms(row["gloo_median_s"]), ".2f"),
-            _cell(row["jbps_over_mpi"], ".2f"), _cell(row["jbps_over_gloo"], ".2f")))
+        lines.append(
+            "{:>9} {:>9} {:>10} {:>9} {:>9} {:>9} {:>10}".format(
+                format_size(row["bytes"]),
+                _cell(ms(row["jbps_median_s"]), ".2f"),
+                _cell(row["jbps_gbps"], ".3f"),
+                _cell(ms(row["mpi_median_s"]), ".2f"),
+                _cell(ms(row["gloo_median_s"]), ".2f"),
+                _cell(row["jbps_over_mpi"], ".2f"),
+                _cell(row["jbps_over_gloo"], ".2f"),
+            )
+        )
     if doc["kernel"] is not None:
         lines += format_summation(doc["kernel"])
     if doc.get("priority"):
@@ -322,14 +424,22 @@ def plot(doc: dict, path: str) -> None:
         if tool is None:
             continue
         sizes = sorted(tool["results"])
-        [line] = ax.plot(sizes, [s / tool["results"][s]["median_s"] / 1e9 for s in sizes], marker="o",
-                         label=tool["tool"])
+        [line] = ax.plot(
+            sizes, [s / tool["results"][s]["median_s"] / 1e9 for s in sizes], marker="o", label=tool["tool"]
+        )
         colors[key] = line.get_color()
     # Many small tensors: the tree's bandwidth (total bytes / time) at its total size, in its tool's colour.
     for key, r in (doc.get("g3") or {}).items():
         if isinstance(r, dict) and "tree" in r:
-            ax.plot([r["bytes"]], [r["bytes"] / r["tree"]["median_s"] / 1e9], marker="x", markersize=9,
-                    linestyle="none", color=colors.get(key), label=f"{r['tool']}: tree of {r['leaves']} leaves")
+            ax.plot(
+                [r["bytes"]],
+                [r["bytes"] / r["tree"]["median_s"] / 1e9],
+                marker="x",
+                markersize=9,
+                linestyle="none",
+                color=colors.get(key),
+                label=f"{r['tool']}: tree of {r['leaves']} leaves",
+            )
     ax.set_xscale("log", base=2)
     ax.set_xticks(doc["config"]["sizes"], [format_size(s) for s in doc["config"]["sizes"]])
     ax.minorticks_off()
@@ -347,8 +457,10 @@ def plot(doc: dict, path: str) -> None:
 def _json_ready(doc: dict) -> dict:
     """JSON object keys must be strings: results are keyed by byte count."""
     out = dict(doc)
-    out["tools"] = {k: None if t is None else {**t, "results": {str(s): r for s, r in t["results"].items()}}
-                    for k, t in doc["tools"].items()}
+    out["tools"] = {
+        k: None if t is None else {**t, "results": {str(s): r for s, r in t["results"].items()}}
+        for k, t in doc["tools"].items()
+    }
     return out
 
 
@@ -357,8 +469,10 @@ def main(argv=None, prog=None) -> int:
     args = parse_args(argv, prog)
     # Fail before minutes of benchmarking, not after.
     if args.plot and importlib.util.find_spec("matplotlib") is None:
-        log.error("--plot needs matplotlib, which is not installed (pip install matplotlib); "
-                  "jbps itself does not depend on it")
+        log.error(
+            "--plot needs matplotlib, which is not installed (pip install matplotlib); "
+            "jbps itself does not depend on it"
+        )
         return 2
 
     from . import peers
@@ -369,8 +483,12 @@ def main(argv=None, prog=None) -> int:
     tools = {"jbps": None, "mpi": None, "gloo": None}
     errors: dict[str, str] = {}
 
-    log.info("sizes %s, timed calls %s, warm-up %d", ", ".join(map(format_size, sizes)),
-             ", ".join(str(iters[s]) for s in sizes), args.warmup)
+    log.info(
+        "sizes %s, timed calls %s, warm-up %d",
+        ", ".join(map(format_size, sizes)),
+        ", ".join(str(iters[s]) for s in sizes),
+        args.warmup,
+    )
     tree_sizes = [] if args.skip_g3 else tree_leaf_sizes(args.g3_leaves, args.g3_min, args.g3_max, args.g3_seed)
     g3_iters = args.iters or 20
     cases = ["--out-of-place"]  # the latency section's out-of-place columns at these sizes
@@ -379,8 +497,10 @@ def main(argv=None, prog=None) -> int:
     if not args.skip_g4:
         cases += ["--memory", f"{args.g4_bytes},{args.g4_peak_rounds},{args.g4_round_bytes},{args.g4_rounds}"]
     t0 = time.monotonic()
-    log.info("jbps psum%s ...", "".join(f", {c}" for c, skip in (("many small tensors", args.skip_g3),
-                                                                  ("memory", args.skip_g4)) if not skip))
+    log.info(
+        "jbps psum%s ...",
+        "".join(f", {c}" for c, skip in (("many small tensors", args.skip_g3), ("memory", args.skip_g4)) if not skip),
+    )
     try:
         tools["jbps"] = run_jbps(sizes, iters, args.warmup, args.workers, args.servers, timeout, cases)
     except (RuntimeError, TimeoutError) as exc:
@@ -388,10 +508,15 @@ def main(argv=None, prog=None) -> int:
         errors["jbps"] = str(exc)
     if not args.skip_peers:
         if args.workers != peers.NUM_PROCESSES:
-            log.warning("peers always run %d processes; jbps runs %d workers, so the ratios compare "
-                        "different jobs", peers.NUM_PROCESSES, args.workers)
-        for key, runner in (("mpi", functools.partial(peers.run_mpi_allreduce, out_of_place=True)),
-                            ("gloo", peers.run_gloo_psum)):
+            log.warning(
+                "peers always run %d processes; jbps runs %d workers, so the ratios compare different jobs",
+                peers.NUM_PROCESSES,
+                args.workers,
+            )
+        for key, runner in (
+            ("mpi", functools.partial(peers.run_mpi_allreduce, out_of_place=True)),
+            ("gloo", peers.run_gloo_psum),
+        ):
             log.info("%s ...", key)
             try:
                 tools[key] = run_peer(runner, sizes, iters, args.warmup, timeout, tree_sizes, g3_iters)
@@ -404,8 +529,9 @@ def main(argv=None, prog=None) -> int:
     if not args.skip_priority:
         log.info("priority case: %s, credits %s ...", args.priority_model, args.credits)
         try:
-            priority = run_priority(args.priority_model, args.credits, args.iters or 5, args.warmup,
-                                    args.workers, args.servers, timeout)
+            priority = run_priority(
+                args.priority_model, args.credits, args.iters or 5, args.warmup, args.workers, args.servers, timeout
+            )
         except (RuntimeError, TimeoutError) as exc:
             log.error("priority case failed: %s", exc)
             errors["priority"] = str(exc)
@@ -413,8 +539,17 @@ def main(argv=None, prog=None) -> int:
     if not args.skip_latency:
         log.info("latency sweep: %s ...", ", ".join(map(format_size, args.latency_sizes)))
         sweep_iters = {s: iters_for(s, args.iters or 20, scale=args.iters is None) for s in args.latency_sizes}
-        sweep = latency.run_sweep(args.latency_sizes, sweep_iters, args.warmup, args.workers, args.servers,
-                                  timeout, run_jbps, run_peer, with_peers=not args.skip_peers)
+        sweep = latency.run_sweep(
+            args.latency_sizes,
+            sweep_iters,
+            args.warmup,
+            args.workers,
+            args.servers,
+            timeout,
+            run_jbps,
+            run_peer,
+            with_peers=not args.skip_peers,
+        )
     log.info("summation kernels on %s ...", format_size(sizes[-1]))
     kernel = bench_summation(sizes[-1])
     log.info("done in %.0f s", time.monotonic() - t0)
@@ -423,17 +558,37 @@ def main(argv=None, prog=None) -> int:
     # apart (under "g3" and "g4": the keys of earlier documents).
     g3 = None
     if tree_sizes:
-        g3 = {"leaves": len(tree_sizes), "distribution": "log-uniform", "min_bytes": args.g3_min,
-              "max_bytes": args.g3_max, "seed": args.g3_seed, "bytes": sum(tree_sizes), "iters": g3_iters,
-              **{key: tools[key].pop("g3", None) if tools[key] else None for key in tools},
-              "leaf_bytes": tree_sizes}
+        g3 = {
+            "leaves": len(tree_sizes),
+            "distribution": "log-uniform",
+            "min_bytes": args.g3_min,
+            "max_bytes": args.g3_max,
+            "seed": args.g3_seed,
+            "bytes": sum(tree_sizes),
+            "iters": g3_iters,
+            **{key: tools[key].pop("g3", None) if tools[key] else None for key in tools},
+            "leaf_bytes": tree_sizes,
+        }
     g4 = tools["jbps"].pop("g4", None) if tools["jbps"] else None
     doc = {
-        "config": {"sizes": sizes, "iters": {str(s): iters[s] for s in sizes}, "warmup": args.warmup,
-                   "workers": args.workers, "servers": args.servers, "peer_processes": peers.NUM_PROCESSES,
-                   "skip_peers": args.skip_peers, "skip_g3": args.skip_g3, "skip_g4": args.skip_g4},
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                    "jax": _version("jax"), "numpy": np.__version__},
+        "config": {
+            "sizes": sizes,
+            "iters": {str(s): iters[s] for s in sizes},
+            "warmup": args.warmup,
+            "workers": args.workers,
+            "servers": args.servers,
+            "peer_processes": peers.NUM_PROCESSES,
+            "skip_peers": args.skip_peers,
+            "skip_g3": args.skip_g3,
+            "skip_g4": args.skip_g4,
+        },
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "jax": _version("jax"),
+            "numpy": np.__version__,
+        },
         "tools": tools,
         "rows": make_rows(sizes, tools),
         "kernel": kernel,

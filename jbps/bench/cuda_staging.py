@@ -97,15 +97,26 @@ def main() -> None:
         for nbytes in sizes:
             d2h, h2d = _core.cuda_pinned_copy_seconds(nbytes, args.iters)
             on_gpu, on_cpu = psum_seconds(nbytes, gpu, args.iters), psum_seconds(nbytes, cpu, args.iters)
-            report["staging"].append({
-                "bytes": nbytes, "psum_gpu_s": on_gpu, "psum_cpu_s": on_cpu, "staging_added_s": on_gpu - on_cpu,
-                "pinned_memcpy_d2h_s": d2h, "pinned_memcpy_h2d_s": h2d,
-                "pinned_memcpy_GBps": 2 * nbytes / (d2h + h2d) / 1e9,
-                "staging_GBps": 2 * nbytes / max(on_gpu - on_cpu, 1e-9) / 1e9})
-        report["per_call_4KiB"] = {"gpu_s": psum_seconds(4096, gpu, args.iters * 10),
-                                   "cpu_s": psum_seconds(4096, cpu, args.iters * 10)}
-        report["flax_mlp_step"] = {"without_jbps_s": flax_step_seconds(False, args.iters),
-                                   "with_jbps_s": flax_step_seconds(True, args.iters)}
+            report["staging"].append(
+                {
+                    "bytes": nbytes,
+                    "psum_gpu_s": on_gpu,
+                    "psum_cpu_s": on_cpu,
+                    "staging_added_s": on_gpu - on_cpu,
+                    "pinned_memcpy_d2h_s": d2h,
+                    "pinned_memcpy_h2d_s": h2d,
+                    "pinned_memcpy_GBps": 2 * nbytes / (d2h + h2d) / 1e9,
+                    "staging_GBps": 2 * nbytes / max(on_gpu - on_cpu, 1e-9) / 1e9,
+                }
+            )
+        report["per_call_4KiB"] = {
+            "gpu_s": psum_seconds(4096, gpu, args.iters * 10),
+            "cpu_s": psum_seconds(4096, cpu, args.iters * 10),
+        }
+        report["flax_mlp_step"] = {
+            "without_jbps_s": flax_step_seconds(False, args.iters),
+            "with_jbps_s": flax_step_seconds(True, args.iters),
+        }
     text = json.dumps(report, indent=1)
     print(text)
     if args.out:

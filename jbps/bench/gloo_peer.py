@@ -33,8 +33,7 @@ def parse_args(argv=None):
     p.add_argument("--coordinator", required=True, help="host:port of process 0")
     p.add_argument("--num-processes", type=int, required=True)
     p.add_argument("--process-id", type=int, required=True)
-    p.add_argument("--sizes", required=True,
-                   help="comma-separated buffer sizes in bytes")
+    p.add_argument("--sizes", required=True, help="comma-separated buffer sizes in bytes")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--tree-sizes", default="", help="also G3: a tree of buffers of these sizes (comma-separated)")
@@ -54,8 +53,7 @@ def timed_psum(mesh, leaf_bytes, iters, warmup, tag):
         return jax.make_array_from_single_device_arrays((nproc, nbytes // 4), sharding, [local])
 
     xs = [global_array(b) for b in leaf_bytes]
-    psum = jax.jit(shard_map(lambda a: jax.lax.psum(a, "i"), mesh=mesh,
-                                 in_specs=P("i"), out_specs=P("i")))
+    psum = jax.jit(shard_map(lambda a: jax.lax.psum(a, "i"), mesh=mesh, in_specs=P("i"), out_specs=P("i")))
 
     times = []
     for i in range(warmup + iters):
@@ -87,8 +85,14 @@ def bench_tree(mesh, leaf_bytes, iters, warmup):
     """G3's tree in one psum, against one buffer of the same total bytes."""
     tree = timed_psum(mesh, leaf_bytes, iters, warmup, "g3_tree")
     flat = timed_psum(mesh, [sum(leaf_bytes)], iters, warmup, "g3_flat")
-    return {"tool": TOOL, "leaves": len(leaf_bytes), "bytes": sum(leaf_bytes), "tree": tree, "flat": flat,
-            "tree_over_flat": tree["median_s"] / flat["median_s"]}
+    return {
+        "tool": TOOL,
+        "leaves": len(leaf_bytes),
+        "bytes": sum(leaf_bytes),
+        "tree": tree,
+        "flat": flat,
+        "tree_over_flat": tree["median_s"] / flat["median_s"],
+    }
 
 
 def main(argv=None):
@@ -96,9 +100,9 @@ def main(argv=None):
     jax.config.update("jax_platforms", "cpu")
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.config.update("jax_num_cpu_devices", 1)
-    jax.distributed.initialize(coordinator_address=args.coordinator,
-                               num_processes=args.num_processes,
-                               process_id=args.process_id)
+    jax.distributed.initialize(
+        coordinator_address=args.coordinator, num_processes=args.num_processes, process_id=args.process_id
+    )
     try:
         mesh = Mesh(np.array(jax.devices()), ("i",))
         results = {}
@@ -106,8 +110,9 @@ def main(argv=None):
             results[str(nbytes)] = bench_size(mesh, nbytes, args.iters, args.warmup)
         report = {"tool": TOOL, "results": results}
         if args.tree_sizes:
-            report["g3"] = bench_tree(mesh, [int(s) for s in args.tree_sizes.split(",") if s],
-                                      args.tree_iters or args.iters, args.warmup)
+            report["g3"] = bench_tree(
+                mesh, [int(s) for s in args.tree_sizes.split(",") if s], args.tree_iters or args.iters, args.warmup
+            )
         if jax.process_index() == 0:
             print(json.dumps(report), flush=True)
     finally:

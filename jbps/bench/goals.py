@@ -48,16 +48,29 @@ def _kib(nbytes) -> str:
 
 
 def _goal(goal: str, ratio, target: float) -> dict:
-    return {"goal": goal, "ratio": ratio, "target": target, "compare": "<=",
-            "pass": None if ratio is None else ratio <= target}
+    return {
+        "goal": goal,
+        "ratio": ratio,
+        "target": target,
+        "compare": "<=",
+        "pass": None if ratio is None else ratio <= target,
+    }
 
 
 def make_goals(doc: dict) -> list[dict]:
     """The summation kernels' ratios (from the kernel result, if it has them), jbps against the
     peers from the size rows, then the many-small-tensors and memory cases; aims above."""
     kernel_goals = (doc.get("kernel") or {}).get("goals") or {}
-    goals = [{"goal": f"server kernel: {g.get('what', name)}", "ratio": g.get("ratio"), "target": g.get("target"),
-              "compare": ">=", "pass": g.get("passed")} for name, g in kernel_goals.items()]
+    goals = [
+        {
+            "goal": f"server kernel: {g.get('what', name)}",
+            "ratio": g.get("ratio"),
+            "target": g.get("target"),
+            "compare": ">=",
+            "pass": g.get("passed"),
+        }
+        for name, g in kernel_goals.items()
+    ]
     rows = {row["bytes"]: row for row in doc["rows"]}
     for nbytes in G2_SIZES:
         for key, label, target in G2_TARGETS:
@@ -65,29 +78,47 @@ def make_goals(doc: dict) -> list[dict]:
             goals.append(_goal(f"jbps psum / {label}, {nbytes // MIB} MiB (time)", ratio, target))
     g3 = doc.get("g3")
     if g3 is not None:
-        goals.append(_goal(f"tree of {g3['leaves']} leaves / one buffer (time)", (g3["jbps"] or {}).get("tree_over_flat"),
-                           G3_TARGET))
+        goals.append(
+            _goal(
+                f"tree of {g3['leaves']} leaves / one buffer (time)",
+                (g3["jbps"] or {}).get("tree_over_flat"),
+                G3_TARGET,
+            )
+        )
     g4 = doc.get("g4")
     if g4 is not None:
         peak, rounds = g4["peak"], g4["rounds"]
-        goals.append(_goal(f"peak RSS beyond jax's buffers / M, M = {_size(peak['bytes'])}", peak["extra_over_m"],
-                           G4_PEAK_TARGET))
-        goals.append(_goal(f"RSS growth, rounds {rounds['from_round']}-{rounds['rounds']} / M, "
-                           f"M = {_size(rounds['bytes'])}", rounds["growth_over_m"], G4_GROWTH_TARGET))
+        goals.append(
+            _goal(
+                f"peak RSS beyond jax's buffers / M, M = {_size(peak['bytes'])}", peak["extra_over_m"], G4_PEAK_TARGET
+            )
+        )
+        goals.append(
+            _goal(
+                f"RSS growth, rounds {rounds['from_round']}-{rounds['rounds']} / M, M = {_size(rounds['bytes'])}",
+                rounds["growth_over_m"],
+                G4_GROWTH_TARGET,
+            )
+        )
     return goals
 
 
 def format_g3(g3: dict) -> list[str]:
-    lines = [f"many small tensors: {g3['leaves']} float32 leaves of {g3['min_bytes'] // 1024}-"
-             f"{g3['max_bytes'] // 1024} KiB (log-uniform, seed {g3['seed']}; {_mib(g3['bytes'])} in all) in one "
-             "call vs one buffer of the same bytes; median of the slowest process per call.",
-             "  {:<30} {:>9} {:>9} {:>10}".format("tool", "tree ms", "flat ms", "tree/flat")]
+    lines = [
+        f"many small tensors: {g3['leaves']} float32 leaves of {g3['min_bytes'] // 1024}-"
+        f"{g3['max_bytes'] // 1024} KiB (log-uniform, seed {g3['seed']}; {_mib(g3['bytes'])} in all) in one "
+        "call vs one buffer of the same bytes; median of the slowest process per call.",
+        "  {:<30} {:>9} {:>9} {:>10}".format("tool", "tree ms", "flat ms", "tree/flat"),
+    ]
     for key in ("jbps", "mpi", "gloo"):
         r = g3.get(key)
         if r is None:
             continue
-        lines.append("  {:<30} {:>9.2f} {:>9.2f} {:>10.2f}".format(
-            r["tool"], r["tree"]["median_s"] * 1e3, r["flat"]["median_s"] * 1e3, r["tree_over_flat"]))
+        lines.append(
+            "  {:<30} {:>9.2f} {:>9.2f} {:>10.2f}".format(
+                r["tool"], r["tree"]["median_s"] * 1e3, r["flat"]["median_s"] * 1e3, r["tree_over_flat"]
+            )
+        )
     return lines
 
 
@@ -97,27 +128,36 @@ def _shares(delta: dict) -> str:
 
 def format_g4(g4: dict) -> list[str]:
     peak, rounds, m = g4["peak"], g4["rounds"], g4["peak"]["bytes"]
-    lines = [f"memory of worker 0 (/proc/self/status; M = {_size(m)}): baseline RSS "
-             f"{_mib(peak['baseline']['VmRSS'])} holding jax's input and one output of M, the psum compiled "
-             "but never run.",
-             f"  psum of M, {peak['rounds']} rounds: peak RSS {_mib(peak['extra_bytes'])} beyond the baseline = "
-             f"{peak['extra_over_m']:.3g} x M (sampled peaks: {_shares(peak['sampled_extra'])}); "
-             f"still held after: {_mib(peak['held_bytes'])}."
-             + ("" if peak["hwm_reset"] else " (VmHWM could not be reset: the peak includes earlier use)"),
-             f"  {rounds['rounds']:,} rounds of {_size(rounds['bytes'])}, {rounds['median_s'] * 1e3:.2f} ms a round: "
-             f"RSS {_mib(rounds['rss_from'])} at round {rounds['from_round']:,}, {_mib(rounds['rss_to'])} at round "
-             f"{rounds['rounds']:,}: {_kib(rounds['growth_bytes'])} ({_shares(rounds['growth'])})"
-             + ("" if rounds["malloc_trim"] else "; no malloc_trim: freed memory glibc keeps counts too") + ".",
-             f"  KiB above round {rounds['from_round']:,}, every tenth: " + " ".join(
-                 f"{(rss - rounds['rss_from']) / 1024:.0f}" for i, rss in rounds["rss"].items()
-                 if int(i) % rounds["from_round"] == 0) + "."]
+    lines = [
+        f"memory of worker 0 (/proc/self/status; M = {_size(m)}): baseline RSS "
+        f"{_mib(peak['baseline']['VmRSS'])} holding jax's input and one output of M, the psum compiled "
+        "but never run.",
+        f"  psum of M, {peak['rounds']} rounds: peak RSS {_mib(peak['extra_bytes'])} beyond the baseline = "
+        f"{peak['extra_over_m']:.3g} x M (sampled peaks: {_shares(peak['sampled_extra'])}); "
+        f"still held after: {_mib(peak['held_bytes'])}."
+        + ("" if peak["hwm_reset"] else " (VmHWM could not be reset: the peak includes earlier use)"),
+        f"  {rounds['rounds']:,} rounds of {_size(rounds['bytes'])}, {rounds['median_s'] * 1e3:.2f} ms a round: "
+        f"RSS {_mib(rounds['rss_from'])} at round {rounds['from_round']:,}, {_mib(rounds['rss_to'])} at round "
+        f"{rounds['rounds']:,}: {_kib(rounds['growth_bytes'])} ({_shares(rounds['growth'])})"
+        + ("" if rounds["malloc_trim"] else "; no malloc_trim: freed memory glibc keeps counts too")
+        + ".",
+        f"  KiB above round {rounds['from_round']:,}, every tenth: "
+        + " ".join(
+            f"{(rss - rounds['rss_from']) / 1024:.0f}"
+            for i, rss in rounds["rss"].items()
+            if int(i) % rounds["from_round"] == 0
+        )
+        + ".",
+    ]
     servers = g4.get("servers")
     if servers:
-        lines.append(f"  servers ({len(servers['pids'])}, together): peak RSS {_mib(servers['peak_extra_bytes'])} "
-                     f"beyond their baseline = {servers['peak_extra_bytes'] / m:.3g} x M; "
-                     f"growth over the rounds {_kib(servers['growth_bytes'])}, of the floor (lowest reading of the "
-                     f"last quarter vs the first: what glibc keeps freed comes and goes above it) "
-                     f"{_kib(servers['floor_growth_bytes'])}.")
+        lines.append(
+            f"  servers ({len(servers['pids'])}, together): peak RSS {_mib(servers['peak_extra_bytes'])} "
+            f"beyond their baseline = {servers['peak_extra_bytes'] / m:.3g} x M; "
+            f"growth over the rounds {_kib(servers['growth_bytes'])}, of the floor (lowest reading of the "
+            f"last quarter vs the first: what glibc keeps freed comes and goes above it) "
+            f"{_kib(servers['floor_growth_bytes'])}."
+        )
     return lines
 
 
@@ -131,8 +171,11 @@ def format_engine(stats: dict | None) -> list[str]:
     before, after = stats["before"], stats["after"]
     # Counters (bytes_*, chunks_*, calls*, busy_*) as the rows' difference; any other key (a
     # state such as how many servers shared memory reaches) as it stands after them.
-    delta = {k: after[k] - before.get(k, 0) if k.startswith(_COUNTERS) else after[k]
-             for k in after if isinstance(after[k], (int, float))}
+    delta = {
+        k: after[k] - before.get(k, 0) if k.startswith(_COUNTERS) else after[k]
+        for k in after
+        if isinstance(after[k], (int, float))
+    }
     counters = ", ".join(f"{k} {_mib(v)}" if k.startswith("bytes") else f"{k} {v:g}" for k, v in delta.items())
     if "bytes_shm" not in after:
         transport = "TCP (this engine counts no shared-memory bytes)"
@@ -142,11 +185,14 @@ def format_engine(stats: dict | None) -> list[str]:
 
 
 def format_goals(goals: list[dict]) -> list[str]:
-    lines = ["ratios: jbps against the reference named (times and memory: lower is better; kernel speeds: "
-             "higher), beside the value the design aims at"]
+    lines = [
+        "ratios: jbps against the reference named (times and memory: lower is better; kernel speeds: "
+        "higher), beside the value the design aims at"
+    ]
     for g in goals:
-        ratio = ("not measured" if g["ratio"] is None else
-                 f"{g['ratio']:.2f}" if g["ratio"] >= 0.1 else f"{g['ratio']:.2g}")
+        ratio = (
+            "not measured" if g["ratio"] is None else f"{g['ratio']:.2f}" if g["ratio"] >= 0.1 else f"{g['ratio']:.2g}"
+        )
         lines.append(f"  {g['goal']:<58} {ratio:>12}  (aim {g['compare']} {g['target']:g})")
     return lines
 

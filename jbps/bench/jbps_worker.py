@@ -40,19 +40,26 @@ TOOL = "jbps psum"
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--sizes", required=True, help="comma-separated buffer sizes in bytes")
-    p.add_argument("--iters", default="10",
-                   help="timed calls: one number for every size, or one per size (comma-separated)")
+    p.add_argument(
+        "--iters", default="10", help="timed calls: one number for every size, or one per size (comma-separated)"
+    )
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--tree-sizes", default="", help="G3: the tree's leaf sizes in bytes (comma-separated)")
     p.add_argument("--tree-iters", type=int, default=20, help="G3: timed calls of the tree and of the flat buffer")
-    p.add_argument("--memory", default="",
-                   help="G4: PEAK_BYTES,PEAK_ROUNDS,ROUND_BYTES,ROUNDS (see jbps.bench.memory)")
+    p.add_argument("--memory", default="", help="G4: PEAK_BYTES,PEAK_ROUNDS,ROUND_BYTES,ROUNDS (see jbps.bench.memory)")
     p.add_argument("--server-pids", default="", help="G4: the servers' PIDs, read by worker 0")
-    p.add_argument("--out-of-place", action="store_true",
-                   help="also time each size with its input kept alive (XLA gives the sum a fresh output)")
+    p.add_argument(
+        "--out-of-place",
+        action="store_true",
+        help="also time each size with its input kept alive (XLA gives the sum a fresh output)",
+    )
     p.add_argument("--stages", action="store_true", help="also report the latency breakdown (stages.py)")
-    p.add_argument("--compression", choices=("bf16", "fp16", "onebit"), default=None,
-                   help="the timed psums' compression (jbps.psum's compression=; onebit with its residuals)")
+    p.add_argument(
+        "--compression",
+        choices=("bf16", "fp16", "onebit"),
+        default=None,
+        help="the timed psums' compression (jbps.psum's compression=; onebit with its residuals)",
+    )
     args = p.parse_args(argv)
     args.tree_sizes = [int(s) for s in args.tree_sizes.split(",") if s]
     args.memory = [int(s) for s in args.memory.split(",") if s]
@@ -95,8 +102,10 @@ def check_sum(out, what):
         y = np.asarray(y)
         if not np.array_equal(y, np.full(y.shape, expected, np.float32)):
             bad = np.flatnonzero(y != expected)
-            raise RuntimeError(f"rank {jbps.rank()}: wrong psum result for {what} (leaf {i}): {bad.size} elements "
-                               f"differ, e.g. y[{bad[0]}] = {y.reshape(-1)[bad[0]]} (expected {expected})")
+            raise RuntimeError(
+                f"rank {jbps.rank()}: wrong psum result for {what} (leaf {i}): {bad.size} elements "
+                f"differ, e.g. y[{bad[0]}] = {y.reshape(-1)[bad[0]]} (expected {expected})"
+            )
 
 
 def in_place(name):
@@ -119,9 +128,9 @@ def _summed(name):
         return lambda t: jbps.psum(t, name=name, compression=_compression)
     return lambda t: psum_with_feedback(t, zero_residuals(t), name=name)[0]
 
+
 # Untimed, before every call: each worker's contribution back to rank+1, in the same buffers.
-_refill = jax.jit(lambda t: jax.tree_util.tree_map(lambda a: jnp.full_like(a, jbps.rank() + 1), t),
-                  donate_argnums=0)
+_refill = jax.jit(lambda t: jax.tree_util.tree_map(lambda a: jnp.full_like(a, jbps.rank() + 1), t), donate_argnums=0)
 
 
 def checked_call(f, x, what):
@@ -207,8 +216,12 @@ def bench_size(nbytes, iters, warmup, fresh=False, stages=False):
                 fresh_parts.append(part)
     finally:
         _core.engine_set_stage_timing(False)
-    out = {**slowest(times, nbytes), "bytes_pushed_per_call": engine["bytes_pushed"],
-           "bytes_pulled_per_call": engine["bytes_pulled"], "engine_per_call": engine}
+    out = {
+        **slowest(times, nbytes),
+        "bytes_pushed_per_call": engine["bytes_pushed"],
+        "bytes_pulled_per_call": engine["bytes_pulled"],
+        "engine_per_call": engine,
+    }
     if fresh:
         out["out_of_place"] = slowest(fresh_times, f"fresh.{nbytes}")
     if stages:
@@ -239,8 +252,13 @@ def bench_tree(leaf_bytes, iters, warmup):
             times[key].append(t)
     for key in fns:
         out[key].update(slowest(times[key], f"g3.{key}"))
-    return {"tool": TOOL, "leaves": len(leaf_bytes), "bytes": sum(leaf_bytes), **out,
-            "tree_over_flat": out["tree"]["median_s"] / out["flat"]["median_s"]}
+    return {
+        "tool": TOOL,
+        "leaves": len(leaf_bytes),
+        "bytes": sum(leaf_bytes),
+        **out,
+        "tree_over_flat": out["tree"]["median_s"] / out["flat"]["median_s"],
+    }
 
 
 def main(argv=None):
@@ -252,11 +270,20 @@ def main(argv=None):
         report = {"tool": TOOL, "workers": jbps.size()}
         if args.memory:
             peak_bytes, peak_rounds, round_bytes, rounds = args.memory
-            report["g4"] = memory.run(peak_bytes, peak_rounds, round_bytes, rounds, barrier, check_sum,
-                                      args.server_pids if jbps.rank() == 0 else ())
+            report["g4"] = memory.run(
+                peak_bytes,
+                peak_rounds,
+                round_bytes,
+                rounds,
+                barrier,
+                check_sum,
+                args.server_pids if jbps.rank() == 0 else (),
+            )
         stats_before = jbps.engine_stats()
-        report["results"] = {str(nbytes): bench_size(nbytes, iters, args.warmup, args.out_of_place, args.stages)
-                             for nbytes, iters in zip(args.sizes, args.iters)}
+        report["results"] = {
+            str(nbytes): bench_size(nbytes, iters, args.warmup, args.out_of_place, args.stages)
+            for nbytes, iters in zip(args.sizes, args.iters)
+        }
         stats_after = jbps.engine_stats()
         report["engine_stats"] = {"before": stats_before, "after": stats_after}
         if args.tree_sizes:

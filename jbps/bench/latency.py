@@ -38,8 +38,10 @@ def run_sweep(sizes, iters, warmup, workers, servers, timeout_s, run_jbps, run_p
         log.error("latency sweep: jbps failed: %s", exc)
         errors["jbps"] = str(exc)
     if with_peers:
-        runners = (("mpi", functools.partial(peers.run_mpi_allreduce, out_of_place=True)),
-                   ("gloo", peers.run_gloo_psum))
+        runners = (
+            ("mpi", functools.partial(peers.run_mpi_allreduce, out_of_place=True)),
+            ("gloo", peers.run_gloo_psum),
+        )
         for key, runner in runners:
             log.info("latency sweep: %s ...", key)
             try:
@@ -78,10 +80,14 @@ def make_rows(sweep: dict | None, main_tools: dict | None) -> list[dict]:
         sources += [(s, main_tools) for s in sorted(main_tools["jbps"]["results"]) if s not in seen]
     for nbytes, tools in sources:
         jbps, mpi, gloo = (_result(tools, k, nbytes) for k in ("jbps", "mpi", "gloo"))
-        row = {"bytes": nbytes,
-               "jbps_in_place_s": _median(jbps), "mpi_in_place_s": _median(mpi),
-               "jbps_out_of_place_s": _median(jbps, True), "mpi_out_of_place_s": _median(mpi, True),
-               "gloo_s": _median(gloo)}
+        row = {
+            "bytes": nbytes,
+            "jbps_in_place_s": _median(jbps),
+            "mpi_in_place_s": _median(mpi),
+            "jbps_out_of_place_s": _median(jbps, True),
+            "mpi_out_of_place_s": _median(mpi, True),
+            "gloo_s": _median(gloo),
+        }
         row["in_place_over_mpi"] = _ratio(row["jbps_in_place_s"], row["mpi_in_place_s"])
         row["out_of_place_over_mpi"] = _ratio(row["jbps_out_of_place_s"], row["mpi_out_of_place_s"])
         row["out_of_place_over_in_place"] = _ratio(row["jbps_out_of_place_s"], row["jbps_in_place_s"])
@@ -103,12 +109,17 @@ def targets(rows: list[dict]) -> list[dict]:
     """Issue 18's targets with the values this run measured (None where it did not)."""
     by_size = {r["bytes"]: r for r in rows}
     small = by_size.get(SMALL_BYTES, {}).get("jbps_in_place_s")
-    out = [{"what": f"{SMALL_BYTES // KIB} KiB psum, in place", "value": small, "target": SMALL_TARGET_S,
-            "unit": "s"}]
+    out = [{"what": f"{SMALL_BYTES // KIB} KiB psum, in place", "value": small, "target": SMALL_TARGET_S, "unit": "s"}]
     for nbytes, how, target in RATIO_TARGETS:
         key = "in_place_over_mpi" if how == "in place" else "out_of_place_over_mpi"
-        out.append({"what": f"{nbytes // MIB} MiB jbps/MPI, {how}", "value": by_size.get(nbytes, {}).get(key),
-                    "target": target, "unit": "ratio"})
+        out.append(
+            {
+                "what": f"{nbytes // MIB} MiB jbps/MPI, {how}",
+                "value": by_size.get(nbytes, {}).get(key),
+                "target": target,
+                "unit": "ratio",
+            }
+        )
     return out
 
 
@@ -125,24 +136,36 @@ def format_latency(latency: dict, cfg: dict) -> list[str]:
     if not rows:
         return []
     ms = lambda s: None if s is None else s * 1e3  # noqa: E731
-    lines = [f"latency: jbps psum, {cfg['workers']} workers x 1 CPU device, {cfg['servers']} servers, in place "
-             "(input donated) and out of place (input kept: a fresh output every call), calls alternating; "
-             "MPI Allreduce in place and into a reused receive buffer; gloo: jax's psum. Median ms of the "
-             "slowest process per call; jbps/X = time ratio.",
-             "{:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}".format(
-                 "size", "in place", "MPI", "jbps/MPI", "out", "MPI out", "jbps/MPI", "out/in", "gloo",
-                 "jbps/gloo")]
+    lines = [
+        f"latency: jbps psum, {cfg['workers']} workers x 1 CPU device, {cfg['servers']} servers, in place "
+        "(input donated) and out of place (input kept: a fresh output every call), calls alternating; "
+        "MPI Allreduce in place and into a reused receive buffer; gloo: jax's psum. Median ms of the "
+        "slowest process per call; jbps/X = time ratio.",
+        "{:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}".format(
+            "size", "in place", "MPI", "jbps/MPI", "out", "MPI out", "jbps/MPI", "out/in", "gloo", "jbps/gloo"
+        ),
+    ]
     for r in rows:
-        lines.append("{:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}".format(
-            _size(r["bytes"]), _cell(ms(r["jbps_in_place_s"]), ".3f"), _cell(ms(r["mpi_in_place_s"]), ".3f"),
-            _cell(r["in_place_over_mpi"], ".2f"), _cell(ms(r["jbps_out_of_place_s"]), ".3f"),
-            _cell(ms(r["mpi_out_of_place_s"]), ".3f"), _cell(r["out_of_place_over_mpi"], ".2f"),
-            _cell(r["out_of_place_over_in_place"], ".2f"), _cell(ms(r["gloo_s"]), ".3f"),
-            _cell(r["in_place_over_gloo"], ".2f")))
+        lines.append(
+            "{:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}".format(
+                _size(r["bytes"]),
+                _cell(ms(r["jbps_in_place_s"]), ".3f"),
+                _cell(ms(r["mpi_in_place_s"]), ".3f"),
+                _cell(r["in_place_over_mpi"], ".2f"),
+                _cell(ms(r["jbps_out_of_place_s"]), ".3f"),
+                _cell(ms(r["mpi_out_of_place_s"]), ".3f"),
+                _cell(r["out_of_place_over_mpi"], ".2f"),
+                _cell(r["out_of_place_over_in_place"], ".2f"),
+                _cell(ms(r["gloo_s"]), ".3f"),
+                _cell(r["in_place_over_gloo"], ".2f"),
+            )
+        )
     stages = latency.get("stages") or []
     if stages:
-        lines.append("where a jbps psum's time goes: rank 0's in-place calls of the sweep, the middle half by time, "
-                     "mean microseconds:")
+        lines.append(
+            "where a jbps psum's time goes: rank 0's in-place calls of the sweep, the middle half by time, "
+            "mean microseconds:"
+        )
         lines += ["  " + line for line in format_stages(stages, _size)]
     lines.append("targets (this run's value, target):")
     for t in latency["targets"]:
@@ -160,5 +183,10 @@ def format_latency(latency: dict, cfg: dict) -> list[str]:
 def summarize(sweep: dict | None, main_tools: dict | None) -> dict:
     """The document's "latency" section: the rows, the stages and the targets."""
     rows = make_rows(sweep, main_tools)
-    return {"sizes": (sweep or {}).get("sizes", []), "rows": rows, "stages": stages_by_size(sweep),
-            "targets": targets(rows), "errors": (sweep or {}).get("errors", {})}
+    return {
+        "sizes": (sweep or {}).get("sizes", []),
+        "rows": rows,
+        "stages": stages_by_size(sweep),
+        "targets": targets(rows),
+        "errors": (sweep or {}).get("errors", {}),
+    }

@@ -129,13 +129,27 @@ def measure_peak(nbytes, rounds, barrier, check, server_pids=()):
     check(y, "the G4 peak case")  # after reading the peak: np.asarray may copy
     del y, x, psum
     held = peak["VmRSS"] - baseline["VmRSS"]  # the last output alive, like the stand-in
-    out = {"bytes": nbytes, "rounds": rounds, "median_s": statistics.median(times), "baseline": baseline,
-           "peak": peak, "extra_bytes": extra, "extra_over_m": extra / nbytes, "held_bytes": held,
-           "sampled_extra": _diff(sampler.peak, baseline), "hwm_reset": hwm_reset}
+    out = {
+        "bytes": nbytes,
+        "rounds": rounds,
+        "median_s": statistics.median(times),
+        "baseline": baseline,
+        "peak": peak,
+        "extra_bytes": extra,
+        "extra_over_m": extra / nbytes,
+        "held_bytes": held,
+        "sampled_extra": _diff(sampler.peak, baseline),
+        "hwm_reset": hwm_reset,
+    }
     if server_pids:
         extras = [servers_after[p]["VmHWM"] - servers_before[p]["VmRSS"] for p in server_pids]
-        out["servers"] = {"pids": list(server_pids), "before": servers_before, "after": servers_after,
-                          "peak_extra_bytes": sum(extras), "hwm_reset": servers_reset}
+        out["servers"] = {
+            "pids": list(server_pids),
+            "before": servers_before,
+            "after": servers_after,
+            "peak_extra_bytes": sum(extras),
+            "hwm_reset": servers_reset,
+        }
     return out
 
 
@@ -177,11 +191,21 @@ def measure_growth(nbytes, rounds, check, server_pids=()):
             k = min(k + 1, len(at) - 1)
     rss = readings[:, FIELDS.index("VmRSS")].tolist()
     growth = dict(zip(FIELDS, (readings[-1] - readings[0]).tolist()))
-    out = {"bytes": nbytes, "rounds": rounds, "from_round": first, "median_s": float(np.median(times)),
-           "rss": {str(i): v for i, v in zip(at, rss)}, "rss_from": rss[0], "rss_to": rss[-1],
-           "growth": growth, "growth_bytes": growth["VmRSS"], "growth_over_m": growth["VmRSS"] / nbytes,
-           "floor_growth_bytes": floor_growth(rss), "floor_growth_over_m": floor_growth(rss) / nbytes,
-           "malloc_trim": trimmed}
+    out = {
+        "bytes": nbytes,
+        "rounds": rounds,
+        "from_round": first,
+        "median_s": float(np.median(times)),
+        "rss": {str(i): v for i, v in zip(at, rss)},
+        "rss_from": rss[0],
+        "rss_to": rss[-1],
+        "growth": growth,
+        "growth_bytes": growth["VmRSS"],
+        "growth_over_m": growth["VmRSS"] / nbytes,
+        "floor_growth_bytes": floor_growth(rss),
+        "floor_growth_over_m": floor_growth(rss) / nbytes,
+        "malloc_trim": trimmed,
+    }
     if server_pids:
         total = servers.sum(axis=1).tolist()
         out["servers_growth_bytes"] = total[-1] - total[0]
@@ -196,6 +220,9 @@ def run(peak_bytes, peak_rounds, round_bytes, rounds, barrier, check, server_pid
     growth = measure_growth(round_bytes, rounds, check, server_pids)
     out = {"peak": {k: v for k, v in peak.items() if k != "servers"}, "rounds": growth}
     if server_pids:
-        out["servers"] = {**peak["servers"], "growth_bytes": growth["servers_growth_bytes"],
-                          "floor_growth_bytes": growth["servers_floor_growth_bytes"]}
+        out["servers"] = {
+            **peak["servers"],
+            "growth_bytes": growth["servers_growth_bytes"],
+            "floor_growth_bytes": growth["servers_floor_growth_bytes"],
+        }
     return out

@@ -24,14 +24,14 @@ TREE_TOOL = "mpi4py Allreduce per leaf"
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--sizes", required=True,
-                   help="comma-separated buffer sizes in bytes")
+    p.add_argument("--sizes", required=True, help="comma-separated buffer sizes in bytes")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--tree-sizes", default="", help="also G3: a tree of buffers of these sizes (comma-separated)")
     p.add_argument("--tree-iters", type=int, default=None, help="timed calls of the tree (default --iters)")
-    p.add_argument("--out-of-place", action="store_true",
-                   help="also time Allreduce into a separate (reused) receive buffer")
+    p.add_argument(
+        "--out-of-place", action="store_true", help="also time Allreduce into a separate (reused) receive buffer"
+    )
     return p.parse_args(argv)
 
 
@@ -89,8 +89,10 @@ def timed_in_and_out_of_place(comm, nbytes, iters, warmup):
         t2 = time.perf_counter()
         comm.Allreduce(send, recv, op=MPI.SUM)
         t3 = time.perf_counter()
-        if i == 0 and not (np.array_equal(buf, np.full(buf.size, expected, np.float32))
-                           and np.array_equal(recv, np.full(recv.size, expected, np.float32))):
+        if i == 0 and not (
+            np.array_equal(buf, np.full(buf.size, expected, np.float32))
+            and np.array_equal(recv, np.full(recv.size, expected, np.float32))
+        ):
             raise RuntimeError(f"rank {rank}: wrong Allreduce result for {nbytes} bytes")
         if i >= warmup:
             times["in"].append(t1 - t0)
@@ -110,8 +112,14 @@ def bench_tree(comm, leaf_bytes, iters, warmup):
     flat = timed_allreduce(comm, [np.empty(sum(leaf_bytes) // 4, dtype=np.float32)], iters, warmup, "the G3 flat")
     if tree is None:
         return None
-    return {"tool": TREE_TOOL, "leaves": len(leaf_bytes), "bytes": sum(leaf_bytes), "tree": tree, "flat": flat,
-            "tree_over_flat": tree["median_s"] / flat["median_s"]}
+    return {
+        "tool": TREE_TOOL,
+        "leaves": len(leaf_bytes),
+        "bytes": sum(leaf_bytes),
+        "tree": tree,
+        "flat": flat,
+        "tree_over_flat": tree["median_s"] / flat["median_s"],
+    }
 
 
 def main(argv=None):
@@ -125,8 +133,9 @@ def main(argv=None):
             results[str(nbytes)] = r
     report = {"tool": TOOL, "results": results}
     if args.tree_sizes:
-        report["g3"] = bench_tree(comm, [int(s) for s in args.tree_sizes.split(",") if s],
-                                  args.tree_iters or args.iters, args.warmup)
+        report["g3"] = bench_tree(
+            comm, [int(s) for s in args.tree_sizes.split(",") if s], args.tree_iters or args.iters, args.warmup
+        )
     if comm.Get_rank() == 0:
         print(json.dumps(report), flush=True)
 

@@ -46,7 +46,6 @@ log = logging.getLogger("jbps.bench.network")
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
-
 def parse_bytes(text: str, multiple: int = 4) -> int:
     """'32M' -> 33554432 (binary units); a plain number is bytes; a positive multiple of
     `multiple` (4: whole float32 elements)."""
@@ -94,29 +93,56 @@ def format_size(nbytes: int) -> str:
 
 
 def parse_args(argv=None, prog=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog=prog or "python -m jbps.bench.network", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog=prog or "python -m jbps.bench.network",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--workers", type=int, default=4, help="worker hosts, n (default 4)")
-    p.add_argument("--cpu-hosts", type=parse_range, default=parse_range("0-4"),
-                   help="CPU-only hosts k to try, a range or list (default 0-4)")
-    p.add_argument("--size", type=parse_bytes, default=parse_bytes("32M"),
-                   help="float32 bytes each worker sums, K/M/G = KiB/MiB/GiB (default 32M)")
-    p.add_argument("--rate", type=parse_rate_arg, default=parse_rate("1G"),
-                   help="each NIC's rate in each direction: 1G, 200M, 2.5G (bits/s; default 1G)")
+    p.add_argument(
+        "--cpu-hosts",
+        type=parse_range,
+        default=parse_range("0-4"),
+        help="CPU-only hosts k to try, a range or list (default 0-4)",
+    )
+    p.add_argument(
+        "--size",
+        type=parse_bytes,
+        default=parse_bytes("32M"),
+        help="float32 bytes each worker sums, K/M/G = KiB/MiB/GiB (default 32M)",
+    )
+    p.add_argument(
+        "--rate",
+        type=parse_rate_arg,
+        default=parse_rate("1G"),
+        help="each NIC's rate in each direction: 1G, 200M, 2.5G (bits/s; default 1G)",
+    )
     p.add_argument("--iters", type=int, default=8, help="timed calls per case (default 8)")
     p.add_argument("--warmup", type=int, default=2, help="untimed calls first (default 2)")
-    p.add_argument("--partition", default="",
-                   help="comma list of partition sizes (e.g. 256K,1M): extra jbps runs beside the defaults")
-    p.add_argument("--credit", default="",
-                   help="comma list of credit windows (chunks in flight): extra jbps runs beside the defaults")
-    p.add_argument("--compression", default="",
-                   help="comma list of compressions (bf16, fp16, onebit): extra jbps runs beside the defaults")
+    p.add_argument(
+        "--partition",
+        default="",
+        help="comma list of partition sizes (e.g. 256K,1M): extra jbps runs beside the defaults",
+    )
+    p.add_argument(
+        "--credit",
+        default="",
+        help="comma list of credit windows (chunks in flight): extra jbps runs beside the defaults",
+    )
+    p.add_argument(
+        "--compression",
+        default="",
+        help="comma list of compressions (bf16, fp16, onebit): extra jbps runs beside the defaults",
+    )
     p.add_argument("--skip-peers", action="store_true", help="do not run gloo and MPI")
     p.add_argument("--timeout", type=float, default=600, help="seconds any one job may take (default 600)")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
     p.add_argument("--plot", metavar="PNG", help="draw time vs k with the formula and the peers (needs matplotlib)")
-    p.add_argument("--trace-dir", metavar="DIR",
-                   help="keep the jbps workers' chunk timelines in DIR/k<k>/<variant>/<rank>/comm.json")
+    p.add_argument(
+        "--trace-dir",
+        metavar="DIR",
+        help="keep the jbps workers' chunk timelines in DIR/k<k>/<variant>/<rank>/comm.json",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="log every step")
     args = p.parse_args(argv)
     if args.workers < 2:
@@ -167,30 +193,66 @@ def bench_jbps(net: EmulatedNetwork, n: int, k: int, args, variant: dict) -> dic
     if args.trace_dir:
         tag = variant["name"].replace(" ", "").replace(",", "_")
         env["JBPS_TRACE_DIR"] = str(Path(args.trace_dir).resolve() / f"k{k}" / tag)
-    argv = ["-m", "jbps.bench.jbps_worker", "--sizes", str(args.size), "--iters", str(args.iters),
-            "--warmup", str(args.warmup), *variant.get("args", [])]
+    argv = [
+        "-m",
+        "jbps.bench.jbps_worker",
+        "--sizes",
+        str(args.size),
+        "--iters",
+        str(args.iters),
+        "--warmup",
+        str(args.warmup),
+        *variant.get("args", []),
+    ]
     result = run_job(net, list(range(n)), list(range(n + k)), argv, env=env, timeout_s=args.timeout)
     report = parse_report(result.workers[0].stdout, "jbps worker 0")
     timing = report["results"][args.size]
     received = {s["host"]: s["bytes_received"] for s in result.servers_by_address().values()}
-    return {"median_s": timing["median_s"], "min_s": timing["min_s"], "iters": timing["iters"],
-            "server_mib_received": {str(h): (b or 0) / 2**20 for h, b in sorted(received.items())},
-            "engine_per_call": timing.get("engine_per_call", {})}
+    return {
+        "median_s": timing["median_s"],
+        "min_s": timing["min_s"],
+        "iters": timing["iters"],
+        "server_mib_received": {str(h): (b or 0) / 2**20 for h, b in sorted(received.items())},
+        "engine_per_call": timing.get("engine_per_call", {}),
+    }
 
 
 def bench_gloo(net: EmulatedNetwork, n: int, args) -> dict:
     coordinator = f"{net.hosts[0].address}:{random.randint(20000, 60000)}"
-    env = python_env(JAX_PLATFORMS="cpu", XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") +
-                                                    " --xla_force_host_platform_device_count=1").strip())
+    env = python_env(
+        JAX_PLATFORMS="cpu",
+        XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=1").strip(),
+    )
     procs, files = [], []
     try:
         for i in range(n):
             out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
             files.append((out, err))
-            procs.append(net.run(i, [sys.executable, "-m", "jbps.bench.gloo_peer", "--coordinator", coordinator,
-                                     "--num-processes", str(n), "--process-id", str(i), "--sizes", str(args.size),
-                                     "--iters", str(args.iters), "--warmup", str(args.warmup)],
-                                 env=env, stdout=out, stderr=err))
+            procs.append(
+                net.run(
+                    i,
+                    [
+                        sys.executable,
+                        "-m",
+                        "jbps.bench.gloo_peer",
+                        "--coordinator",
+                        coordinator,
+                        "--num-processes",
+                        str(n),
+                        "--process-id",
+                        str(i),
+                        "--sizes",
+                        str(args.size),
+                        "--iters",
+                        str(args.iters),
+                        "--warmup",
+                        str(args.warmup),
+                    ],
+                    env=env,
+                    stdout=out,
+                    stderr=err,
+                )
+            )
         _wait_all(procs, files, args.timeout, "gloo psum")
         files[0][0].seek(0)
         return parse_report(files[0][0].read(), "gloo peer")["results"][args.size]
@@ -212,9 +274,20 @@ def bench_mpi(net: EmulatedNetwork, n: int, args) -> dict | None:
         log.warning("no mpiexec beside %s: no MPI column", sys.executable)
         return None
     with tempfile.TemporaryDirectory(prefix="jbps-mpi-") as tmp:
-        cmd = [*net.mpiexec(str(mpiexec), tmp, {i: 1 for i in range(n)}), "-n", str(n),
-               sys.executable, "-m", "jbps.bench.mpi_peer", "--sizes", str(args.size), "--iters", str(args.iters),
-               "--warmup", str(args.warmup)]
+        cmd = [
+            *net.mpiexec(str(mpiexec), tmp, {i: 1 for i in range(n)}),
+            "-n",
+            str(n),
+            sys.executable,
+            "-m",
+            "jbps.bench.mpi_peer",
+            "--sizes",
+            str(args.size),
+            "--iters",
+            str(args.iters),
+            "--warmup",
+            str(args.warmup),
+        ]
         with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
             proc = net.run(0, cmd, env=python_env(**MPI_TCP_ENV), stdout=out, stderr=err, cwd=tmp)
             try:
@@ -257,12 +330,18 @@ def link_check(net: EmulatedNetwork, hosts: int, seconds: float = LINK_CHECK_S) 
     """What plain TCP gets through every emulated link at once, as a share of the cap, and
     how busy the machine's CPUs were. TCP/IP headers take ~4.4% at MTU 1500; well below
     that ceiling the machine, not the links, is the limit at this rate and host count."""
-    sinks = [net.run(i, [sys.executable, "-c", _SINK, net.hosts[i].address, str(LINK_CHECK_PORT)],
-                     stdout=subprocess.PIPE) for i in range(hosts)]
+    sinks = [
+        net.run(i, [sys.executable, "-c", _SINK, net.hosts[i].address, str(LINK_CHECK_PORT)], stdout=subprocess.PIPE)
+        for i in range(hosts)
+    ]
     time.sleep(0.5)
     before = _cpu_times()
-    sources = [net.run(i, [sys.executable, "-c", _SOURCE, net.hosts[(i + 1) % hosts].address,
-                           str(LINK_CHECK_PORT), str(seconds)]) for i in range(hosts)]
+    sources = [
+        net.run(
+            i, [sys.executable, "-c", _SOURCE, net.hosts[(i + 1) % hosts].address, str(LINK_CHECK_PORT), str(seconds)]
+        )
+        for i in range(hosts)
+    ]
     try:
         for p in sources:
             p.wait(timeout=seconds + 30)
@@ -272,8 +351,12 @@ def link_check(net: EmulatedNetwork, hosts: int, seconds: float = LINK_CHECK_S) 
         terminate(sinks + sources, 0.0, "link check")
     delta = [b - a for a, b in zip(before, after)]
     idle = delta[3] + delta[4]  # idle, iowait
-    return {"hosts": hosts, "share_of_cap_min": min(rates) * 8 / net.rate,
-            "share_of_cap_mean": sum(rates) / len(rates) * 8 / net.rate, "cpu_busy": 1 - idle / max(1, sum(delta))}
+    return {
+        "hosts": hosts,
+        "share_of_cap_min": min(rates) * 8 / net.rate,
+        "share_of_cap_mean": sum(rates) / len(rates) * 8 / net.rate,
+        "cpu_busy": 1 - idle / max(1, sum(delta)),
+    }
 
 
 def _cpu_times() -> list[int]:
@@ -299,8 +382,15 @@ def _wait_all(procs, files, timeout_s, what, grace_s=0.0):
 def run(args) -> dict:
     n, ks = args.workers, args.cpu_hosts
     bandwidth = args.rate / 8
-    doc = {"workers": n, "bytes": args.size, "rate_bits_per_s": args.rate, "iters": args.iters,
-           "variants": [v["name"] for v in args.variants], "cases": [], "peers": {}}
+    doc = {
+        "workers": n,
+        "bytes": args.size,
+        "rate_bits_per_s": args.rate,
+        "iters": args.iters,
+        "variants": [v["name"] for v in args.variants],
+        "cases": [],
+        "peers": {},
+    }
     with EmulatedNetwork(n + max(ks), args.rate) as net:
         log.info("%d emulated hosts at %s; link check ...", len(net.hosts), format_rate(args.rate))
         doc["link_check"] = link_check(net, len(net.hosts))
@@ -331,26 +421,44 @@ def goals(doc: dict) -> list[dict]:
     out = []
     cases = {c["k"]: c for c in doc["cases"]}
     for k, c in cases.items():
-        out.append({"what": f"jbps / formula, k = {k}", "ratio": c["jbps"]["defaults"]["median_s"] / c["formula_s"],
-                    "target": "<= 1.10"})
+        out.append(
+            {
+                "what": f"jbps / formula, k = {k}",
+                "ratio": c["jbps"]["defaults"]["median_s"] / c["formula_s"],
+                "target": "<= 1.10",
+            }
+        )
     gloo = doc["peers"].get("gloo")
     if gloo:
         n = doc["workers"]
         if n in cases:
-            out.append({"what": f"gloo / jbps, k = {n}", "ratio": gloo["median_s"] /
-                        cases[n]["jbps"]["defaults"]["median_s"], "target": ">= 1.35"})
+            out.append(
+                {
+                    "what": f"gloo / jbps, k = {n}",
+                    "ratio": gloo["median_s"] / cases[n]["jbps"]["defaults"]["median_s"],
+                    "target": ">= 1.35",
+                }
+            )
         if 0 in cases:
-            out.append({"what": "jbps / gloo, k = 0", "ratio": cases[0]["jbps"]["defaults"]["median_s"] /
-                        gloo["median_s"], "target": "<= 1.00"})
+            out.append(
+                {
+                    "what": "jbps / gloo, k = 0",
+                    "ratio": cases[0]["jbps"]["defaults"]["median_s"] / gloo["median_s"],
+                    "target": "<= 1.00",
+                }
+            )
     return out
 
 
 def format_table(doc: dict) -> str:
     n, names = doc["workers"], doc["variants"]
     gloo, mpi = doc["peers"].get("gloo"), doc["peers"].get("mpi")
-    lines = [f"jbps.psum across emulated hosts: {n} worker hosts (each with a colocated server) + k CPU hosts, "
-             f"{format_rate(doc['rate_bits_per_s'])} each way per NIC, {format_size(doc['bytes'])} float32 per worker, "
-             f"median of {doc['iters']} calls (slowest process)", ""]
+    lines = [
+        f"jbps.psum across emulated hosts: {n} worker hosts (each with a colocated server) + k CPU hosts, "
+        f"{format_rate(doc['rate_bits_per_s'])} each way per NIC, {format_size(doc['bytes'])} float32 per worker, "
+        f"median of {doc['iters']} calls (slowest process)",
+        "",
+    ]
     head = ["k", "formula"] + [f"jbps {v}" for v in names]
     if gloo:
         head += ["gloo / jbps"]
@@ -369,18 +477,25 @@ def format_table(doc: dict) -> str:
     lines.append("(jbps: time per psum, and its ratio to the formula)")
     check = doc.get("link_check")
     if check:
-        lines.append(f"Link check: plain TCP through all {check['hosts']} hosts' links at once carried "
-                     f"{check['share_of_cap_mean']:.2f} of the cap (slowest link {check['share_of_cap_min']:.2f}; "
-                     f"TCP/IP headers leave at most ~0.95 at MTU 1500) with the CPUs {check['cpu_busy']:.0%} busy"
-                     + ("; below 0.90 this machine, not the links, limits every tool at this rate" if
-                        check["share_of_cap_min"] < LINK_CHECK_MACHINE_BOUND else ""))
+        lines.append(
+            f"Link check: plain TCP through all {check['hosts']} hosts' links at once carried "
+            f"{check['share_of_cap_mean']:.2f} of the cap (slowest link {check['share_of_cap_min']:.2f}; "
+            f"TCP/IP headers leave at most ~0.95 at MTU 1500) with the CPUs {check['cpu_busy']:.0%} busy"
+            + (
+                "; below 0.90 this machine, not the links, limits every tool at this rate"
+                if check["share_of_cap_min"] < LINK_CHECK_MACHINE_BOUND
+                else ""
+            )
+        )
     if gloo or mpi:
         lines.append("")
         ideal = doc.get("allreduce_ideal_s")
         for label, peer in (("JAX gloo psum", gloo), ("MPI Allreduce (MPICH, TCP)", mpi)):
             if peer:
-                lines.append(f"{label}: {peer['median_s']:.3f} s ({peer['median_s'] / ideal:.2f}x the ring all-reduce "
-                             f"ideal {ideal:.3f} s)")
+                lines.append(
+                    f"{label}: {peer['median_s']:.3f} s ({peer['median_s'] / ideal:.2f}x the ring all-reduce "
+                    f"ideal {ideal:.3f} s)"
+                )
     lines.append("")
     lines.append("Bytes each server received over the whole run (MiB, by host; hosts < n are worker hosts):")
     for c in doc["cases"]:
@@ -407,14 +522,16 @@ def plot(doc: dict, path: str) -> None:
     styles = {"gloo": ("JAX gloo psum", "--"), "mpi": ("MPI Allreduce (TCP)", ":")}
     for key, (label, style) in styles.items():
         if key in doc["peers"]:
-            ax.axhline(doc["peers"][key]["median_s"], linestyle=style, color="gray" if key == "mpi" else "tab:red",
-                       label=label)
+            ax.axhline(
+                doc["peers"][key]["median_s"], linestyle=style, color="gray" if key == "mpi" else "tab:red", label=label
+            )
     ax.set_xlabel("CPU-only hosts k")
     ax.set_ylabel("seconds per psum")
     ax.set_xticks(ks)
     ax.set_ylim(bottom=0)
-    ax.set_title(f"{doc['workers']} worker hosts, {format_rate(doc['rate_bits_per_s'])}, "
-                 f"{format_size(doc['bytes'])} per worker")
+    ax.set_title(
+        f"{doc['workers']} worker hosts, {format_rate(doc['rate_bits_per_s'])}, {format_size(doc['bytes'])} per worker"
+    )
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -422,8 +539,9 @@ def plot(doc: dict, path: str) -> None:
 
 def main(argv=None, prog=None) -> int:
     args = parse_args(argv, prog)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s",
-                        stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s", stream=sys.stderr
+    )
     log.setLevel(logging.INFO)
     try:
         doc = run(args)

@@ -44,19 +44,27 @@ TARGET = 1.15
 
 
 def parse_args(argv=None, prog=None):
-    p = argparse.ArgumentParser(prog=prog or "python -m jbps.bench.overlap", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog=prog or "python -m jbps.bench.overlap",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--workers", type=int, default=2, help="worker hosts, n (default 2)")
-    p.add_argument("--cpu-hosts", type=parse_range, default=parse_range("0,2"),
-                   help="CPU-only hosts k to try, a range or list (default 0,2)")
+    p.add_argument(
+        "--cpu-hosts",
+        type=parse_range,
+        default=parse_range("0,2"),
+        help="CPU-only hosts k to try, a range or list (default 0,2)",
+    )
     p.add_argument("--rate", default="1G", help="each NIC's rate each way, bits/s (default 1G)")
     p.add_argument("--layers", type=int, default=8, help="square layers of the MLP (default 8)")
     p.add_argument("--width", type=int, default=1024, help="their width (default 1024: 4 MiB each)")
     p.add_argument("--batch", type=int, default=1024, help="examples per worker per step (default 1024)")
     p.add_argument("--steps", type=int, default=9, help="timed steps (default 9)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
-    p.add_argument("--bucket-bytes", default="",
-                   help="comma list of bucket sizes to run beside the default (e.g. 1M,16M)")
+    p.add_argument(
+        "--bucket-bytes", default="", help="comma list of bucket sizes to run beside the default (e.g. 1M,16M)"
+    )
     p.add_argument("--skip-gloo", action="store_true", help="do not run JAX's pmean over gloo")
     p.add_argument("--timeout", type=float, default=600, help="seconds any one job may take (default 600)")
     p.add_argument("--trace-dir", help="keep the engine's traces of the bucketed runs here (DIR/k<k>/<rank>/comm.json)")
@@ -82,8 +90,18 @@ def parse_args(argv=None, prog=None):
 
 
 def _model_args(args) -> list[str]:
-    return ["--layers", str(args.layers), "--width", str(args.width), "--batch", str(args.batch),
-            "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    return [
+        "--layers",
+        str(args.layers),
+        "--width",
+        str(args.width),
+        "--batch",
+        str(args.batch),
+        "--steps",
+        str(args.steps),
+        "--warmup",
+        str(args.warmup),
+    ]
 
 
 def _slowest(reports: list[dict]) -> dict:
@@ -138,25 +156,65 @@ def run_jbps(net, n, k, args, mode: str, bucket_bytes: int | None, trace_dir: st
 def run(args) -> dict:
     n, ks = args.workers, args.cpu_hosts
     grad_bytes = args.layers * (args.width * args.width + args.width) * 4
-    doc = {"workers": n, "cpu_hosts": ks, "rate_bits": args.rate, "layers": args.layers, "width": args.width,
-           "batch": args.batch, "steps": args.steps, "grad_bytes": grad_bytes, "cases": {}}
-    env = python_env(XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") +
-                                " --xla_force_host_platform_device_count=1").strip())
+    doc = {
+        "workers": n,
+        "cpu_hosts": ks,
+        "rate_bits": args.rate,
+        "layers": args.layers,
+        "width": args.width,
+        "batch": args.batch,
+        "steps": args.steps,
+        "grad_bytes": grad_bytes,
+        "cases": {},
+    }
+    env = python_env(XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=1").strip())
     with EmulatedNetwork(n + max(ks), args.rate) as net, tempfile.TemporaryDirectory(prefix="jbps-overlap-") as tmp:
         log.info("%d emulated hosts at %s; the step alone ...", len(net.hosts), format_rate(args.rate))
-        doc["one_process"] = _slowest(run_on_workers(
-            net, 1, lambda i: ["-m", "jbps.bench.step_worker", "--mode", "compute", *_model_args(args)],
-            env, args.timeout, "the step in one process"))
-        doc["compute"] = _slowest(run_on_workers(
-            net, n, lambda i: ["-m", "jbps.bench.step_worker", "--mode", "compute", *_model_args(args)],
-            env, args.timeout, "the step alone"))
+        doc["one_process"] = _slowest(
+            run_on_workers(
+                net,
+                1,
+                lambda i: ["-m", "jbps.bench.step_worker", "--mode", "compute", *_model_args(args)],
+                env,
+                args.timeout,
+                "the step in one process",
+            )
+        )
+        doc["compute"] = _slowest(
+            run_on_workers(
+                net,
+                n,
+                lambda i: ["-m", "jbps.bench.step_worker", "--mode", "compute", *_model_args(args)],
+                env,
+                args.timeout,
+                "the step alone",
+            )
+        )
         if not args.skip_gloo:
             log.info("the step with lax.pmean over gloo ...")
             coordinator = f"{net.hosts[0].address}:{random.randint(20000, 60000)}"
-            doc["gloo"] = _slowest(run_on_workers(
-                net, n, lambda i: ["-m", "jbps.bench.step_worker", "--mode", "gloo", *_model_args(args),
-                                   "--coordinator", coordinator, "--num-processes", str(n), "--process-id", str(i)],
-                env, args.timeout, "gloo step"))
+            doc["gloo"] = _slowest(
+                run_on_workers(
+                    net,
+                    n,
+                    lambda i: [
+                        "-m",
+                        "jbps.bench.step_worker",
+                        "--mode",
+                        "gloo",
+                        *_model_args(args),
+                        "--coordinator",
+                        coordinator,
+                        "--num-processes",
+                        str(n),
+                        "--process-id",
+                        str(i),
+                    ],
+                    env,
+                    args.timeout,
+                    "gloo step",
+                )
+            )
         for k in ks:
             case = {}
             log.info("k = %d: the communication alone ...", k)
@@ -202,22 +260,32 @@ def _timeline(trace_dir: str, step_us) -> list[dict]:
 
 def format_table(doc: dict) -> str:
     ms = lambda s: f"{s * 1e3:.0f} ms"  # noqa: E731
-    lines = [f"A training step across emulated hosts: {doc['workers']} worker hosts, "
-             f"{format_rate(doc['rate_bits'])} each way per NIC, an MLP of {doc['layers']} x {doc['width']}² float32 "
-             f"({doc['grad_bytes'] / 2**20:.1f} MiB of gradients), batch {doc['batch']} per worker; "
-             f"median of {doc['steps']} steps (slowest worker)", ""]
+    lines = [
+        f"A training step across emulated hosts: {doc['workers']} worker hosts, "
+        f"{format_rate(doc['rate_bits'])} each way per NIC, an MLP of {doc['layers']} x {doc['width']}² float32 "
+        f"({doc['grad_bytes'] / 2**20:.1f} MiB of gradients), batch {doc['batch']} per worker; "
+        f"median of {doc['steps']} steps (slowest worker)",
+        "",
+    ]
     lines.append(f"step in one process, no jbps (the machine otherwise idle): {ms(doc['one_process']['median_s'])}")
     lines.append(f"step alone, every worker at once (no communication): {ms(doc['compute']['median_s'])}")
     if "gloo" in doc:
         lines.append(f"step with JAX's pmean over gloo: {ms(doc['gloo']['median_s'])}")
     lines.append("")
-    names = [name for name in next(iter(doc["cases"].values())) if isinstance(
-        next(iter(doc["cases"].values()))[name], dict)]
-    lines.append("k  " + "  ".join(f"{name:>16}" for name in names) + "  buckets / max(step alone, comm alone)"
-                 + ("  gloo / buckets" if "gloo" in doc else ""))
+    names = [
+        name for name in next(iter(doc["cases"].values())) if isinstance(next(iter(doc["cases"].values()))[name], dict)
+    ]
+    lines.append(
+        "k  "
+        + "  ".join(f"{name:>16}" for name in names)
+        + "  buckets / max(step alone, comm alone)"
+        + ("  gloo / buckets" if "gloo" in doc else "")
+    )
     for k, case in doc["cases"].items():
         row = f"{k:<2} " + "  ".join(f"{ms(case[name]['median_s']):>16}" for name in names)
-        row += f"  {case['buckets_over_bound']:.2f} (target <= {TARGET:.2f}; one call: {case['one_call_over_bound']:.2f})"
+        row += (
+            f"  {case['buckets_over_bound']:.2f} (target <= {TARGET:.2f}; one call: {case['one_call_over_bound']:.2f})"
+        )
         if "gloo" in doc:
             row += f"  {case['gloo_over_buckets']:.2f}"
         lines.append(row)
@@ -246,11 +314,16 @@ def plot(doc: dict, path: str) -> None:
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    ax.legend(handles=[Patch(color="0.75", label="the step (compute and waits)"),
-                       Patch(color="tab:blue", label="pushes (until acknowledged)"),
-                       Patch(color="tab:orange", label="pulls (sum arriving)"),
-                       Line2D([], [], marker="|", linestyle="", markersize=14, color="black", label="call entered")],
-              loc="lower right", fontsize=8)
+    ax.legend(
+        handles=[
+            Patch(color="0.75", label="the step (compute and waits)"),
+            Patch(color="tab:blue", label="pushes (until acknowledged)"),
+            Patch(color="tab:orange", label="pulls (sum arriving)"),
+            Line2D([], [], marker="|", linestyle="", markersize=14, color="black", label="call entered"),
+        ],
+        loc="lower right",
+        fontsize=8,
+    )
     ax.set_title(f"One bucketed step, k = {k} CPU hosts, {format_rate(doc['rate_bits'])}")
     fig.tight_layout()
     fig.savefig(path, dpi=100)

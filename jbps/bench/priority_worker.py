@@ -45,7 +45,9 @@ def run_order(params, order, iters, warmup, barrier):
     count = len(params)
     priority = None if order == "forward" else (lambda path, leaf: int(path.strip("[]")))
     name = f"bench.priority.{order}"
-    f = jax.jit(lambda tree: jbps.psum(tree, name=name, priority=priority, bucket_bytes=0))  # one call: priority within it
+    f = jax.jit(
+        lambda tree: jbps.psum(tree, name=name, priority=priority, bucket_bytes=0)
+    )  # one call: priority within it
     first_tensor = f"{name}[0]"
     firsts, totals = [], []
     for i in range(warmup + iters):
@@ -82,15 +84,26 @@ def main(argv=None):
     for credit in credits:
         jbps.init(scheduling_credit=credit, trace_dir=scratch.name)
         try:
-            results[str(credit)] = {order: run_order(params, order, args.iters, args.warmup, barrier)
-                                    for order in ORDERS}
+            results[str(credit)] = {
+                order: run_order(params, order, args.iters, args.warmup, barrier) for order in ORDERS
+            }
         finally:
             rank = jbps.rank()
             jbps.shutdown()
     scratch.cleanup()
     if rank == 0:
-        print(json.dumps({"tool": TOOL, "model": args.model, "leaves": len(params),
-                          "bytes": sum(x.size * 4 for x in params), "results": results}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "tool": TOOL,
+                    "model": args.model,
+                    "leaves": len(params),
+                    "bytes": sum(x.size * 4 for x in params),
+                    "results": results,
+                }
+            ),
+            flush=True,
+        )
     return 0
 
 

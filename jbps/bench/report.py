@@ -1,6 +1,6 @@
 """The report every timing process prints: one JSON line, last on stdout.
 
-    {"tool": str, "results": {"<bytes>": {"median_s", "min_s", "iters", ...}}}
+{"tool": str, "results": {"<bytes>": {"median_s", "min_s", "iters", ...}}}
 """
 
 from __future__ import annotations

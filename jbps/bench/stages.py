@@ -56,7 +56,7 @@ def typical_stages(calls: list[dict[str, float] | None]) -> dict[str, float] | N
     calls = sorted((c for c in calls if c is not None), key=lambda c: c["total"])
     if not calls:
         return None
-    middle = calls[len(calls) // 4: len(calls) - len(calls) // 4]
+    middle = calls[len(calls) // 4 : len(calls) - len(calls) // 4]
     out = {k: sum(c[k] for c in middle) / len(middle) for k in calls[0]}
     out["calls"] = len(middle)
     out["median_total"] = statistics.median(c["total"] for c in calls)

@@ -47,8 +47,10 @@ def parse_args(argv=None):
 
 def init_params(layers: int, width: int):
     key = jax.random.PRNGKey(0)
-    return [{"w": jax.random.normal(jax.random.fold_in(key, i), (width, width)) / np.sqrt(width),
-             "b": jnp.zeros((width,))} for i in range(layers)]
+    return [
+        {"w": jax.random.normal(jax.random.fold_in(key, i), (width, width)) / np.sqrt(width), "b": jnp.zeros((width,))}
+        for i in range(layers)
+    ]
 
 
 def loss(params, x, y):
@@ -60,8 +62,10 @@ def loss(params, x, y):
 
 def batch(rank: int, size: int, width: int):
     rng = np.random.default_rng(rank)
-    return (jnp.asarray(rng.normal(size=(size, width)), jnp.float32),
-            jnp.asarray(rng.normal(size=(size, width)), jnp.float32))
+    return (
+        jnp.asarray(rng.normal(size=(size, width)), jnp.float32),
+        jnp.asarray(rng.normal(size=(size, width)), jnp.float32),
+    )
 
 
 def time_steps(run, steps: int, warmup: int) -> tuple[list[float], list[tuple[float, float]]]:
@@ -83,8 +87,9 @@ def main(argv=None):
     if args.mode == "gloo":
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.config.update("jax_num_cpu_devices", 1)
-        jax.distributed.initialize(coordinator_address=args.coordinator, num_processes=args.num_processes,
-                                   process_id=args.process_id)
+        jax.distributed.initialize(
+            coordinator_address=args.coordinator, num_processes=args.num_processes, process_id=args.process_id
+        )
         rank = jax.process_index()
     elif args.mode in ("jbps", "comm"):
         import jbps
@@ -95,13 +100,17 @@ def main(argv=None):
         rank = 0
     params = init_params(args.layers, args.width)
     tx = optax.sgd(0.01)
-    report = {"mode": args.mode, "bucket_bytes": args.bucket_bytes,
-              "grad_bytes": sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(params))}
+    report = {
+        "mode": args.mode,
+        "bucket_bytes": args.bucket_bytes,
+        "grad_bytes": sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(params)),
+    }
 
     x, y = batch(rank, args.batch, args.width)
     state = tx.init(params)
 
     if args.mode == "compute":
+
         @jax.jit
         def step(params, state):
             updates, state = tx.update(jax.grad(loss)(params, x, y), state, params)
@@ -141,8 +150,12 @@ def main(argv=None):
 
         sharded = jax.jit(shard_map(body, mesh=mesh, in_specs=(P(), P(), P("i"), P("i")), out_specs=(P(), P())))
         local = [jax.device_put(a[None], jax.local_devices()[0]) for a in (x, y)]
-        xg, yg = (jax.make_array_from_single_device_arrays((args.num_processes,) + a.shape[1:],
-                                                           NamedSharding(mesh, P("i")), [a]) for a in local)
+        xg, yg = (
+            jax.make_array_from_single_device_arrays(
+                (args.num_processes,) + a.shape[1:], NamedSharding(mesh, P("i")), [a]
+            )
+            for a in local
+        )
         params = jax.device_put(params, replicated)
         state = jax.device_put(state, replicated)
 

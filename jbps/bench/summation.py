@@ -99,14 +99,20 @@ def bench_summation(nbytes: int, reps: int = 10) -> dict:
         want = src if name == "copy" else src * calls_made
         if not np.array_equal(out[name], want):
             bad = int(np.flatnonzero(out[name] != want)[0])
-            raise RuntimeError(f"summation benchmark: {CASES[name][0]} computed a wrong result: element {bad} "
-                               f"is {out[name][bad]}, expected {want[bad]} after {calls_made} calls")
+            raise RuntimeError(
+                f"summation benchmark: {CASES[name][0]} computed a wrong result: element {bad} "
+                f"is {out[name][bad]}, expected {want[bad]} after {calls_made} calls"
+            )
 
     cases = {}
     for name, (_, touched) in CASES.items():
         med = statistics.median(times[name])
-        cases[name] = {"median_s": med, "min_s": min(times[name]), "gbps": touched * n / med / 1e9,
-                       "elements_per_s": n / med}
+        cases[name] = {
+            "median_s": med,
+            "min_s": min(times[name]),
+            "gbps": touched * n / med / 1e9,
+            "elements_per_s": n / med,
+        }
     # Each goal from the rounds' own ratios (median over rounds): a burst of load from other
     # processes slows the cases of its round together, and cancels in the ratio.
     per_round = {
@@ -116,22 +122,29 @@ def bench_summation(nbytes: int, reps: int = 10) -> dict:
         "f16_vs_f32": lambda r: times["f32_add"][r] / times["f16_add"][r],
     }
     ratios = {name: statistics.median(ratio(r) for r in range(reps)) for name, ratio in per_round.items()}
-    goals = {name: {"what": what, "ratio": ratios[name], "target": target, "passed": bool(ratios[name] >= target)}
-             for name, (what, target) in GOALS.items()}
+    goals = {
+        name: {"what": what, "ratio": ratios[name], "target": target, "passed": bool(ratios[name] >= target)}
+        for name, (what, target) in GOALS.items()
+    }
     return {"bytes": nbytes, "elements": n, "reps": reps, "cases": cases, "goals": goals}
 
 
 def format_summation(result: dict) -> list[str]:
     """The result of bench_summation as table lines."""
-    lines = [f"summation kernels on one thread: {result['bytes'] / 2**20:g} MiB float32 accumulator "
-             f"({result['elements']} elements), median of {result['reps']} interleaved rounds; GB/s counts every "
-             "array read or written once (f32 add 12 B/element, copy 8, 16-bit add 10); ratios: median of the "
-             "rounds' own, higher is better",
-             "  {:<34} {:>9} {:>8} {:>9}".format("case", "ms", "GB/s", "Gelem/s")]
+    lines = [
+        f"summation kernels on one thread: {result['bytes'] / 2**20:g} MiB float32 accumulator "
+        f"({result['elements']} elements), median of {result['reps']} interleaved rounds; GB/s counts every "
+        "array read or written once (f32 add 12 B/element, copy 8, 16-bit add 10); ratios: median of the "
+        "rounds' own, higher is better",
+        "  {:<34} {:>9} {:>8} {:>9}".format("case", "ms", "GB/s", "Gelem/s"),
+    ]
     for name, (label, _) in CASES.items():
         c = result["cases"][name]
-        lines.append("  {:<34} {:>9.3f} {:>8.2f} {:>9.3f}".format(
-            label, c["median_s"] * 1e3, c["gbps"], c["elements_per_s"] / 1e9))
+        lines.append(
+            "  {:<34} {:>9.3f} {:>8.2f} {:>9.3f}".format(
+                label, c["median_s"] * 1e3, c["gbps"], c["elements_per_s"] / 1e9
+            )
+        )
     lines.append("  {:<36} {:>9} {:>16}".format("ratio", "measured", "design aims at"))
     for goal in result["goals"].values():
         lines.append("  {:<36} {:>9.2f} {:>16}".format(goal["what"], goal["ratio"], f">= {goal['target']:.1f}"))

@@ -29,9 +29,11 @@ def complete(requested: Config) -> tuple[Config, list]:
     if requested.servers:
         return requested.complete(), []
     if requested.role not in (None, "worker"):
-        raise JbpsError(f"jbps.init() runs in workers, but this process has role {requested.role!r} "
-                        "(JBPS_ROLE/DMLC_ROLE): servers run `python -m jbps.server`, the scheduler "
-                        "`python -m jbps.scheduler`")
+        raise JbpsError(
+            f"jbps.init() runs in workers, but this process has role {requested.role!r} "
+            "(JBPS_ROLE/DMLC_ROLE): servers run `python -m jbps.server`, the scheduler "
+            "`python -m jbps.scheduler`"
+        )
     if requested.scheduler:
         from .scheduler import join_as_worker
 

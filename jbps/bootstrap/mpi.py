@@ -57,9 +57,11 @@ def import_mpi():
     try:
         from mpi4py import MPI
     except ImportError as exc:
-        raise JbpsError("this process runs under mpirun, and jbps's mpirun bootstrap needs mpi4py: "
-                        f"pip install 'jbps[mpi]' (mpi4py and the MPICH wheel) ({exc}). Or give the servers "
-                        "yourself (JBPS_SERVERS) or use a scheduler (DMLC_PS_ROOT_URI)") from None
+        raise JbpsError(
+            "this process runs under mpirun, and jbps's mpirun bootstrap needs mpi4py: "
+            f"pip install 'jbps[mpi]' (mpi4py and the MPICH wheel) ({exc}). Or give the servers "
+            "yourself (JBPS_SERVERS) or use a scheduler (DMLC_PS_ROOT_URI)"
+        ) from None
     return MPI
 
 
@@ -86,10 +88,12 @@ _OTHERS_GRACE_S = 5.0
 _GUARD_GRACE_S = 10.0
 
 # The variables of a rank's number, the job's size and the ranks on this host, by launcher.
-_RANK_VARIABLES = (("PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS"),
-                   ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"),
-                   ("MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_LOCAL_SIZE"),
-                   ("PMIX_RANK", "PMIX_SIZE", "PMIX_LOCAL_SIZE"))
+_RANK_VARIABLES = (
+    ("PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS"),
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    ("MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_LOCAL_SIZE"),
+    ("PMIX_RANK", "PMIX_SIZE", "PMIX_LOCAL_SIZE"),
+)
 
 
 class _Guard:
@@ -100,16 +104,28 @@ class _Guard:
     def __init__(self):
         self.proc = None
         env = os.environ
-        names = next((n for n in _RANK_VARIABLES if env.get(n[0], "").isdigit() and env.get(n[1], "").isdigit()),
-                     None)
+        names = next((n for n in _RANK_VARIABLES if env.get(n[0], "").isdigit() and env.get(n[1], "").isdigit()), None)
         if names is None:
             return
         script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mpi_guard.py")
-        argv = [sys.executable, "-I", "-S", script, "--pid", str(os.getpid()), "--rank", env[names[0]],
-                "--size", env[names[1]], "--local-size", env.get(names[2], ""), "--rank-variable", names[0]]
+        argv = [
+            sys.executable,
+            "-I",
+            "-S",
+            script,
+            "--pid",
+            str(os.getpid()),
+            "--rank",
+            env[names[0]],
+            "--size",
+            env[names[1]],
+            "--local-size",
+            env.get(names[2], ""),
+            "--rank-variable",
+            names[0],
+        ]
         # Its own session: mpiexec's clean-up of the rank must leave it to clean up after the job.
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True)
 
     def tell(self, line: str) -> None:
         if self.proc is not None:
@@ -145,9 +161,12 @@ def _join(world, deadline: float, timeout_s: float) -> None:
             for r in [r for r, req in waiting.items() if req.test()[0]]:
                 del waiting[r]
             if waiting and time.monotonic() > deadline:
-                _abort(world, f"jbps mpirun bootstrap: rank 0 waited {timeout_s:g} s (JBPS_TIMEOUT_S) for the other "
-                              f"ranks to join; {_names(waiting)} never did: does every rank call jbps.init() (or run "
-                              "python -m jbps.server)? Aborting the MPI job.")
+                _abort(
+                    world,
+                    f"jbps mpirun bootstrap: rank 0 waited {timeout_s:g} s (JBPS_TIMEOUT_S) for the other "
+                    f"ranks to join; {_names(waiting)} never did: does every rank call jbps.init() (or run "
+                    "python -m jbps.server)? Aborting the MPI job.",
+                )
             time.sleep(_POLL_S)
         for req in [world.isend(True, dest=r, tag=_JOIN_TAG) for r in range(1, world.size)]:
             req.wait()
@@ -156,9 +175,12 @@ def _join(world, deadline: float, timeout_s: float) -> None:
     answer = world.irecv(source=0, tag=_JOIN_TAG)
     while not answer.test()[0]:
         if time.monotonic() > deadline + _OTHERS_GRACE_S:
-            _abort(world, f"jbps mpirun bootstrap: rank {world.rank} waited {timeout_s:g} s (JBPS_TIMEOUT_S) for "
-                          "rank 0 to confirm the job; rank 0 never joined: does it call jbps.init() (or run python "
-                          "-m jbps.server)? Aborting the MPI job.")
+            _abort(
+                world,
+                f"jbps mpirun bootstrap: rank {world.rank} waited {timeout_s:g} s (JBPS_TIMEOUT_S) for "
+                "rank 0 to confirm the job; rank 0 never joined: does it call jbps.init() (or run python "
+                "-m jbps.server)? Aborting the MPI job.",
+            )
         time.sleep(_POLL_S)
     sent.wait()
 
@@ -174,8 +196,10 @@ def exchange(role: str, token: int, colocated_per_host: int, start_server: Calla
     "role": a server rank's role}."""
     global _guard
     if _had_server_ranks:
-        raise JbpsError("under mpirun with `python -m jbps.server` ranks, jbps.init() works once per job: the "
-                        "server ranks ended with the first shutdown()")
+        raise JbpsError(
+            "under mpirun with `python -m jbps.server` ranks, jbps.init() works once per job: the "
+            "server ranks ended with the first shutdown()"
+        )
     deadline = time.monotonic() + timeout_s
     if _guard is None:
         _guard = _Guard()
@@ -227,10 +251,17 @@ def _exchange(world, MPI, role, token, colocated_per_host, start_server) -> dict
         raise JbpsError("jbps mpirun bootstrap: a summation server failed to start: " + "; ".join(errors))
     servers = [a for addrs, _ in everyone for a in addrs]
     if not servers:
-        raise JbpsError("jbps mpirun bootstrap: no summation servers: JBPS_COLOCATED_SERVERS=0 and no "
-                        "`python -m jbps.server` ranks")
-    job = {"servers": servers, "token": token, "num_workers": len(workers), "hosted": hosted,
-           "host": bind.rpartition(":")[0], "role": server_role}
+        raise JbpsError(
+            "jbps mpirun bootstrap: no summation servers: JBPS_COLOCATED_SERVERS=0 and no `python -m jbps.server` ranks"
+        )
+    job = {
+        "servers": servers,
+        "token": token,
+        "num_workers": len(workers),
+        "hosted": hosted,
+        "host": bind.rpartition(":")[0],
+        "role": server_role,
+    }
     if role == "worker":
         job.update(rank=workers.index(world.rank), local_rank=mine.index(world.rank), local_size=len(mine))
     return job
@@ -240,20 +271,29 @@ def start_colocated(bind: str, num_workers: int, token: int, role: str, timeout_
     from .. import _core
     from ..config import deterministic_sums
 
-    return _core.Server(bind, num_workers, token, 0, timeout_s, False, role, deterministic_sums(),
-                        env_value("shm"))
+    return _core.Server(bind, num_workers, token, 0, timeout_s, False, role, deterministic_sums(), env_value("shm"))
 
 
 def join_as_worker(requested: Config) -> tuple[Config, list]:
     from . import with_membership
 
-    job = exchange("worker", requested.job_token, requested.colocated_servers,
-                   lambda bind, n, token, role: start_colocated(bind, n, token, role, requested.timeout_s),
-                   requested.timeout_s)
+    job = exchange(
+        "worker",
+        requested.job_token,
+        requested.colocated_servers,
+        lambda bind, n, token, role: start_colocated(bind, n, token, role, requested.timeout_s),
+        requested.timeout_s,
+    )
     try:
-        config = with_membership(requested, servers=tuple(job["servers"]), num_workers=job["num_workers"],
-                                 worker_rank=job["rank"], local_rank=job["local_rank"],
-                                 local_size=job["local_size"], job_token=job["token"])
+        config = with_membership(
+            requested,
+            servers=tuple(job["servers"]),
+            num_workers=job["num_workers"],
+            worker_rank=job["rank"],
+            local_rank=job["local_rank"],
+            local_size=job["local_size"],
+            job_token=job["token"],
+        )
     except JbpsError:
         for s in job["hosted"]:
             s.stop()

@@ -123,15 +123,21 @@ def explain(args, phase: str, waited_s: float, running: dict[int, int]) -> str:
         local = int(args.local_size) if args.local_size.isdigit() else None
         gone = sorted(set(range(args.size)) - set(running))
         if local == args.size and gone:  # every rank was started here: the absent ones ended
-            return (f"{prefix} waited {waited} for MPI to start in every rank; {_names(gone)} "
-                    f"{'is' if len(gone) == 1 else 'are'} no longer running: "
-                    f"{'it' if len(gone) == 1 else 'they'} ended before joining the job (see "
-                    f"{'its' if len(gone) == 1 else 'their'} own output). Ending the MPI job.")
-        return (f"{prefix} waited {waited} for MPI to start in every rank; running on this host: "
-                f"{_names(running)}. A rank ended before joining (see its output), or does not start MPI "
-                "(jbps.init() in every rank, or python -m jbps.server). Ending the MPI job.")
-    return (f"{prefix}: the ranks did not finish exchanging roles and addresses within {waited_s:g} s "
-            "(JBPS_TIMEOUT_S and a grace period). Ending the MPI job.")
+            return (
+                f"{prefix} waited {waited} for MPI to start in every rank; {_names(gone)} "
+                f"{'is' if len(gone) == 1 else 'are'} no longer running: "
+                f"{'it' if len(gone) == 1 else 'they'} ended before joining the job (see "
+                f"{'its' if len(gone) == 1 else 'their'} own output). Ending the MPI job."
+            )
+        return (
+            f"{prefix} waited {waited} for MPI to start in every rank; running on this host: "
+            f"{_names(running)}. A rank ended before joining (see its output), or does not start MPI "
+            "(jbps.init() in every rank, or python -m jbps.server). Ending the MPI job."
+        )
+    return (
+        f"{prefix}: the ranks did not finish exchanging roles and addresses within {waited_s:g} s "
+        "(JBPS_TIMEOUT_S and a grace period). Ending the MPI job."
+    )
 
 
 def end_job(args, phase: str, waited_s: float) -> None:

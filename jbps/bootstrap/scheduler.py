@@ -14,9 +14,15 @@ def join_as_worker(requested: Config) -> Config:
         job = reg.receive()
     finally:
         reg.close()
-    return with_membership(requested, servers=tuple(job["servers"]), num_workers=job["num_workers"],
-                           worker_rank=job["rank"], local_rank=job["local_rank"], local_size=job["local_size"],
-                           job_token=job["token"])
+    return with_membership(
+        requested,
+        servers=tuple(job["servers"]),
+        num_workers=job["num_workers"],
+        worker_rank=job["rank"],
+        local_rank=job["local_rank"],
+        local_size=job["local_size"],
+        job_token=job["token"],
+    )
 
 
 def join_as_server(scheduler: str, timeout_s: float, start_server, port: int = 0):

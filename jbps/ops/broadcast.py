@@ -24,8 +24,10 @@ from .psum import psum
 def _check_dtype(dtype: Any, path: str) -> None:
     dtype = np.dtype(dtype)
     if not (dtype == np.bool_ or dtype.kind in "iu" or jnp.issubdtype(dtype, jnp.floating)):
-        raise TypeError(f"jbps.broadcast: leaf {path or '<root>'} has dtype {dtype.name}, which jbps cannot "
-                        "broadcast (supported: bool, integer and floating types)")
+        raise TypeError(
+            f"jbps.broadcast: leaf {path or '<root>'} has dtype {dtype.name}, which jbps cannot "
+            "broadcast (supported: bool, integer and floating types)"
+        )
 
 
 def _to_words(x: jax.Array) -> jax.Array:

@@ -33,8 +33,10 @@ def check(compression: str | None, what: str, *, stateful_ok: bool = False) -> N
     if compression is None or compression in WIRE_TYPES or (stateful_ok and compression in STATEFUL):
         return
     if compression in STATEFUL:
-        raise ValueError(f"{what}: compression={compression!r} keeps an error-feedback residual, which needs "
-                         f"optimizer state: use jbps.optax.distributed(tx, compression={compression!r})")
+        raise ValueError(
+            f"{what}: compression={compression!r} keeps an error-feedback residual, which needs "
+            f"optimizer state: use jbps.optax.distributed(tx, compression={compression!r})"
+        )
     choices = "None, 'bf16', 'fp16' or 'onebit'" if stateful_ok else "None, 'bf16' or 'fp16'"
     raise ValueError(f"{what}: compression must be {choices}, got {compression!r}")
 

@@ -19,21 +19,29 @@ TREE_PATH = "<tree>"
 MAX_TREE_BYTES = 1 << 20
 
 
-def tree_description(name: str, paths: Sequence[str], shapes: Sequence[tuple[int, ...]],
-                     dtypes: Sequence[np.dtype | str]) -> str:
-    """"psum NAME", then "PATH DTYPE[SHAPE]" per leaf: what every worker must
+def tree_description(
+    name: str, paths: Sequence[str], shapes: Sequence[tuple[int, ...]], dtypes: Sequence[np.dtype | str]
+) -> str:
+    """ "psum NAME", then "PATH DTYPE[SHAPE]" per leaf: what every worker must
     agree on. A dtype given as a string names a compressed leaf ("onebit")."""
-    lines = [f"psum {name}"] + [f"{path} {dtype if isinstance(dtype, str) else np.dtype(dtype).name}"
-                                f"[{','.join(map(str, shape))}]"
-                                for path, shape, dtype in zip(paths, shapes, dtypes)]
+    lines = [f"psum {name}"] + [
+        f"{path} {dtype if isinstance(dtype, str) else np.dtype(dtype).name}[{','.join(map(str, shape))}]"
+        for path, shape, dtype in zip(paths, shapes, dtypes)
+    ]
     text = "\n".join(lines)
     if len(text.encode()) > MAX_TREE_BYTES:
         text = f"psum {name}\n<{len(paths)} leaves> sha256:{hashlib.sha256(text.encode()).hexdigest()}"
     return text
 
 
-def push_pull(shard_index: jax.Array, shards: Sequence[jax.Array], plan: CallPlan,
-              leaves: Sequence[int], tree: str, in_place: Sequence[bool] | None = None) -> list[jax.Array]:
+def push_pull(
+    shard_index: jax.Array,
+    shards: Sequence[jax.Array],
+    plan: CallPlan,
+    leaves: Sequence[int],
+    tree: str,
+    in_place: Sequence[bool] | None = None,
+) -> list[jax.Array]:
     """Sums each shard of plan.leaves[i] for i in `leaves` across workers.
 
     in_place[j] (default all): shard j's sum lands in its own buffer when XLA
@@ -80,6 +88,10 @@ def join(values: Sequence[jax.Array]) -> list[jax.Array]:
     other computation gets the buffer of a bucket's sum while its custom call
     may still be writing it, and none waits for it (XLA:CPU's executor orders
     thunks by the buffers they touch)."""
-    call = jax.ffi.ffi_call(JOIN_TARGET, [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in values],
-                            vmap_method="broadcast_all", input_output_aliases={i: i for i in range(len(values))})
+    call = jax.ffi.ffi_call(
+        JOIN_TARGET,
+        [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in values],
+        vmap_method="broadcast_all",
+        input_output_aliases={i: i for i in range(len(values))},
+    )
     return list(call(*values))

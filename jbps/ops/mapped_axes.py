@@ -62,13 +62,16 @@ def split(axis_name: tuple[AxisName, ...] | None, mapped: Axes, what: str) -> tu
                 fix = "give pmap an axis_name and pass it here"
             else:
                 fix = f"e.g. axis_name={tuple(n for n, _ in mapped)!r} for all of them"
-            raise ValueError(f"{what}: called without axis_name inside a map over devices (mapped axes: {names}); "
-                             f"name the axes to sum over as lax.psum needs them ({fix}); axis_name=() sums "
-                             "each device's value over the workers only")
+            raise ValueError(
+                f"{what}: called without axis_name inside a map over devices (mapped axes: {names}); "
+                f"name the axes to sum over as lax.psum needs them ({fix}); axis_name=() sums "
+                "each device's value over the workers only"
+            )
         return (), ()
     sizes = dict(mapped)
     unknown = [a for a in axis_name if a not in sizes]
     if unknown:
-        raise ValueError(f"{what}: axes {unknown} are not device axes here (mapped device axes: "
-                         f"{[n for n, _ in mapped]})")
+        raise ValueError(
+            f"{what}: axes {unknown} are not device axes here (mapped device axes: {[n for n, _ in mapped]})"
+        )
     return tuple((a, sizes[a]) for a in axis_name), tuple((n, s) for n, s in mapped if n not in axis_name)

@@ -54,8 +54,9 @@ def encode(values: jax.Array, counts: jax.Array) -> tuple[jax.Array, jax.Array]:
     scale = jnp.sum(jnp.abs(blocks), axis=1) / jnp.maximum(counts, 1).astype(jnp.float32)
     held = jnp.arange(BLOCK, dtype=jnp.uint32)[None, :] < counts[:, None]
     negative = (blocks < 0) & held
-    header = jnp.concatenate([lax.bitcast_convert_type(scale, jnp.uint8),
-                              lax.bitcast_convert_type(counts, jnp.uint8)], axis=1)
+    header = jnp.concatenate(
+        [lax.bitcast_convert_type(scale, jnp.uint8), lax.bitcast_convert_type(counts, jnp.uint8)], axis=1
+    )
     records = jnp.concatenate([header, jnp.packbits(negative, axis=1, bitorder="little")], axis=1)
     sent = jnp.where(held, jnp.where(negative, -scale[:, None], scale[:, None]), 0.0)
     return records, sent.reshape(-1)

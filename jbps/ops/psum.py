@@ -44,8 +44,16 @@ def _axis_size(axes: tuple[AxisName, ...]) -> int:
         raise ValueError(f"jbps.psum: the size of axis {axes} is not static") from None
 
 
-def psum(tree: Any, axis_name: Any = None, *, average: bool = False, name: str | None = None,
-         priority: Priority = None, bucket_bytes: int | None = None, compression: str | None = None) -> Any:
+def psum(
+    tree: Any,
+    axis_name: Any = None,
+    *,
+    average: bool = False,
+    name: str | None = None,
+    priority: Priority = None,
+    bucket_bytes: int | None = None,
+    compression: str | None = None,
+) -> Any:
     """Sums every leaf of `tree` over the named mapped axes and every worker.
 
     axis_name: the mapped axis (or tuple of axes) to sum over besides the
@@ -72,22 +80,45 @@ def psum(tree: Any, axis_name: Any = None, *, average: bool = False, name: str |
     cast back (compression.py); the same on every worker.
     """
     wire.check(compression, "jbps.psum")
-    out, _ = _psum(tree, None, axis_name, average=average, name=name, priority=priority, bucket_bytes=bucket_bytes,
-                   compression=compression)
+    out, _ = _psum(
+        tree,
+        None,
+        axis_name,
+        average=average,
+        name=name,
+        priority=priority,
+        bucket_bytes=bucket_bytes,
+        compression=compression,
+    )
     return out
 
 
-def psum_with_feedback(tree: Any, residuals: Any, axis_name: Any = None, *, average: bool = False,
-                       name: str | None = None, priority: Priority = None,
-                       bucket_bytes: int | None = None) -> tuple[Any, Any]:
+def psum_with_feedback(
+    tree: Any,
+    residuals: Any,
+    axis_name: Any = None,
+    *,
+    average: bool = False,
+    name: str | None = None,
+    priority: Priority = None,
+    bucket_bytes: int | None = None,
+) -> tuple[Any, Any]:
     """psum with onebit compression and error feedback (onebit.py):
     returns (the sums, the new residuals). `residuals` has the tree's
     structure, a float32 array of the shape of each leaf that travels as
     onebit (onebit.compressed; zeros at first), anything for the other
     leaves, which travel as they are; the optax wrappers keep it in their
     state."""
-    return _psum(tree, residuals, axis_name, average=average, name=name, priority=priority,
-                 bucket_bytes=bucket_bytes, compression="onebit")
+    return _psum(
+        tree,
+        residuals,
+        axis_name,
+        average=average,
+        name=name,
+        priority=priority,
+        bucket_bytes=bucket_bytes,
+        compression="onebit",
+    )
 
 
 def _psum(tree, residuals, axis_name, *, average, name, priority, bucket_bytes, compression):
@@ -106,14 +137,20 @@ def _psum(tree, residuals, axis_name, *, average, name, priority, bucket_bytes, 
         bucket_bytes = config.bucket_bytes
     elif isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 0:
         raise ValueError(f"jbps.psum: bucket_bytes must be a non-negative int, got {bucket_bytes!r}")
-    spec = PsumSpec(name=name, axes=axes, paths=paths, priorities=None if priorities is None else tuple(priorities),
-                    bucket_bytes=bucket_bytes, onebit=compression == "onebit")
+    spec = PsumSpec(
+        name=name,
+        axes=axes,
+        paths=paths,
+        priorities=None if priorities is None else tuple(priorities),
+        bucket_bytes=bucket_bytes,
+        onebit=compression == "onebit",
+    )
     new_residuals = residuals
     if spec.onebit:
         held = _residual_leaves(residuals, treedef, paths, leaves)
         results = bind(list(leaves) + held, spec)
         out = results[: len(leaves)]
-        new_residuals = jax.tree_util.tree_unflatten(treedef, results[len(leaves):])
+        new_residuals = jax.tree_util.tree_unflatten(treedef, results[len(leaves) :])
     else:
         out = wire.decompress(bind(wire.compress(leaves, compression), spec), leaves)
     if average:
@@ -135,14 +172,24 @@ def _residual_leaves(residuals, treedef, paths, leaves) -> list[jax.Array]:
             continue
         r = jnp.asarray(r)
         if r.shape != leaf.shape or r.dtype != jnp.float32:
-            raise ValueError(f"jbps.psum: the onebit residual of leaf {path or '<root>'} is "
-                             f"{r.dtype.name}{list(r.shape)}, expected float32{list(leaf.shape)}")
+            raise ValueError(
+                f"jbps.psum: the onebit residual of leaf {path or '<root>'} is "
+                f"{r.dtype.name}{list(r.shape)}, expected float32{list(leaf.shape)}"
+            )
         out.append(r)
     return out
 
 
-def pmean(tree: Any, axis_name: Any = None, *, name: str | None = None, priority: Priority = None,
-          bucket_bytes: int | None = None, compression: str | None = None) -> Any:
+def pmean(
+    tree: Any,
+    axis_name: Any = None,
+    *,
+    name: str | None = None,
+    priority: Priority = None,
+    bucket_bytes: int | None = None,
+    compression: str | None = None,
+) -> Any:
     """psum(..., average=True): the mean over the named axes and every worker."""
-    return psum(tree, axis_name, average=True, name=name, priority=priority, bucket_bytes=bucket_bytes,
-                compression=compression)
+    return psum(
+        tree, axis_name, average=True, name=name, priority=priority, bucket_bytes=bucket_bytes, compression=compression
+    )

@@ -41,6 +41,7 @@ WHAT = "jbps.psum"
 @dataclasses.dataclass(frozen=True)
 class PsumSpec:
     """Everything static about one psum call (a hashable primitive parameter)."""
+
     name: str
     axes: tuple[AxisName, ...] | None  # None: not given (refused under mapped device axes)
     paths: tuple[str, ...]
@@ -52,10 +53,14 @@ class PsumSpec:
 
     def select(self, keep: Sequence[int], suffix: str, axes: tuple[AxisName, ...] | None = None) -> "PsumSpec":
         """The spec of a derived call (tangent, transpose) over leaves `keep`."""
-        return PsumSpec(name=self.name + suffix, axes=self.axes if axes is None else axes,
-                        paths=tuple(self.paths[i] for i in keep),
-                        priorities=None if self.priorities is None else tuple(self.priorities[i] for i in keep),
-                        bucket_bytes=self.bucket_bytes, onebit=self.onebit)
+        return PsumSpec(
+            name=self.name + suffix,
+            axes=self.axes if axes is None else axes,
+            paths=tuple(self.paths[i] for i in keep),
+            priorities=None if self.priorities is None else tuple(self.priorities[i] for i in keep),
+            bucket_bytes=self.bucket_bytes,
+            onebit=self.onebit,
+        )
 
 
 psum_p = core.Primitive("jbps_psum")
@@ -85,8 +90,10 @@ psum_p.def_abstract_eval(_abstract_eval)
 
 def _not_with_onebit(spec, what):
     if spec.onebit:
-        raise NotImplementedError(f"jbps: {what} of a psum with onebit compression (its error feedback is "
-                                  f"per call, not elementwise): use it on gradients, as the optax wrappers do")
+        raise NotImplementedError(
+            f"jbps: {what} of a psum with onebit compression (its error feedback is "
+            f"per call, not elementwise): use it on gradients, as the optax wrappers do"
+        )
 
 
 def _batch(axis_data, vals, dims, *, spec, typed):
@@ -145,8 +152,9 @@ def _transpose(cts, *args, spec, typed):
 
 ad.primitive_transposes[psum_p] = _transpose
 
-replication.register_check_rep_rules(psum_p, axes_of=lambda params: params["spec"].axes or (),
-                                     rewritten=lambda params: dict(params, typed=True))
+replication.register_check_rep_rules(
+    psum_p, axes_of=lambda params: params["spec"].axes or (), rewritten=lambda params: dict(params, typed=True)
+)
 
 
 def _axis_index(axes: mapped_axes.Axes) -> jax.Array:
@@ -155,8 +163,9 @@ def _axis_index(axes: mapped_axes.Axes) -> jax.Array:
     return lax.axis_index(tuple(n for n, _ in axes)).astype(jnp.int32)
 
 
-def _reduce_on_devices(*args: jax.Array, spec: PsumSpec, reduced: mapped_axes.Axes,
-                       grouped: mapped_axes.Axes, kept: Sequence[bool]) -> list[jax.Array]:
+def _reduce_on_devices(
+    *args: jax.Array, spec: PsumSpec, reduced: mapped_axes.Axes, grouped: mapped_axes.Axes, kept: Sequence[bool]
+) -> list[jax.Array]:
     """What one device runs: its part of the sum over `reduced` and every
     worker, apart from the devices at other positions along `grouped`.
     kept[i]: leaf i is a parameter its caller keeps (kept_operands.py).
@@ -166,7 +175,7 @@ def _reduce_on_devices(*args: jax.Array, spec: PsumSpec, reduced: mapped_axes.Ax
     num_groups = math.prod(s for _, s in grouped)
     names = tuple(n for n, _ in reduced)
     leaves = args[: len(args) // 2] if spec.onebit else args
-    residuals = list(args[len(leaves):])
+    residuals = list(args[len(leaves) :])
     out = list(leaves)
     live = [i for i, x in enumerate(leaves) if x.size > 0]  # empty arrays sum to themselves
     if not live:
@@ -175,8 +184,9 @@ def _reduce_on_devices(*args: jax.Array, spec: PsumSpec, reduced: mapped_axes.Ax
     # the same for the devices of every worker that sum together.
     slot = _axis_index(grouped) * num_shards + _axis_index(reduced)
     ranks = spec.priorities or tuple(-i for i in range(len(leaves)))
-    groups = buckets.split([leaves[i].size * leaves[i].dtype.itemsize for i in live], [ranks[i] for i in live],
-                           spec.bucket_bytes)
+    groups = buckets.split(
+        [leaves[i].size * leaves[i].dtype.itemsize for i in live], [ranks[i] for i in live], spec.bucket_bytes
+    )
     wire = _Wire(spec, leaves, tuple(residuals), names, num_shards, _axis_index(reduced))
     results: list[tuple[int, jax.Array]] = []  # (leaf, its summed shard)
     for b, members in enumerate(groups):
@@ -263,22 +273,36 @@ def _push_pull_call(wire, idx, call, paths, priorities, slot, num_groups, kept):
     sub_paths = tuple(paths[i] for i in idx)
     # What this worker sends: each group's devices share out one copy of every leaf.
     call_bytes = sum(math.prod(shape) * np.dtype(dtype).itemsize for shape, dtype in planned) * num_groups
-    plan = make_plan(call, sub_paths, shapes, dtypes, wire.num_shards, num_groups=num_groups,
-                     partition_bytes=runtime.partition_bytes(call_bytes), server_fractions=runtime.server_fractions(),
-                     priorities=tuple(priorities[i] for i in idx))
+    plan = make_plan(
+        call,
+        sub_paths,
+        shapes,
+        dtypes,
+        wire.num_shards,
+        num_groups=num_groups,
+        partition_bytes=runtime.partition_bytes(call_bytes),
+        server_fractions=runtime.server_fractions(),
+        priorities=tuple(priorities[i] for i in idx),
+    )
     shards, in_place, left = [], [], {}
     for i in idx:
         shard, residual = wire.shard(i)
         if residual is not None:
             left[i] = residual
         # A kept parameter that reaches the custom call as it is gets a fresh output.
-        in_place.append(not (kept[i] and wire.num_shards == 1 and not wire.onebit[i]
-                             and wire.padded(i) == wire.leaves[i].size))
+        in_place.append(
+            not (kept[i] and wire.num_shards == 1 and not wire.onebit[i] and wire.padded(i) == wire.leaves[i].size)
+        )
         shards.append(shard)
     described = [wire.described(i) for i in idx]
-    summed = push_pull(slot, shards, plan, list(range(len(idx))),
-                       tree_description(call, sub_paths, [d[0] for d in described], [d[1] for d in described]),
-                       in_place)
+    summed = push_pull(
+        slot,
+        shards,
+        plan,
+        list(range(len(idx))),
+        tree_description(call, sub_paths, [d[0] for d in described], [d[1] for d in described]),
+        in_place,
+    )
     return summed, left
 
 
@@ -286,8 +310,9 @@ def _lower(ctx, *args, spec, typed):
     del typed  # the same computation; only its typing and transpose differ
     mapped = mapped_axes.device_axes(ctx)
     reduced, grouped = mapped_axes.split(spec.axes, mapped, WHAT)
-    body = partial(_reduce_on_devices, spec=spec, reduced=reduced, grouped=grouped,
-                   kept=kept_operands.kept_parameters(args))
+    body = partial(
+        _reduce_on_devices, spec=spec, reduced=reduced, grouped=grouped, kept=kept_operands.kept_parameters(args)
+    )
     return mlir.lower_fun(body, multiple_results=True)(ctx, *args)
 
 

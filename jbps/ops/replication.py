@@ -32,6 +32,7 @@ AxisName = Hashable
 # rules in module dicts; later versions type avals instead and have none.
 try:
     from jax.experimental import shard_map as _shard_map_05
+
     _CHECK_RULES = getattr(_shard_map_05, "_check_rules", None)
     _REWRITE_RULES = getattr(_shard_map_05, "_rewrite_rules", None)
     _PBROADCAST = getattr(_shard_map_05, "pbroadcast", None)
@@ -88,8 +89,9 @@ def pvary(x: Any, axes: Sequence[AxisName]) -> Any:
     return x
 
 
-def register_check_rep_rules(prim: core.Primitive, axes_of: Callable[[dict], tuple],
-                             rewritten: Callable[[dict], dict]) -> None:
+def register_check_rep_rules(
+    prim: core.Primitive, axes_of: Callable[[dict], tuple], rewritten: Callable[[dict], dict]
+) -> None:
     """jax 0.5's shard_map rules for a psum-like primitive: the output is
     replicated over the reduced axes (`axes_of(params)`); the rewrite makes the
     inputs varying over them and binds `rewritten(params)` (the variant whose
@@ -103,8 +105,7 @@ def register_check_rep_rules(prim: core.Primitive, axes_of: Callable[[dict], tup
 
     def rewrite(mesh, in_rep, *args, **params):
         axes = set(axes_of(params))
-        args = [_PBROADCAST(x, tuple(n for n in mesh.axis_names if n in axes & rep))
-                for x, rep in zip(args, in_rep)]
+        args = [_PBROADCAST(x, tuple(n for n in mesh.axis_names if n in axes & rep)) for x, rep in zip(args, in_rep)]
         return prim.bind(*args, **rewritten(params)), [rep | axes for rep in in_rep]
 
     _CHECK_RULES[prim] = check

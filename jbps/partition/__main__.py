@@ -58,6 +58,7 @@ def _positive(kind):
         if not value > 0:
             raise argparse.ArgumentTypeError(f"{text!r} must be positive")
         return value
+
     return parse
 
 
@@ -72,8 +73,14 @@ def load_model(model: str) -> tuple[list[str], list[tuple[int, ...]], list[str]]
     return list(names), list(shapes), list(dtypes)
 
 
-def plan_rows(model: str, workers: int, cpu_servers: list[int], bandwidth_gbit: float, partition_bytes: int | None,
-              local_devices: int) -> dict:
+def plan_rows(
+    model: str,
+    workers: int,
+    cpu_servers: list[int],
+    bandwidth_gbit: float,
+    partition_bytes: int | None,
+    local_devices: int,
+) -> dict:
     """partition_bytes None: for each k, the chunk size jbps picks for this
     model's psum across hosts (jbps/partition/defaults.py)."""
     names, shapes, dtypes = load_model(model)
@@ -84,28 +91,43 @@ def plan_rows(model: str, workers: int, cpu_servers: list[int], bandwidth_gbit: 
         roles = [COLOCATED] * workers + [DEDICATED] * k
         fractions = server_fractions(roles, workers)
         chunk = partition_bytes or defaults.partition_bytes(tree_bytes, fractions, across_hosts=True)
-        plan = make_plan(model, names, shapes, [np.dtype(d) for d in dtypes], local_devices,
-                         partition_bytes=chunk, server_fractions=fractions)
+        plan = make_plan(
+            model,
+            names,
+            shapes,
+            [np.dtype(d) for d in dtypes],
+            local_devices,
+            partition_bytes=chunk,
+            server_fractions=fractions,
+        )
         per_server = plan.server_bytes(len(roles))
         model_bytes = sum(per_server)
         split = optimal_split(workers, k)
-        rows.append({
-            "k": k,
-            "partition_bytes": chunk,
-            "chunks": len(plan.chunk_servers),
-            "model_bytes": model_bytes,
-            "x": split.cpu_fraction,
-            "y": split.colocated_fraction,
-            "colocated_bytes": per_server[:workers],
-            "dedicated_bytes": per_server[workers:],
-            "target_bytes": [f * model_bytes for f in fractions],
-            "jbps_s": busiest_nic_bytes(workers, standard_placement(workers, k), per_server) / bandwidth,
-            "formula_s": split.time_s(model_bytes, bandwidth),
-            "allreduce_s": allreduce_time_s(workers, model_bytes, bandwidth),
-            "ps_s": ps_time_s(workers, k, model_bytes, bandwidth) if k else None,
-        })
-    return {"model": model, "workers": workers, "bandwidth_gbit": bandwidth_gbit,
-            "partition_bytes": partition_bytes, "local_devices": local_devices, "rows": rows}
+        rows.append(
+            {
+                "k": k,
+                "partition_bytes": chunk,
+                "chunks": len(plan.chunk_servers),
+                "model_bytes": model_bytes,
+                "x": split.cpu_fraction,
+                "y": split.colocated_fraction,
+                "colocated_bytes": per_server[:workers],
+                "dedicated_bytes": per_server[workers:],
+                "target_bytes": [f * model_bytes for f in fractions],
+                "jbps_s": busiest_nic_bytes(workers, standard_placement(workers, k), per_server) / bandwidth,
+                "formula_s": split.time_s(model_bytes, bandwidth),
+                "allreduce_s": allreduce_time_s(workers, model_bytes, bandwidth),
+                "ps_s": ps_time_s(workers, k, model_bytes, bandwidth) if k else None,
+            }
+        )
+    return {
+        "model": model,
+        "workers": workers,
+        "bandwidth_gbit": bandwidth_gbit,
+        "partition_bytes": partition_bytes,
+        "local_devices": local_devices,
+        "rows": rows,
+    }
 
 
 def _span(values: list[int]) -> str:
@@ -124,22 +146,48 @@ def _partition(report: dict) -> str:
 
 def format_table(report: dict) -> str:
     rows = report["rows"]
-    header = (f"{report['model']}: {rows[0]['model_bytes'] / MiB:.1f} MiB of gradient per worker, "
-              f"n = {report['workers']} workers, {report['bandwidth_gbit']:g} Gbit/s per NIC, "
-              f"partition {_partition(report)}, {report['local_devices']} local device(s)")
-    cols = ["k", "chunks", "x", "y", "colocated MiB each", "dedicated MiB each", "jbps ms", "formula ms",
-            "all-reduce ms", "PS ms", "all-reduce/jbps"]
+    header = (
+        f"{report['model']}: {rows[0]['model_bytes'] / MiB:.1f} MiB of gradient per worker, "
+        f"n = {report['workers']} workers, {report['bandwidth_gbit']:g} Gbit/s per NIC, "
+        f"partition {_partition(report)}, {report['local_devices']} local device(s)"
+    )
+    cols = [
+        "k",
+        "chunks",
+        "x",
+        "y",
+        "colocated MiB each",
+        "dedicated MiB each",
+        "jbps ms",
+        "formula ms",
+        "all-reduce ms",
+        "PS ms",
+        "all-reduce/jbps",
+    ]
     table = []
     for r in rows:
-        table.append([str(r["k"]), str(r["chunks"]), f"{r['x']:.4f}" if r["k"] else "-", f"{r['y']:.4f}", _span(r["colocated_bytes"]),
-                      _span(r["dedicated_bytes"]), f"{r['jbps_s'] * 1e3:.2f}", f"{r['formula_s'] * 1e3:.2f}",
-                      f"{r['allreduce_s'] * 1e3:.2f}", "-" if r["ps_s"] is None else f"{r['ps_s'] * 1e3:.2f}",
-                      f"{r['allreduce_s'] / r['jbps_s']:.2f}x" if r["jbps_s"] else "-"])
+        table.append(
+            [
+                str(r["k"]),
+                str(r["chunks"]),
+                f"{r['x']:.4f}" if r["k"] else "-",
+                f"{r['y']:.4f}",
+                _span(r["colocated_bytes"]),
+                _span(r["dedicated_bytes"]),
+                f"{r['jbps_s'] * 1e3:.2f}",
+                f"{r['formula_s'] * 1e3:.2f}",
+                f"{r['allreduce_s'] * 1e3:.2f}",
+                "-" if r["ps_s"] is None else f"{r['ps_s'] * 1e3:.2f}",
+                f"{r['allreduce_s'] / r['jbps_s']:.2f}x" if r["jbps_s"] else "-",
+            ]
+        )
     widths = [max(len(c), *(len(row[i]) for row in table)) for i, c in enumerate(cols)]
     lines = [header, "  ".join(c.rjust(w) for c, w in zip(cols, widths))]
     lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in table]
-    lines.append("jbps: busiest NIC under the plan's actual routing; formula: T = 2n(n-1)M / ((n^2+kn-2k)B) "
-                 "(k <= n), max(M, nM/k)/B (k > n); x, y: byte share of each dedicated / colocated server")
+    lines.append(
+        "jbps: busiest NIC under the plan's actual routing; formula: T = 2n(n-1)M / ((n^2+kn-2k)B) "
+        "(k <= n), max(M, nM/k)/B (k > n); x, y: byte share of each dedicated / colocated server"
+    )
     return "\n".join(lines)
 
 
@@ -170,19 +218,38 @@ def plot(report: dict, path: str) -> None:
 
 def main(argv=None, prog: str | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
-    p = argparse.ArgumentParser(prog=prog or "python -m jbps.partition", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("model", help=f"a built-in model ({', '.join(BUILTIN_MODELS)}) or a JSON spec file: "
-                                 '{"name": [shape...]} or [{"name", "shape", "dtype"}]')
+    p = argparse.ArgumentParser(
+        prog=prog or "python -m jbps.partition",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "model",
+        help=f"a built-in model ({', '.join(BUILTIN_MODELS)}) or a JSON spec file: "
+        '{"name": [shape...]} or [{"name", "shape", "dtype"}]',
+    )
     p.add_argument("--workers", "-n", type=_positive(int), default=4, help="worker machines n (default 4)")
-    p.add_argument("--cpu-servers", "-k", type=_counts, default=None,
-                   help="CPU-only machines k: a range 0-4 or a list 0,2,8 (default 0..n)")
+    p.add_argument(
+        "--cpu-servers",
+        "-k",
+        type=_counts,
+        default=None,
+        help="CPU-only machines k: a range 0-4 or a list 0,2,8 (default 0..n)",
+    )
     p.add_argument("--bandwidth", type=_positive(float), default=100.0, help="Gbit/s per NIC (default 100)")
-    p.add_argument("--partition-bytes", type=_positive(parse_bytes), default=None,
-                   help="chunk size: bytes, or e.g. 4M (default: what jbps picks across hosts for this "
-                        "model and k, jbps/partition/defaults.py)")
-    p.add_argument("--local-devices", type=_positive(int), default=1,
-                   help="devices per worker: each tensor is split into this many shards (default 1)")
+    p.add_argument(
+        "--partition-bytes",
+        type=_positive(parse_bytes),
+        default=None,
+        help="chunk size: bytes, or e.g. 4M (default: what jbps picks across hosts for this "
+        "model and k, jbps/partition/defaults.py)",
+    )
+    p.add_argument(
+        "--local-devices",
+        type=_positive(int),
+        default=1,
+        help="devices per worker: each tensor is split into this many shards (default 1)",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--plot", metavar="PNG", help="draw time vs k into this file (needs matplotlib)")
     args = p.parse_args(argv)

@@ -43,12 +43,12 @@ def server_fractions(roles: Sequence[str], num_workers: int) -> list[float]:
         return [1.0 / dedicated] * dedicated
     split = optimal_split(num_workers, dedicated)
     colocated_share = min(1.0, num_workers * split.colocated_fraction)
-    return [colocated_share / colocated if r == COLOCATED else (1.0 - colocated_share) / dedicated
-            for r in roles]
+    return [colocated_share / colocated if r == COLOCATED else (1.0 - colocated_share) / dedicated for r in roles]
 
 
-def assign_chunks(chunk_bytes: Sequence[int], send_order: Sequence[tuple], fractions: Sequence[float],
-                  rotation: int = 0) -> list[int]:
+def assign_chunks(
+    chunk_bytes: Sequence[int], send_order: Sequence[tuple], fractions: Sequence[float], rotation: int = 0
+) -> list[int]:
     """Server index of each chunk.
 
     send_order: a unique, process-independent sort key per chunk: the order

@@ -120,8 +120,7 @@ def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 def _check_entry(name: Any, shape: Any, dtype: Any) -> tuple[str, Shape, str]:
     if not isinstance(name, str) or not name:
         raise ValueError("name must be a non-empty string")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
-                                              for d in shape):
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
         raise ValueError(f"shape must be a list of non-negative integers, got {shape!r}")
     if dtype not in SPEC_DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(SPEC_DTYPES)}, got {dtype!r}")

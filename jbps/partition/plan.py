@@ -81,8 +81,10 @@ def check_dtypes(paths: Sequence[str], dtypes: Sequence[np.dtype], what: str) ->
     for path, dtype in zip(paths, dtypes):
         if np.dtype(dtype) not in SUPPORTED_DTYPES:
             names = ", ".join(d.name for d in SUPPORTED_DTYPES)
-            raise TypeError(f"{what}: leaf {path or '<root>'} has dtype {np.dtype(dtype).name}, "
-                            f"which jbps cannot sum (supported: {names})")
+            raise TypeError(
+                f"{what}: leaf {path or '<root>'} has dtype {np.dtype(dtype).name}, "
+                f"which jbps cannot sum (supported: {names})"
+            )
 
 
 def chunk_size(partition_bytes: int, itemsize: int) -> int:
@@ -90,9 +92,18 @@ def chunk_size(partition_bytes: int, itemsize: int) -> int:
     return max(itemsize, partition_bytes - partition_bytes % itemsize)
 
 
-def make_plan(name: str, paths: Sequence[str], shapes: Sequence[tuple[int, ...]], dtypes: Sequence[np.dtype],
-              num_shards: int, *, partition_bytes: int, server_fractions: Sequence[float],
-              priorities: Sequence[int] | None = None, num_groups: int = 1) -> CallPlan:
+def make_plan(
+    name: str,
+    paths: Sequence[str],
+    shapes: Sequence[tuple[int, ...]],
+    dtypes: Sequence[np.dtype],
+    num_shards: int,
+    *,
+    partition_bytes: int,
+    server_fractions: Sequence[float],
+    priorities: Sequence[int] | None = None,
+    num_groups: int = 1,
+) -> CallPlan:
     """The plan of one call. priorities: one per leaf, larger sooner; by
     default the pytree order, first leaf first. num_groups: how many groups
     of num_shards devices sum separately (see the module's docstring)."""
@@ -103,14 +114,28 @@ def make_plan(name: str, paths: Sequence[str], shapes: Sequence[tuple[int, ...]]
         padded = -(-size // num_shards) * num_shards
         shard_bytes = padded // num_shards * dtype.itemsize
         part = chunk_size(partition_bytes, dtype.itemsize)
-        leaves.append(LeafPlan(path=path, shape=tuple(shape), dtype=dtype, size=size, padded=padded,
-                               key=leaf_key(name, path),
-                               priority=-index if priorities is None else int(priorities[index]),
-                               shard_bytes=shard_bytes, chunk_bytes=part, num_chunks=-(-shard_bytes // part)))
+        leaves.append(
+            LeafPlan(
+                path=path,
+                shape=tuple(shape),
+                dtype=dtype,
+                size=size,
+                padded=padded,
+                key=leaf_key(name, path),
+                priority=-index if priorities is None else int(priorities[index]),
+                shard_bytes=shard_bytes,
+                chunk_bytes=part,
+                num_chunks=-(-shard_bytes // part),
+            )
+        )
     draft = CallPlan(name, tuple(leaves), num_shards, partition_bytes, (), num_groups)
     chunks = list(draft.chunks())
     # The engine's send order: higher priority first, then leaf position, then chunk.
     order = [(shard, -leaves[i].priority, i, c) for shard, i, c, _ in chunks]
-    servers = assign_chunks([nbytes for *_, nbytes in chunks], order, server_fractions,
-                            rotation=leaf_key(name, "") % max(1, len(server_fractions)))
+    servers = assign_chunks(
+        [nbytes for *_, nbytes in chunks],
+        order,
+        server_fractions,
+        rotation=leaf_key(name, "") % max(1, len(server_fractions)),
+    )
     return dataclasses.replace(draft, chunk_servers=tuple(servers))

@@ -65,8 +65,9 @@ def _check(value: Any, path: str, what: str) -> int:
     return value
 
 
-def resolve_priorities(paths: Sequence[str], leaves: Sequence[Any], priority: Priority,
-                       what: str = "jbps.psum") -> list[int] | None:
+def resolve_priorities(
+    paths: Sequence[str], leaves: Sequence[Any], priority: Priority, what: str = "jbps.psum"
+) -> list[int] | None:
     """One priority per leaf from a mapping {path: int} (leaves not named keep
     the default, -index) or a callable (path, leaf) -> int; None keeps the
     default for every leaf."""
@@ -75,11 +76,15 @@ def resolve_priorities(paths: Sequence[str], leaves: Sequence[Any], priority: Pr
     if isinstance(priority, Mapping):
         unknown = sorted(set(priority) - set(paths))
         if unknown:
-            raise ValueError(f"{what}: priority names leaves that are not in the tree: {unknown[:5]}"
-                             f"{' ...' if len(unknown) > 5 else ''}; the tree's leaves are {list(paths)[:5]}"
-                             f"{' ...' if len(paths) > 5 else ''}")
+            raise ValueError(
+                f"{what}: priority names leaves that are not in the tree: {unknown[:5]}"
+                f"{' ...' if len(unknown) > 5 else ''}; the tree's leaves are {list(paths)[:5]}"
+                f"{' ...' if len(paths) > 5 else ''}"
+            )
         return [_check(priority[p], p, what) if p in priority else -i for i, p in enumerate(paths)]
     if callable(priority):
         return [_check(priority(p, leaf), p, what) for p, leaf in zip(paths, leaves)]
-    raise TypeError(f"{what}: priority must be a mapping {{leaf path: int}} or a callable (path, leaf) -> int, "
-                    f"got {type(priority).__name__}")
+    raise TypeError(
+        f"{what}: priority must be a mapping {{leaf path: int}} or a callable (path, leaf) -> int, "
+        f"got {type(priority).__name__}"
+    )

@@ -24,6 +24,7 @@ import dataclasses
 @dataclasses.dataclass(frozen=True)
 class Split:
     """Byte fractions per server, and the communication time they lead to."""
+
     num_workers: int  # n: worker machines, one colocated server each
     num_cpu_servers: int  # k: CPU-only machines, one dedicated server each
     cpu_fraction: float  # x: owned by each dedicated server

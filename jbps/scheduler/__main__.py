@@ -26,32 +26,54 @@ log = logging.getLogger("jbps.scheduler")
 
 def main(argv=None, prog: str | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
-    p = argparse.ArgumentParser(prog=prog or "python -m jbps.scheduler", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog=prog or "python -m jbps.scheduler",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     try:
         env = Config.resolve({})
     except JbpsError as exc:  # the environment's fault: one line, no usage
         exit_for_environment(p.prog, exc)
     default_bind = f"{env.scheduler_host or '127.0.0.1'}:{env.scheduler_port or 0}"
-    p.add_argument("--bind", default=default_bind,
-                   help="host:port to listen on (default DMLC_PS_ROOT_URI:DMLC_PS_ROOT_PORT, or JBPS_SCHEDULER_*)")
-    p.add_argument("--num-workers", type=argparse_type("num_workers"), default=env.num_workers,
-                   help="workers to wait for (env JBPS_NUM_WORKERS / DMLC_NUM_WORKER)")
-    p.add_argument("--num-servers", type=argparse_type("num_servers"), default=env.num_servers,
-                   help="servers to wait for (env JBPS_NUM_SERVERS / DMLC_NUM_SERVER)")
-    p.add_argument("--timeout", type=argparse_type("timeout_s"), default=env.timeout_s,
-                   help="seconds to wait for everyone (env JBPS_TIMEOUT_S)")
+    p.add_argument(
+        "--bind",
+        default=default_bind,
+        help="host:port to listen on (default DMLC_PS_ROOT_URI:DMLC_PS_ROOT_PORT, or JBPS_SCHEDULER_*)",
+    )
+    p.add_argument(
+        "--num-workers",
+        type=argparse_type("num_workers"),
+        default=env.num_workers,
+        help="workers to wait for (env JBPS_NUM_WORKERS / DMLC_NUM_WORKER)",
+    )
+    p.add_argument(
+        "--num-servers",
+        type=argparse_type("num_servers"),
+        default=env.num_servers,
+        help="servers to wait for (env JBPS_NUM_SERVERS / DMLC_NUM_SERVER)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=argparse_type("timeout_s"),
+        default=env.timeout_s,
+        help="seconds to wait for everyone (env JBPS_TIMEOUT_S)",
+    )
     args = p.parse_args(argv)
     if args.num_workers is None or args.num_servers is None:
         p.error("--num-workers and --num-servers are required (or DMLC_NUM_WORKER and DMLC_NUM_SERVER)")
     try:
-        scheduler = Scheduler(args.num_workers, args.num_servers, bind=args.bind, timeout_s=args.timeout,
-                              token=env.job_token)
+        scheduler = Scheduler(
+            args.num_workers, args.num_servers, bind=args.bind, timeout_s=args.timeout, token=env.job_token
+        )
     except (OSError, ValueError, JbpsError) as exc:
         log.error("cannot listen on %s: %s", args.bind, exc)
         return 1
-    print(f"jbps.scheduler listening on {scheduler.address} for {args.num_workers} workers and "
-          f"{args.num_servers} servers", flush=True)
+    print(
+        f"jbps.scheduler listening on {scheduler.address} for {args.num_workers} workers and "
+        f"{args.num_servers} servers",
+        flush=True,
+    )
     try:
         scheduler.run()
     except JbpsError:

@@ -61,16 +61,24 @@ def _recv(reader, what: str) -> dict:
 class Scheduler:
     """Listens at once (so the port is known); run() does the rendezvous."""
 
-    def __init__(self, num_workers: int, num_servers: int, *, bind: str = "127.0.0.1:0",
-                 timeout_s: float = 60.0, token: int | None = None):
+    def __init__(
+        self,
+        num_workers: int,
+        num_servers: int,
+        *,
+        bind: str = "127.0.0.1:0",
+        timeout_s: float = 60.0,
+        token: int | None = None,
+    ):
         if num_workers < 1 or num_servers < 1:
             raise JbpsError(f"a job needs at least one worker and one server, got {num_workers} and {num_servers}")
         self.num_workers, self.num_servers, self.timeout_s = num_workers, num_servers, timeout_s
         self.token = token if token else secrets.randbits(63) or 1
         host, _, port = bind.rpartition(":")
         if not host:  # socket would take "" as every interface: that must be asked for by name
-            raise JbpsError(f"no host in address {bind!r} (127.0.0.1 for this machine only, 0.0.0.0 for every "
-                            "interface)")
+            raise JbpsError(
+                f"no host in address {bind!r} (127.0.0.1 for this machine only, 0.0.0.0 for every interface)"
+            )
         self.sock = socket.create_server((host, int(port)), reuse_port=False)
         self.address = f"{host}:{self.sock.getsockname()[1]}"
         self.members: list[Member] = []
@@ -88,8 +96,10 @@ class Scheduler:
         detail = ""
         if len(ids) == len(workers) and missing_ids:  # every worker gave its id: name the absent ones
             detail = f"; missing worker ids {missing_ids}"
-        return (f"{len(workers)} of {self.num_workers} workers and {len(servers)} of {self.num_servers} servers "
-                f"registered{detail}")
+        return (
+            f"{len(workers)} of {self.num_workers} workers and {len(servers)} of {self.num_servers} servers "
+            f"registered{detail}"
+        )
 
     def _fail(self, message: str) -> None:
         log.error("%s", message)
@@ -101,12 +111,16 @@ class Scheduler:
         raise JbpsError(message)
 
     def _register(self, deadline: float) -> None:
-        while sum(m.role == "worker" for m in self.members) < self.num_workers or \
-                sum(m.role == "server" for m in self.members) < self.num_servers:
+        while (
+            sum(m.role == "worker" for m in self.members) < self.num_workers
+            or sum(m.role == "server" for m in self.members) < self.num_servers
+        ):
             left = deadline - time.monotonic()
             if left <= 0:
-                self._fail(f"jbps scheduler {self.address}: timed out after {self.timeout_s:g} s (JBPS_TIMEOUT_S) "
-                           f"waiting for the job: {self._missing()}")
+                self._fail(
+                    f"jbps scheduler {self.address}: timed out after {self.timeout_s:g} s (JBPS_TIMEOUT_S) "
+                    f"waiting for the job: {self._missing()}"
+                )
             self.sock.settimeout(min(left, 1.0))
             try:
                 conn, peer = self.sock.accept()
@@ -121,8 +135,11 @@ class Scheduler:
                     raise ValueError(f"role {role!r} is not one of {ROLES}")
                 if worker_id is not None and not (isinstance(worker_id, int) and 0 <= worker_id < self.num_workers):
                     raise ValueError(f"worker id {worker_id!r} is out of range for {self.num_workers} workers")
-                if role == "worker" and worker_id is not None and any(
-                        m.worker_id == worker_id for m in self.members if m.role == "worker"):
+                if (
+                    role == "worker"
+                    and worker_id is not None
+                    and any(m.worker_id == worker_id for m in self.members if m.role == "worker")
+                ):
                     raise ValueError(f"worker id {worker_id} registered twice")
                 count = sum(m.role == role for m in self.members)
                 if count == (self.num_workers if role == "worker" else self.num_servers):
@@ -164,8 +181,17 @@ class Scheduler:
             addresses.append(reply["address"])
         for m in workers:
             same_host = [w for w in workers if w.host == m.host]
-            _send(m.conn, {"servers": addresses, "token": self.token, "num_workers": self.num_workers,
-                           "rank": m.rank, "local_rank": same_host.index(m), "local_size": len(same_host)})
+            _send(
+                m.conn,
+                {
+                    "servers": addresses,
+                    "token": self.token,
+                    "num_workers": self.num_workers,
+                    "rank": m.rank,
+                    "local_rank": same_host.index(m),
+                    "local_size": len(same_host),
+                },
+            )
         log.info("job assembled: %d workers, servers %s", self.num_workers, ",".join(addresses))
 
 
@@ -200,8 +226,10 @@ class Registration:
         try:
             message = _recv(self.reader, f"the jbps scheduler at {self.address}")
         except socket.timeout:
-            raise JbpsError(f"the jbps scheduler at {self.address} did not assemble the job within "
-                            f"{self.timeout_s:g} s (JBPS_TIMEOUT_S)") from None
+            raise JbpsError(
+                f"the jbps scheduler at {self.address} did not assemble the job within "
+                f"{self.timeout_s:g} s (JBPS_TIMEOUT_S)"
+            ) from None
         except (OSError, ValueError, ConnectionError) as exc:
             raise JbpsError(f"lost the jbps scheduler at {self.address}: {exc}") from None
         if "error" in message:

@@ -67,31 +67,61 @@ def parse_args(argv=None, prog: str = "python -m jbps.server") -> argparse.Names
             raise JbpsError(f"JBPS_SERVER_ROLE={role!r}: expected one of {', '.join(ROLES)}")
     except JbpsError as exc:
         exit_for_environment(prog, exc)
-    p.add_argument("--bind", default=_env("JBPS_SERVER_BIND", default="127.0.0.1:0"),
-                   help="host:port to listen on (default 127.0.0.1:0, a free loopback port; env JBPS_SERVER_BIND). "
-                        "Under a scheduler only the port counts (e.g. :9000 for a firewall): the host is the address "
-                        "this machine reaches the scheduler from")
-    p.add_argument("--num-workers", type=argparse_type("num_workers"), default=None,
-                   help="worker processes in the job (else the scheduler or mpirun tells; else env "
-                        "JBPS_NUM_WORKERS / DMLC_NUM_WORKER)")
-    p.add_argument("--engine-threads", type=int, default=engine_threads,
-                   help="summation threads (default: min(4, cores); env JBPS_SERVER_ENGINE_THREADS / "
-                        "BYTEPS_SERVER_ENGINE_THREAD)")
-    p.add_argument("--token", type=argparse_type("job_token"), default=token,
-                   help="job token workers must present (env JBPS_JOB_TOKEN)")
-    p.add_argument("--timeout", type=argparse_type("timeout_s"), default=timeout_s,
-                   help="seconds a half-received message or a blocked send may stall (env JBPS_TIMEOUT_S)")
-    p.add_argument("--role", choices=ROLES, default=role,
-                   help="colocated: on a worker's machine (the default); dedicated: on a CPU-only machine. "
-                        "Workers give each role its share of the bytes by the optimal split (env JBPS_SERVER_ROLE)")
-    p.add_argument("--deterministic", action="store_true",
-                   default=deterministic_sums(),
-                   help="add pushes in worker-rank order, so sums are bitwise identical run to run "
-                        "(env JBPS_DETERMINISTIC=1)")
-    p.add_argument("--no-shm", dest="shm", action="store_false", default=shm,
-                   help="no shared memory with workers on this host: they send through TCP (env JBPS_SHM=0)")
-    p.add_argument("--keep-alive", action="store_true",
-                   help="keep serving after every worker said goodbye (for a following job)")
+    p.add_argument(
+        "--bind",
+        default=_env("JBPS_SERVER_BIND", default="127.0.0.1:0"),
+        help="host:port to listen on (default 127.0.0.1:0, a free loopback port; env JBPS_SERVER_BIND). "
+        "Under a scheduler only the port counts (e.g. :9000 for a firewall): the host is the address "
+        "this machine reaches the scheduler from",
+    )
+    p.add_argument(
+        "--num-workers",
+        type=argparse_type("num_workers"),
+        default=None,
+        help="worker processes in the job (else the scheduler or mpirun tells; else env "
+        "JBPS_NUM_WORKERS / DMLC_NUM_WORKER)",
+    )
+    p.add_argument(
+        "--engine-threads",
+        type=int,
+        default=engine_threads,
+        help="summation threads (default: min(4, cores); env JBPS_SERVER_ENGINE_THREADS / BYTEPS_SERVER_ENGINE_THREAD)",
+    )
+    p.add_argument(
+        "--token",
+        type=argparse_type("job_token"),
+        default=token,
+        help="job token workers must present (env JBPS_JOB_TOKEN)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=argparse_type("timeout_s"),
+        default=timeout_s,
+        help="seconds a half-received message or a blocked send may stall (env JBPS_TIMEOUT_S)",
+    )
+    p.add_argument(
+        "--role",
+        choices=ROLES,
+        default=role,
+        help="colocated: on a worker's machine (the default); dedicated: on a CPU-only machine. "
+        "Workers give each role its share of the bytes by the optimal split (env JBPS_SERVER_ROLE)",
+    )
+    p.add_argument(
+        "--deterministic",
+        action="store_true",
+        default=deterministic_sums(),
+        help="add pushes in worker-rank order, so sums are bitwise identical run to run (env JBPS_DETERMINISTIC=1)",
+    )
+    p.add_argument(
+        "--no-shm",
+        dest="shm",
+        action="store_false",
+        default=shm,
+        help="no shared memory with workers on this host: they send through TCP (env JBPS_SHM=0)",
+    )
+    p.add_argument(
+        "--keep-alive", action="store_true", help="keep serving after every worker said goodbye (for a following job)"
+    )
     args = p.parse_args(argv)
     args.scheduler, args.env_num_workers = scheduler, env_num_workers
     port = args.bind.rpartition(":")[2]
@@ -108,8 +138,17 @@ def start(args):
     from .. import _core
 
     def make(bind, num_workers, token, role):
-        return _core.Server(bind, num_workers, token, args.engine_threads, args.timeout, args.keep_alive, role,
-                            args.deterministic, args.shm)
+        return _core.Server(
+            bind,
+            num_workers,
+            token,
+            args.engine_threads,
+            args.timeout,
+            args.keep_alive,
+            role,
+            args.deterministic,
+            args.shm,
+        )
 
     if args.num_workers is None and args.scheduler:
         from ..bootstrap.scheduler import join_as_server
@@ -134,8 +173,11 @@ def main(argv=None, prog: str = "python -m jbps.server") -> int:
     except (RuntimeError, ValueError, JbpsError) as exc:
         log.error("%s", exc)
         return 1
-    print(f"jbps.server listening on {host}:{server.port} for {num_workers} workers "
-          f"({role}{', deterministic' if args.deterministic else ''})", flush=True)
+    print(
+        f"jbps.server listening on {host}:{server.port} for {num_workers} workers "
+        f"({role}{', deterministic' if args.deterministic else ''})",
+        flush=True,
+    )
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -145,9 +187,15 @@ def main(argv=None, prog: str = "python -m jbps.server") -> int:
         pass
     server.stop()
     stats = server.stats()
-    log.info("done: %d pushes, %.1f MiB received (%d bytes), %d sums sent, %d connections refused, %d workers lost",
-             stats["pushes"], stats["bytes_received"] / 2**20, stats["bytes_received"], stats["sums_sent"],
-             stats["rejected"], stats["workers_lost"])
+    log.info(
+        "done: %d pushes, %.1f MiB received (%d bytes), %d sums sent, %d connections refused, %d workers lost",
+        stats["pushes"],
+        stats["bytes_received"] / 2**20,
+        stats["bytes_received"],
+        stats["sums_sent"],
+        stats["rejected"],
+        stats["workers_lost"],
+    )
     if server.failure() and not stop.is_set():
         # Exit 0 all the same: the lost worker's own exit status tells launchers what failed.
         log.warning("the job ended early: %s", server.failure())

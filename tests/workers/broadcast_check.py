@@ -27,8 +27,10 @@ def make_tree(rank):
     rng = np.random.default_rng(rank)
     tree = {
         "params": {
-            "dense": {"kernel": rng.standard_normal((17, 5)).astype(np.float32),
-                      "bias": np.concatenate([special_f32(), rng.standard_normal(3).astype(np.float32)])},
+            "dense": {
+                "kernel": rng.standard_normal((17, 5)).astype(np.float32),
+                "bias": np.concatenate([special_f32(), rng.standard_normal(3).astype(np.float32)]),
+            },
             "embed": rng.standard_normal((9, 4)).astype(jnp.bfloat16),
             "half": np.array([-0.0, np.nan, rng.standard_normal()], np.float16),
         },
@@ -39,16 +41,20 @@ def make_tree(rank):
         "scalar": np.float32(-0.0 if rank % 2 else rank),
     }
     if jax.config.jax_enable_x64:
-        tree["x64"] = {"f64": np.array([-0.0, np.nan, rng.standard_normal()], np.float64),
-                       "i64": rng.integers(-2**62, 2**62, 3, dtype=np.int64),
-                       "u64": rng.integers(0, 2**63, 3, dtype=np.uint64)}
+        tree["x64"] = {
+            "f64": np.array([-0.0, np.nan, rng.standard_normal()], np.float64),
+            "i64": rng.integers(-(2**62), 2**62, 3, dtype=np.int64),
+            "u64": rng.integers(0, 2**63, 3, dtype=np.uint64),
+        }
     return tree
 
 
 def bits(tree):
     """(path, dtype, shape, raw bytes) of every leaf."""
-    return [(jax.tree_util.keystr(p), np.asarray(x).dtype.name, np.shape(x), np.asarray(x).tobytes())
-            for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]]
+    return [
+        (jax.tree_util.keystr(p), np.asarray(x).dtype.name, np.shape(x), np.asarray(x).tobytes())
+        for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]
+    ]
 
 
 def broadcast(mine, root, mode, rank, devices):

@@ -31,8 +31,10 @@ def main():
     elapsed = time.perf_counter() - start
     own = (jbps.engine_stats()["busy_seconds"] - busy) / elapsed
     share = jbps.communication_share(own * elapsed, elapsed)
-    print(json.dumps({"rank": jbps.rank(), "own": own, "communication": share.communication,
-                      "waiting": share.waiting}), flush=True)
+    print(
+        json.dumps({"rank": jbps.rank(), "own": own, "communication": share.communication, "waiting": share.waiting}),
+        flush=True,
+    )
     jbps.shutdown()
 
 

@@ -18,10 +18,12 @@ WIRE = {"bf16": jnp.bfloat16, "fp16": jnp.float16}
 
 def tree(rank: int, rnd: int):
     rng = np.random.default_rng(1000 * rnd + rank)
-    return {"w": rng.normal(size=(300, 7)).astype(np.float32) * 10 ** rng.uniform(-3, 3),
-            "b": rng.normal(size=(5000,)).astype(np.float32),
-            "half": rng.normal(size=(64,)).astype(jnp.bfloat16),
-            "count": rng.integers(-1000, 1000, size=(17,)).astype(np.int32)}
+    return {
+        "w": rng.normal(size=(300, 7)).astype(np.float32) * 10 ** rng.uniform(-3, 3),
+        "b": rng.normal(size=(5000,)).astype(np.float32),
+        "half": rng.normal(size=(64,)).astype(jnp.bfloat16),
+        "count": rng.integers(-1000, 1000, size=(17,)).astype(np.int32),
+    }
 
 
 def reference(trees, compression):
@@ -60,8 +62,9 @@ def main():
             want = reference([tree(w, rnd) for w in range(size)], args.compression)
             for name in want:
                 assert got[name].dtype == want[name].dtype, (name, got[name].dtype)
-                assert np.array_equal(got[name].view(np.uint8), want[name].view(np.uint8)), \
+                assert np.array_equal(got[name].view(np.uint8), want[name].view(np.uint8)), (
                     f"round {rnd} leaf {name}: {got[name].ravel()[:4]} != {want[name].ravel()[:4]}"
+                )
             report["rounds"] += 1
 
 

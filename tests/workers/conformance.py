@@ -56,6 +56,7 @@ def vary_over_workers(x, case):
     if case.outer is None:
         return x
     from jax.experimental.shard_map import pbroadcast
+
     return pbroadcast(x, "w")
 
 
@@ -74,6 +75,7 @@ def ints(rng, shape, dtype=np.float32):
 @dataclasses.dataclass
 class ShardMapCase:
     """body(psum, *args) under shard_map on a mesh of this worker's devices."""
+
     name: str
     mesh: dict  # axis name -> size
     in_specs: tuple
@@ -88,15 +90,20 @@ class ShardMapCase:
         return f if self.outer is None else self.outer(f)
 
     def run_jbps(self, job, args):
-        devices = np.array(job.devices[:math.prod(self.mesh.values())]).reshape(tuple(self.mesh.values()))
-        f = shard_map(partial(self.body, jbps_psum), mesh=Mesh(devices, tuple(self.mesh)), in_specs=self.in_specs,
-                      out_specs=self.out_specs, **{CHECK: self.checked})
+        devices = np.array(job.devices[: math.prod(self.mesh.values())]).reshape(tuple(self.mesh.values()))
+        f = shard_map(
+            partial(self.body, jbps_psum),
+            mesh=Mesh(devices, tuple(self.mesh)),
+            in_specs=self.in_specs,
+            out_specs=self.out_specs,
+            **{CHECK: self.checked},
+        )
         return jax.jit(self._outer(f), donate_argnums=tuple(range(len(args))) if self.donate else ())(*args)
 
     def run_reference(self, job, all_args):
         names = ("w",) + tuple(self.mesh)
         shape = (job.workers,) + tuple(self.mesh.values())
-        mesh = Mesh(np.array(job.devices[:math.prod(shape)]).reshape(shape), names)
+        mesh = Mesh(np.array(job.devices[: math.prod(shape)]).reshape(shape), names)
 
         def psum(x, axes=None, average=False):
             # One axis at a time: typed lax.psum wants a value varying along
@@ -110,9 +117,13 @@ class ShardMapCase:
             out = self.body(psum, *jax.tree_util.tree_map(lambda a: a[0], args))
             return jax.tree_util.tree_map(lambda a: a[None], out)
 
-        f = shard_map(body, mesh=mesh, in_specs=jax.tree_util.tree_map(lambda s: P("w", *s), self.in_specs),
-                      out_specs=jax.tree_util.tree_map(lambda s: P("w", *s), self.out_specs),
-                      **{CHECK: self.checked})
+        f = shard_map(
+            body,
+            mesh=mesh,
+            in_specs=jax.tree_util.tree_map(lambda s: P("w", *s), self.in_specs),
+            out_specs=jax.tree_util.tree_map(lambda s: P("w", *s), self.out_specs),
+            **{CHECK: self.checked},
+        )
         # A grad outside differentiates the sum over every worker's output:
         # jbps's gradient is that of the job's loss, as a psum's transpose.
         return jax.jit(self._outer(f))(*jax.tree_util.tree_map(lambda *xs: np.stack(xs), *all_args))
@@ -121,6 +132,7 @@ class ShardMapCase:
 @dataclasses.dataclass
 class PmapCase:
     """body(psum, *args) under pmap over `devices` of this worker's devices, axis "i"."""
+
     name: str
     devices: int
     body: Callable
@@ -134,7 +146,7 @@ class PmapCase:
         return jax.jit(f) if self.jit else f
 
     def run_jbps(self, job, args):
-        return self._pmap(partial(self.body, jbps_psum), job.devices[:self.devices * self.inner])(*args)
+        return self._pmap(partial(self.body, jbps_psum), job.devices[: self.devices * self.inner])(*args)
 
     def run_reference(self, job, all_args):
         L = self.devices
@@ -152,17 +164,22 @@ class PmapCase:
         in_axes = self.in_axes if isinstance(self.in_axes, tuple) else (self.in_axes,) * len(all_args[0])
         # Mapped arguments are concatenated along the devices; unmapped ones
         # are the same on every worker (the inputs make them so).
-        args = [jax.tree_util.tree_map(lambda *xs: np.concatenate(xs), *[a[k] for a in all_args]) if ax == 0
-                else all_args[0][k] for k, ax in enumerate(in_axes)]
-        return self._pmap(partial(self.body, psum), job.devices[:job.workers * L * self.inner])(*args)
+        args = [
+            jax.tree_util.tree_map(lambda *xs: np.concatenate(xs), *[a[k] for a in all_args])
+            if ax == 0
+            else all_args[0][k]
+            for k, ax in enumerate(in_axes)
+        ]
+        return self._pmap(partial(self.body, psum), job.devices[: job.workers * L * self.inner])(*args)
 
     def mine(self, job, reference):
-        return jax.tree_util.tree_map(lambda a: a[job.rank * self.devices:(job.rank + 1) * self.devices], reference)
+        return jax.tree_util.tree_map(lambda a: a[job.rank * self.devices : (job.rank + 1) * self.devices], reference)
 
 
 @dataclasses.dataclass
 class PlainCase:
     """body(psum, *args) under jit on one device: vmap axes only."""
+
     name: str
     body: Callable
     inputs: Callable  # rng, worker -> args
@@ -173,13 +190,15 @@ class PlainCase:
     def run_reference(self, job, all_args):
         def psum(x, axes=None, average=False):
             return (lax.pmean if average else lax.psum)(x, ("w",) + axes_tuple(axes))
-        f = jax.pmap(partial(self.body, psum), axis_name="w", devices=job.devices[:job.workers])
+
+        f = jax.pmap(partial(self.body, psum), axis_name="w", devices=job.devices[: job.workers])
         return f(*jax.tree_util.tree_map(lambda *xs: np.stack(xs), *all_args))
 
 
 @dataclasses.dataclass
 class Refusal:
     """run(job) must raise `error` with every string of `says` in its message."""
+
     name: str
     run: Callable
     error: type
@@ -202,7 +221,9 @@ def scan_body(psum, axes):
     def run(v):
         def step(carry, _):
             return carry + psum(v + carry, axes), None
+
         return lax.scan(step, psum(v, axes), None, length=3)[0]
+
     return run
 
 
@@ -212,8 +233,12 @@ def cond_body(psum, axes):
 
 
 def tree_with_empty_leaves(rng, lead):
-    return {"w": ints(rng, lead + (5,)), "empty": np.zeros(lead + (0, 3), np.float32), "scalar": ints(rng, lead),
-            "nested": [ints(rng, lead + (2, 3)), {}, ()]}
+    return {
+        "w": ints(rng, lead + (5,)),
+        "empty": np.zeros(lead + (0, 3), np.float32),
+        "scalar": ints(rng, lead),
+        "nested": [ints(rng, lead + (2, 3)), {}, ()],
+    }
 
 
 def nested_pmap_works():
@@ -231,152 +256,384 @@ MESH_3D = {"a": 2, "b": 2, "c": 2}
 
 
 def cases():
-    sm_in = lambda shape: (lambda rng, w: (ints(rng, shape),))  # noqa: E731
+    sm_in = lambda shape: lambda rng, w: (ints(rng, shape),)  # noqa: E731
     out = [
         # The issue's reproducer: over "a" only of a 2x2 mesh, groups along "b".
-        ShardMapCase("shard_map 2-D psum over a", MESH_2D, (P("a", "b"),), P("a", "b"),
-                     lambda psum, v: psum(v, "a"), sm_in((2, 6))),
-        ShardMapCase("shard_map 2-D psum over a, out_specs without a", MESH_2D, (P("a", "b"),), P(None, "b"),
-                     lambda psum, v: psum(v, "a"), sm_in((2, 6))),
-        ShardMapCase("shard_map 2-D psum over b", MESH_2D, (P("a", "b"),), P("a", None),
-                     lambda psum, v: psum(v, "b"), sm_in((2, 6))),
-        ShardMapCase("shard_map 2-D psum over (a, b), out_specs P()", MESH_2D, (P("a", "b"),), P(),
-                     lambda psum, v: psum(v, ("a", "b")), sm_in((2, 6))),
-        ShardMapCase("shard_map 2-D psum over (b, a)", MESH_2D, (P("a", "b"),), P(),
-                     lambda psum, v: psum(v, ("b", "a")), sm_in((4, 10))),
-        ShardMapCase("shard_map 2-D psum over a then over b", MESH_2D, (P("a", "b"),), P(),
-                     lambda psum, v: psum(psum(v, "a") * 2, "b"), sm_in((2, 6))),
-        ShardMapCase("shard_map 2-D pmean over a", MESH_2D, (P("a", "b"),), P(None, "b"),
-                     lambda psum, v: psum(v, "a", average=True), sm_in((2, 6))),
-        ShardMapCase("shard_map 2-D axis_name=() sums each device over the workers", MESH_2D, (P("a", "b"),),
-                     P("a", "b"), lambda psum, v: psum(v, ()), sm_in((2, 6))),
-        ShardMapCase("shard_map 3-D psum over b", MESH_3D, (P("a", "b", "c"),), P("a", None, "c"),
-                     lambda psum, v: psum(v, "b"), sm_in((2, 2, 4))),
-        ShardMapCase("shard_map 3-D psum over (a, c)", MESH_3D, (P("a", "b", "c"),), P(None, "b", None),
-                     lambda psum, v: psum(v, ("a", "c")), sm_in((2, 4, 6))),
-        ShardMapCase("shard_map 3-D psum over all axes", MESH_3D, (P("a", "b", "c"),), P(),
-                     lambda psum, v: psum(v, ("a", "b", "c")), sm_in((2, 2, 2))),
-        ShardMapCase("shard_map 1-D psum, out_specs P()", {"d": 4}, (P("d"),), P(),
-                     lambda psum, v: psum(v, "d"), sm_in((8, 3))),
-        ShardMapCase("shard_map 1-D psum of a replicated input", {"d": 4}, (P(),), P(),
-                     lambda psum, v: psum(v, "d"), sm_in((3,))),
-        ShardMapCase("shard_map 2-D int32 over a", MESH_2D, (P("a", "b"),), P(None, "b"),
-                     lambda psum, v: psum(v, "a"), lambda rng, w: (ints(rng, (2, 6), np.int32),)),
-        ShardMapCase("shard_map 2-D grad through psum over a", MESH_2D, (P("a", "b"),), P("a", "b"),
-                     lambda psum, v: square_sum_grad(psum, "a")(v), sm_in((2, 6))),
-        ShardMapCase("shard_map 2-D grad through psum over a, check off", MESH_2D, (P("a", "b"),), P("a", "b"),
-                     lambda psum, v: square_sum_grad(psum, "a")(v), sm_in((2, 6)), checked=False),
-        ShardMapCase("shard_map 2-D grad of a per-device loss through pmean over (a, b)", MESH_2D,
-                     (P("a", "b"),), P("a", "b"),
-                     lambda psum, v: jax.grad(lambda u: (u * psum(u, ("a", "b"), average=True)).sum())(v),
-                     sm_in((2, 6))),
-        ShardMapCase("grad of a shard_map with psum over a, out_specs without a", MESH_2D, (P("a", "b"),),
-                     P(None, "b"), lambda psum, v: psum(v, "a"), sm_in((2, 6)), outer=squared_sum_grad),
-        ShardMapCase("grad of a shard_map with psum over a, check off", MESH_2D, (P("a", "b"),), P("a", "b"),
-                     lambda psum, v: psum(v, "a"), sm_in((2, 6)), checked=False, outer=squared_sum_grad),
-        ShardMapCase("shard_map 2-D jvp through psum over a", MESH_2D, (P("a", "b"),), (P(None, "b"), P(None, "b")),
-                     lambda psum, v: jax.jvp(lambda u: psum(u, "a") ** 2, (v,), (v + 1,)), sm_in((2, 6))),
-        ShardMapCase("shard_map 2-D under jit with donated inputs", MESH_2D, (P("a", "b"), P("a", "b")),
-                     P(None, "b"), lambda psum, v, u: psum(v * u, "a"),
-                     lambda rng, w: (ints(rng, (2, 6)), ints(rng, (2, 6))), donate=True),
-        ShardMapCase("shard_map 2-D lax.scan over psum over b", MESH_2D, (P("a", "b"),), P("a", None),
-                     lambda psum, v: scan_body(psum, "b")(v), sm_in((2, 6))),
+        ShardMapCase(
+            "shard_map 2-D psum over a",
+            MESH_2D,
+            (P("a", "b"),),
+            P("a", "b"),
+            lambda psum, v: psum(v, "a"),
+            sm_in((2, 6)),
+        ),
+        ShardMapCase(
+            "shard_map 2-D psum over a, out_specs without a",
+            MESH_2D,
+            (P("a", "b"),),
+            P(None, "b"),
+            lambda psum, v: psum(v, "a"),
+            sm_in((2, 6)),
+        ),
+        ShardMapCase(
+            "shard_map 2-D psum over b",
+            MESH_2D,
+            (P("a", "b"),),
+            P("a", None),
+            lambda psum, v: psum(v, "b"),
+            sm_in((2, 6)),
+        ),
+        ShardMapCase(
+            "shard_map 2-D psum over (a, b), out_specs P()",
+            MESH_2D,
+            (P("a", "b"),),
+            P(),
+            lambda psum, v: psum(v, ("a", "b")),
+            sm_in((2, 6)),
+        ),
+        ShardMapCase(
+            "shard_map 2-D psum over (b, a)",
+            MESH_2D,
+            (P("a", "b"),),
+            P(),
+            lambda psum, v: psum(v, ("b", "a")),
+            sm_in((4, 10)),
+        ),
+        ShardMapCase(
+            "shard_map 2-D psum over a then over b",
+            MESH_2D,
+            (P("a", "b"),),
+            P(),
+            lambda psum, v: psum(psum(v, "a") * 2, "b"),
+            sm_in((2, 6)),
+        ),
+        ShardMapCase(
+            "shard_map 2-D pmean over a",
+            MESH_2D,
+            (P("a", "b"),),
+            P(None, "b"),
+            lambda psum, v: psum(v, "a", average=True),
+            sm_in((2, 6)),
+        ),
+        ShardMapCase(
+            "shard_map 2-D axis_name=() sums each device over the workers",
+            MESH_2D,
+            (P("a", "b"),),
+            P("a", "b"),
+            lambda psum, v: psum(v, ()),
+            sm_in((2, 6)),
+        ),
+        ShardMapCase(
+            "shard_map 3-D psum over b",
+            MESH_3D,
+            (P("a", "b", "c"),),
+            P("a", None, "c"),
+            lambda psum, v: psum(v, "b"),
+            sm_in((2, 2, 4)),
+        ),
+        ShardMapCase(
+            "shard_map 3-D psum over (a, c)",
+            MESH_3D,
+            (P("a", "b", "c"),),
+            P(None, "b", None),
+            lambda psum, v: psum(v, ("a", "c")),
+            sm_in((2, 4, 6)),
+        ),
+        ShardMapCase(
+            "shard_map 3-D psum over all axes",
+            MESH_3D,
+            (P("a", "b", "c"),),
+            P(),
+            lambda psum, v: psum(v, ("a", "b", "c")),
+            sm_in((2, 2, 2)),
+        ),
+        ShardMapCase(
+            "shard_map 1-D psum, out_specs P()", {"d": 4}, (P("d"),), P(), lambda psum, v: psum(v, "d"), sm_in((8, 3))
+        ),
+        ShardMapCase(
+            "shard_map 1-D psum of a replicated input", {"d": 4}, (P(),), P(), lambda psum, v: psum(v, "d"), sm_in((3,))
+        ),
+        ShardMapCase(
+            "shard_map 2-D int32 over a",
+            MESH_2D,
+            (P("a", "b"),),
+            P(None, "b"),
+            lambda psum, v: psum(v, "a"),
+            lambda rng, w: (ints(rng, (2, 6), np.int32),),
+        ),
+        ShardMapCase(
+            "shard_map 2-D grad through psum over a",
+            MESH_2D,
+            (P("a", "b"),),
+            P("a", "b"),
+            lambda psum, v: square_sum_grad(psum, "a")(v),
+            sm_in((2, 6)),
+        ),
+        ShardMapCase(
+            "shard_map 2-D grad through psum over a, check off",
+            MESH_2D,
+            (P("a", "b"),),
+            P("a", "b"),
+            lambda psum, v: square_sum_grad(psum, "a")(v),
+            sm_in((2, 6)),
+            checked=False,
+        ),
+        ShardMapCase(
+            "shard_map 2-D grad of a per-device loss through pmean over (a, b)",
+            MESH_2D,
+            (P("a", "b"),),
+            P("a", "b"),
+            lambda psum, v: jax.grad(lambda u: (u * psum(u, ("a", "b"), average=True)).sum())(v),
+            sm_in((2, 6)),
+        ),
+        ShardMapCase(
+            "grad of a shard_map with psum over a, out_specs without a",
+            MESH_2D,
+            (P("a", "b"),),
+            P(None, "b"),
+            lambda psum, v: psum(v, "a"),
+            sm_in((2, 6)),
+            outer=squared_sum_grad,
+        ),
+        ShardMapCase(
+            "grad of a shard_map with psum over a, check off",
+            MESH_2D,
+            (P("a", "b"),),
+            P("a", "b"),
+            lambda psum, v: psum(v, "a"),
+            sm_in((2, 6)),
+            checked=False,
+            outer=squared_sum_grad,
+        ),
+        ShardMapCase(
+            "shard_map 2-D jvp through psum over a",
+            MESH_2D,
+            (P("a", "b"),),
+            (P(None, "b"), P(None, "b")),
+            lambda psum, v: jax.jvp(lambda u: psum(u, "a") ** 2, (v,), (v + 1,)),
+            sm_in((2, 6)),
+        ),
+        ShardMapCase(
+            "shard_map 2-D under jit with donated inputs",
+            MESH_2D,
+            (P("a", "b"), P("a", "b")),
+            P(None, "b"),
+            lambda psum, v, u: psum(v * u, "a"),
+            lambda rng, w: (ints(rng, (2, 6)), ints(rng, (2, 6))),
+            donate=True,
+        ),
+        ShardMapCase(
+            "shard_map 2-D lax.scan over psum over b",
+            MESH_2D,
+            (P("a", "b"),),
+            P("a", None),
+            lambda psum, v: scan_body(psum, "b")(v),
+            sm_in((2, 6)),
+        ),
         # Its predicate varies by device, so the result does too (jax 0.5's check says so).
-        ShardMapCase("shard_map 2-D lax.cond over psum over a", MESH_2D, (P("a", "b"),), P("a", "b"),
-                     lambda psum, v: cond_body(psum, "a")(v), sm_in((2, 6))),
-        ShardMapCase("shard_map 2-D vmap inside, psum over a", MESH_2D, (P("a", "b"),), P(None, "b"),
-                     lambda psum, v: jax.vmap(lambda r: psum(r, "a"), axis_name="v")(v), sm_in((4, 6))),
-        ShardMapCase("shard_map 2-D vmap inside, psum over (a, v)", MESH_2D, (P("a", "b"),), P("b"),
-                     lambda psum, v: jax.vmap(lambda r: psum(r, ("a", "v")), axis_name="v", out_axes=None)(v),
-                     sm_in((4, 6)), checked=False),  # typed, lax.psum over a vmap axis fails an assert in jax 0.10
-        ShardMapCase("shard_map 2-D pytree with empty leaves over b", MESH_2D, (P("a"),), P("a"),
-                     lambda psum, t: psum(t, "b"), lambda rng, w: (tree_with_empty_leaves(rng, (2,)),)),
+        ShardMapCase(
+            "shard_map 2-D lax.cond over psum over a",
+            MESH_2D,
+            (P("a", "b"),),
+            P("a", "b"),
+            lambda psum, v: cond_body(psum, "a")(v),
+            sm_in((2, 6)),
+        ),
+        ShardMapCase(
+            "shard_map 2-D vmap inside, psum over a",
+            MESH_2D,
+            (P("a", "b"),),
+            P(None, "b"),
+            lambda psum, v: jax.vmap(lambda r: psum(r, "a"), axis_name="v")(v),
+            sm_in((4, 6)),
+        ),
+        ShardMapCase(
+            "shard_map 2-D vmap inside, psum over (a, v)",
+            MESH_2D,
+            (P("a", "b"),),
+            P("b"),
+            lambda psum, v: jax.vmap(lambda r: psum(r, ("a", "v")), axis_name="v", out_axes=None)(v),
+            sm_in((4, 6)),
+            checked=False,
+        ),  # typed, lax.psum over a vmap axis fails an assert in jax 0.10
+        ShardMapCase(
+            "shard_map 2-D pytree with empty leaves over b",
+            MESH_2D,
+            (P("a"),),
+            P("a"),
+            lambda psum, t: psum(t, "b"),
+            lambda rng, w: (tree_with_empty_leaves(rng, (2,)),),
+        ),
         PmapCase("pmap psum", 2, lambda psum, v: psum(v, "i"), lambda rng, w: (ints(rng, (2, 7)),)),
         PmapCase("pmap pmean", 4, lambda psum, v: psum(v, "i", average=True), lambda rng, w: (ints(rng, (4, 7)),)),
-        PmapCase("pmap psum of a Python constant", 2, lambda psum, v: v + psum(3.0, "i"),
-                 lambda rng, w: (ints(rng, (2, 2)),)),
-        PmapCase("pmap in_axes=None", 2, lambda psum, v, s: psum(v * s, "i"),
-                 lambda rng, w: (ints(rng, (2, 5)), ints(np.random.default_rng(7), (5,))), in_axes=(0, None)),
+        PmapCase(
+            "pmap psum of a Python constant", 2, lambda psum, v: v + psum(3.0, "i"), lambda rng, w: (ints(rng, (2, 2)),)
+        ),
+        PmapCase(
+            "pmap in_axes=None",
+            2,
+            lambda psum, v, s: psum(v * s, "i"),
+            lambda rng, w: (ints(rng, (2, 5)), ints(np.random.default_rng(7), (5,))),
+            in_axes=(0, None),
+        ),
         PmapCase("pmap int32", 2, lambda psum, v: psum(v, "i"), lambda rng, w: (ints(rng, (2, 9), np.int32),)),
-        PmapCase("pmap grad through psum", 2, lambda psum, v: square_sum_grad(psum, "i")(v),
-                 lambda rng, w: (ints(rng, (2, 4)),)),
-        PmapCase("pmap jvp through psum", 2, lambda psum, v: jax.jvp(lambda u: psum(u, "i") ** 2, (v,), (v + 1,)),
-                 lambda rng, w: (ints(rng, (2, 4)),)),
+        PmapCase(
+            "pmap grad through psum",
+            2,
+            lambda psum, v: square_sum_grad(psum, "i")(v),
+            lambda rng, w: (ints(rng, (2, 4)),),
+        ),
+        PmapCase(
+            "pmap jvp through psum",
+            2,
+            lambda psum, v: jax.jvp(lambda u: psum(u, "i") ** 2, (v,), (v + 1,)),
+            lambda rng, w: (ints(rng, (2, 4)),),
+        ),
         PmapCase("pmap lax.scan", 2, lambda psum, v: scan_body(psum, "i")(v), lambda rng, w: (ints(rng, (2, 4)),)),
         PmapCase("pmap lax.cond", 2, lambda psum, v: cond_body(psum, "i")(v), lambda rng, w: (ints(rng, (2, 4)),)),
-        PmapCase("pmap vmap inside, psum over i", 2, lambda psum, v: jax.vmap(lambda r: psum(r, "i"))(v),
-                 lambda rng, w: (ints(rng, (2, 3, 4)),)),
-        PmapCase("pmap vmap inside, psum over (i, v)", 2,
-                 lambda psum, v: jax.vmap(lambda r: psum(r, ("i", "v")), axis_name="v")(v),
-                 lambda rng, w: (ints(rng, (2, 3, 4)),)),
-        PmapCase("pmap pytree with empty leaves", 2, lambda psum, t: psum(t, "i"),
-                 lambda rng, w: (tree_with_empty_leaves(rng, (2,)),)),
+        PmapCase(
+            "pmap vmap inside, psum over i",
+            2,
+            lambda psum, v: jax.vmap(lambda r: psum(r, "i"))(v),
+            lambda rng, w: (ints(rng, (2, 3, 4)),),
+        ),
+        PmapCase(
+            "pmap vmap inside, psum over (i, v)",
+            2,
+            lambda psum, v: jax.vmap(lambda r: psum(r, ("i", "v")), axis_name="v")(v),
+            lambda rng, w: (ints(rng, (2, 3, 4)),),
+        ),
+        PmapCase(
+            "pmap pytree with empty leaves",
+            2,
+            lambda psum, t: psum(t, "i"),
+            lambda rng, w: (tree_with_empty_leaves(rng, (2,)),),
+        ),
         PmapCase("jit of pmap", 2, lambda psum, v: psum(v, "i"), lambda rng, w: (ints(rng, (2, 6)),), jit=True),
-        PmapCase("pmap axis_name=() sums each device over the workers", 2, lambda psum, v: psum(v, ()),
-                 lambda rng, w: (ints(rng, (2, 6)),)),
+        PmapCase(
+            "pmap axis_name=() sums each device over the workers",
+            2,
+            lambda psum, v: psum(v, ()),
+            lambda rng, w: (ints(rng, (2, 6)),),
+        ),
         PlainCase("jit on one device", lambda psum, v: psum(v), lambda rng, w: (ints(rng, (3, 4)),)),
-        PlainCase("vmap without axis_name: each element over the workers",
-                  lambda psum, v: jax.vmap(lambda r: psum(r), axis_name="v")(v), lambda rng, w: (ints(rng, (3, 4)),)),
-        PlainCase("vmap with jit inside: each element over the workers",
-                  lambda psum, v: jax.vmap(jax.jit(lambda r: psum(r)), axis_name="v")(v),
-                  lambda rng, w: (ints(rng, (3, 4)),)),
-        PlainCase("vmap with jit inside, psum over the vmap axis",
-                  lambda psum, v: jax.vmap(jax.jit(lambda r: psum(r, "v")), axis_name="v")(v),
-                  lambda rng, w: (ints(rng, (3, 4)),)),
-        PlainCase("nested vmap, psum over the outer vmap axis",
-                  lambda psum, v: jax.vmap(jax.vmap(lambda r: psum(r, "o"), axis_name="n"), axis_name="o")(v),
-                  lambda rng, w: (ints(rng, (2, 3, 4)),)),
+        PlainCase(
+            "vmap without axis_name: each element over the workers",
+            lambda psum, v: jax.vmap(lambda r: psum(r), axis_name="v")(v),
+            lambda rng, w: (ints(rng, (3, 4)),),
+        ),
+        PlainCase(
+            "vmap with jit inside: each element over the workers",
+            lambda psum, v: jax.vmap(jax.jit(lambda r: psum(r)), axis_name="v")(v),
+            lambda rng, w: (ints(rng, (3, 4)),),
+        ),
+        PlainCase(
+            "vmap with jit inside, psum over the vmap axis",
+            lambda psum, v: jax.vmap(jax.jit(lambda r: psum(r, "v")), axis_name="v")(v),
+            lambda rng, w: (ints(rng, (3, 4)),),
+        ),
+        PlainCase(
+            "nested vmap, psum over the outer vmap axis",
+            lambda psum, v: jax.vmap(jax.vmap(lambda r: psum(r, "o"), axis_name="n"), axis_name="o")(v),
+            lambda rng, w: (ints(rng, (2, 3, 4)),),
+        ),
     ]
     if nested_pmap_works():
         out += [
-            PmapCase("nested pmap, psum over the inner axis", 2,
-                     lambda psum, v: jax.pmap(lambda u: psum(u, "j"), axis_name="j")(v),
-                     lambda rng, w: (ints(rng, (2, 2, 5)),), inner=2),
-            PmapCase("nested pmap, psum over both axes", 2,
-                     lambda psum, v: jax.pmap(lambda u: psum(u, ("i", "j")), axis_name="j")(v),
-                     lambda rng, w: (ints(rng, (2, 2, 5)),), inner=2),
-            Refusal("nested pmap without axis_name is refused, naming both axes",
-                    lambda job: jax.pmap(jax.pmap(lambda v: jbps.psum(v), axis_name="j"), axis_name="i",
-                                         devices=job.devices[:4])(np.ones((2, 2, 3))),
-                    ValueError, ("without axis_name", "'i', 'j'")),
+            PmapCase(
+                "nested pmap, psum over the inner axis",
+                2,
+                lambda psum, v: jax.pmap(lambda u: psum(u, "j"), axis_name="j")(v),
+                lambda rng, w: (ints(rng, (2, 2, 5)),),
+                inner=2,
+            ),
+            PmapCase(
+                "nested pmap, psum over both axes",
+                2,
+                lambda psum, v: jax.pmap(lambda u: psum(u, ("i", "j")), axis_name="j")(v),
+                lambda rng, w: (ints(rng, (2, 2, 5)),),
+                inner=2,
+            ),
+            Refusal(
+                "nested pmap without axis_name is refused, naming both axes",
+                lambda job: jax.pmap(
+                    jax.pmap(lambda v: jbps.psum(v), axis_name="j"), axis_name="i", devices=job.devices[:4]
+                )(np.ones((2, 2, 3))),
+                ValueError,
+                ("without axis_name", "'i', 'j'"),
+            ),
         ]
     devices2 = lambda job: job.devices[:2]  # noqa: E731
     mesh2d = lambda job: Mesh(np.array(job.devices[:4]).reshape(2, 2), ("a", "b"))  # noqa: E731
     no_axis = ("without axis_name", "axis_name=()")
     out += [
-        Refusal("pmap without axis_name is refused, naming the axis",
-                lambda job: jax.pmap(lambda v: jbps.psum(v), axis_name="i", devices=devices2(job))(np.ones((2, 3))),
-                ValueError, no_axis + ("'i'",)),
-        Refusal("pmap without any axis name is refused",
-                lambda job: jax.pmap(lambda v: jbps.psum(v), devices=devices2(job))(np.ones((2, 3))),
-                ValueError, no_axis + ("unnamed pmap axis",)),
-        Refusal("vmap inside pmap without axis_name is refused, naming only the pmap axis",
-                lambda job: jax.pmap(jax.vmap(lambda v: jbps.psum(v), axis_name="v"), axis_name="i",
-                                     devices=devices2(job))(np.ones((2, 3))),
-                ValueError, no_axis + ("(mapped axes: 'i')",)),
-        Refusal("jit inside pmap without axis_name is refused",
-                lambda job: jax.pmap(jax.jit(lambda v: jbps.psum(v)), axis_name="i",
-                                     devices=devices2(job))(np.ones((2, 3))),
-                ValueError, no_axis + ("'i'",)),
-        Refusal("pmap inside vmap without axis_name is refused",
-                lambda job: jax.vmap(jax.pmap(lambda v: jbps.psum(v), axis_name="i", devices=devices2(job)),
-                                     axis_name="v")(np.ones((3, 2, 4))),
-                ValueError, no_axis + ("(mapped axes: 'i')",)),
-        Refusal("shard_map without axis_name is refused, naming the mesh axes",
-                lambda job: jax.jit(shard_map(lambda v: jbps.psum(v), mesh=mesh2d(job), in_specs=P("a", "b"),
-                                              out_specs=P("a", "b")))(np.ones((2, 2))),
-                ValueError, no_axis + ("'a', 'b'",)),
-        Refusal("shard_map inside vmap without axis_name is refused, naming the mesh axes",
-                lambda job: jax.vmap(shard_map(lambda v: jbps.psum(v), mesh=mesh2d(job), in_specs=P("a", "b"),
-                                               out_specs=P("a", "b")), axis_name="v")(np.ones((3, 2, 2))),
-                ValueError, no_axis + ("(mapped axes: 'a', 'b')",)),
-        Refusal("complex leaves are refused, naming the leaf",
-                lambda job: jax.jit(lambda t: jbps.psum(t))({"z": np.ones(3, np.complex64)}),
-                TypeError, ("['z']", "complex64")),
-        Refusal("bool leaves are refused, naming the leaf",
-                lambda job: jax.pmap(lambda t: jbps.psum(t, "i"), axis_name="i",
-                                     devices=devices2(job))({"m": np.ones((2, 3), bool)}),
-                TypeError, ("['m']", "bool")),
+        Refusal(
+            "pmap without axis_name is refused, naming the axis",
+            lambda job: jax.pmap(lambda v: jbps.psum(v), axis_name="i", devices=devices2(job))(np.ones((2, 3))),
+            ValueError,
+            no_axis + ("'i'",),
+        ),
+        Refusal(
+            "pmap without any axis name is refused",
+            lambda job: jax.pmap(lambda v: jbps.psum(v), devices=devices2(job))(np.ones((2, 3))),
+            ValueError,
+            no_axis + ("unnamed pmap axis",),
+        ),
+        Refusal(
+            "vmap inside pmap without axis_name is refused, naming only the pmap axis",
+            lambda job: jax.pmap(jax.vmap(lambda v: jbps.psum(v), axis_name="v"), axis_name="i", devices=devices2(job))(
+                np.ones((2, 3))
+            ),
+            ValueError,
+            no_axis + ("(mapped axes: 'i')",),
+        ),
+        Refusal(
+            "jit inside pmap without axis_name is refused",
+            lambda job: jax.pmap(jax.jit(lambda v: jbps.psum(v)), axis_name="i", devices=devices2(job))(
+                np.ones((2, 3))
+            ),
+            ValueError,
+            no_axis + ("'i'",),
+        ),
+        Refusal(
+            "pmap inside vmap without axis_name is refused",
+            lambda job: jax.vmap(jax.pmap(lambda v: jbps.psum(v), axis_name="i", devices=devices2(job)), axis_name="v")(
+                np.ones((3, 2, 4))
+            ),
+            ValueError,
+            no_axis + ("(mapped axes: 'i')",),
+        ),
+        Refusal(
+            "shard_map without axis_name is refused, naming the mesh axes",
+            lambda job: jax.jit(
+                shard_map(lambda v: jbps.psum(v), mesh=mesh2d(job), in_specs=P("a", "b"), out_specs=P("a", "b"))
+            )(np.ones((2, 2))),
+            ValueError,
+            no_axis + ("'a', 'b'",),
+        ),
+        Refusal(
+            "shard_map inside vmap without axis_name is refused, naming the mesh axes",
+            lambda job: jax.vmap(
+                shard_map(lambda v: jbps.psum(v), mesh=mesh2d(job), in_specs=P("a", "b"), out_specs=P("a", "b")),
+                axis_name="v",
+            )(np.ones((3, 2, 2))),
+            ValueError,
+            no_axis + ("(mapped axes: 'a', 'b')",),
+        ),
+        Refusal(
+            "complex leaves are refused, naming the leaf",
+            lambda job: jax.jit(lambda t: jbps.psum(t))({"z": np.ones(3, np.complex64)}),
+            TypeError,
+            ("['z']", "complex64"),
+        ),
+        Refusal(
+            "bool leaves are refused, naming the leaf",
+            lambda job: jax.pmap(lambda t: jbps.psum(t, "i"), axis_name="i", devices=devices2(job))(
+                {"m": np.ones((2, 3), bool)}
+            ),
+            TypeError,
+            ("['m']", "bool"),
+        ),
     ]
     return out
 
@@ -408,8 +665,11 @@ def check_case(case, job):
     for g, w in zip(got_leaves, want_leaves):
         g, w = np.asarray(g), np.asarray(w)
         if g.shape != w.shape or g.dtype != w.dtype or not np.array_equal(g, w):
-            return False, f"got {g.dtype}{list(g.shape)} {g.ravel()[:12].tolist()}, " \
-                          f"lax.psum gives {w.dtype}{list(w.shape)} {w.ravel()[:12].tolist()}"
+            return (
+                False,
+                f"got {g.dtype}{list(g.shape)} {g.ravel()[:12].tolist()}, "
+                f"lax.psum gives {w.dtype}{list(w.shape)} {w.ravel()[:12].tolist()}",
+            )
     return True, ""
 
 

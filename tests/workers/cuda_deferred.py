@@ -29,8 +29,7 @@ def main():
     good = jax.jit(lambda x: jbps.psum(x, name="after"))(jnp.full(5, rank + 1.0, jnp.float32))
     recovered = bool(np.all(np.asarray(good) == sum(range(1, jbps.size() + 1))))
     jbps.shutdown()
-    print(json.dumps({"rank": rank, "first_error": first, "second_error": second, "recovered": recovered}),
-          flush=True)
+    print(json.dumps({"rank": rank, "first_error": first, "second_error": second, "recovered": recovered}), flush=True)
 
 
 if __name__ == "__main__":

@@ -32,8 +32,10 @@ def main():
     time.sleep(args.sleep)
     np.testing.assert_allclose(np.asarray(f(x)), np.arange(1000) * size * (size + 1) / 2)
     # One write per line: mpiexec interleaves ranks' output at write boundaries.
-    sys.stdout.write(json.dumps({"rank": rank, "size": size, "local_rank": jbps.local_rank(),
-                                 "local_size": jbps.local_size()}) + "\n")
+    sys.stdout.write(
+        json.dumps({"rank": rank, "size": size, "local_rank": jbps.local_rank(), "local_size": jbps.local_size()})
+        + "\n"
+    )
     sys.stdout.flush()
     jbps.shutdown()
     sys.exit(0)

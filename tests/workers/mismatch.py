@@ -27,8 +27,12 @@ def main():
     for _ in range(args.good_calls):
         jax.block_until_ready(jax.jit(lambda t: jbps.psum(t, name="mismatched"))(tree))
     if rank == 1:
-        tree["b"] = {"shape": jnp.ones(7, jnp.float32), "dtype": jnp.ones((2, 3), jnp.float16),
-                     "layout": jnp.ones((3, 2), jnp.float32), "leaves": tree["b"]}[args.what]
+        tree["b"] = {
+            "shape": jnp.ones(7, jnp.float32),
+            "dtype": jnp.ones((2, 3), jnp.float16),
+            "layout": jnp.ones((3, 2), jnp.float32),
+            "leaves": tree["b"],
+        }[args.what]
         if args.what == "leaves":
             tree["c"] = jnp.ones(4, jnp.float32)
     error = summed = None

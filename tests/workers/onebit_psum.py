@@ -31,13 +31,15 @@ def tree(rank: int, rnd: int, device: int = 0):
     rng = np.random.default_rng([rank, rnd, device])
 
     def grid(shape, scale_exp):  # multiples of 2**-10 below 2**-1, times a power of two
-        return (rng.integers(-511, 512, size=shape) / 1024 * 2.0 ** scale_exp).astype(np.float32)
+        return (rng.integers(-511, 512, size=shape) / 1024 * 2.0**scale_exp).astype(np.float32)
 
-    return {"w": grid((300, 7), int(rng.integers(-3, 4))),  # 2100 values: 9 blocks, the last partial
-            "big": grid((5000,), 0),
-            "bias": grid((64,), 0),  # too small: travels as float32
-            "half": grid((2048,), 2).astype(ml_dtypes.bfloat16),
-            "count": rng.integers(-1000, 1000, size=(17,)).astype(np.int32)}
+    return {
+        "w": grid((300, 7), int(rng.integers(-3, 4))),  # 2100 values: 9 blocks, the last partial
+        "big": grid((5000,), 0),
+        "bias": grid((64,), 0),  # too small: travels as float32
+        "half": grid((2048,), 2).astype(ml_dtypes.bfloat16),
+        "count": rng.integers(-1000, 1000, size=(17,)).astype(np.int32),
+    }
 
 
 def travels_onebit(x) -> bool:
@@ -102,8 +104,10 @@ def main():
     jbps.init()
     rank, size = jbps.rank(), jbps.size()
     devices = jax.local_device_count() if args.mode == "pmap" else 1
-    zero = {k: (np.zeros(v.shape, np.float32) if travels_onebit(v) else np.zeros((0,), np.float32))
-            for k, v in tree(0, 0).items()}
+    zero = {
+        k: (np.zeros(v.shape, np.float32) if travels_onebit(v) else np.zeros((0,), np.float32))
+        for k, v in tree(0, 0).items()
+    }
 
     if rank == args.disagree:
         step = jax.jit(lambda t, r: (jbps.psum(t, name="onebit"), r))
@@ -124,8 +128,14 @@ def main():
 
     def local_sum(w, rnd):  # what worker w sends: its devices' trees, summed (onebit leaves in float32)
         ts = [tree(w, rnd, d) for d in range(devices)]
-        return {k: np.sum([np.asarray(t[k], np.float32) if travels_onebit(t[k]) else t[k] for t in ts], axis=0,
-                          dtype=np.float32 if travels_onebit(ts[0][k]) else ts[0][k].dtype) for k in ts[0]}
+        return {
+            k: np.sum(
+                [np.asarray(t[k], np.float32) if travels_onebit(t[k]) else t[k] for t in ts],
+                axis=0,
+                dtype=np.float32 if travels_onebit(ts[0][k]) else ts[0][k].dtype,
+            )
+            for k in ts[0]
+        }
 
     with reported({"rank": rank, "rounds": 0}) as report:
         if args.check == "exact":
@@ -136,8 +146,9 @@ def main():
                 want = ref.round(sent, {k: v.dtype for k, v in tree(0, 0).items()})
                 for name in want:
                     assert got[name].dtype == want[name].dtype, (name, got[name].dtype)
-                    assert np.array_equal(got[name].view(np.uint8), want[name].view(np.uint8)), \
+                    assert np.array_equal(got[name].view(np.uint8), want[name].view(np.uint8)), (
                         f"round {rnd} leaf {name}: {got[name].ravel()[:4]} != {want[name].ravel()[:4]}"
+                    )
                     if travels_onebit(sent[rank][name]):
                         lost = Reference.worker_residual(sent[rank][name])
                         assert np.array_equal(residuals[name], lost), f"round {rnd}: the residual of {name}"
@@ -145,15 +156,20 @@ def main():
                         assert residuals[name].shape == (0,), (name, residuals[name].shape)
                 report["rounds"] += 1
         else:
-            truth = {k: np.sum([np.asarray(local_sum(w, 0)[k], np.float32) for w in range(size)], axis=0)
-                     for k in ("w", "big")}
+            truth = {
+                k: np.sum([np.asarray(local_sum(w, 0)[k], np.float32) for w in range(size)], axis=0)
+                for k in ("w", "big")
+            }
             residuals, total, errors = stacked(zero), None, []
             for rnd in range(args.rounds):
                 got, residuals = step(mine(0), residuals)
                 got = jax.device_get(got)
                 total = got if total is None else jax.tree_util.tree_map(np.add, total, got)
-                errors.append(max(float(np.linalg.norm(total[k] / (rnd + 1) - truth[k]) / np.linalg.norm(truth[k]))
-                                  for k in truth))
+                errors.append(
+                    max(
+                        float(np.linalg.norm(total[k] / (rnd + 1) - truth[k]) / np.linalg.norm(truth[k])) for k in truth
+                    )
+                )
                 report["rounds"] += 1
             report["relative_errors"] = errors
 

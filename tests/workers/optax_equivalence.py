@@ -107,8 +107,9 @@ def main():
     p.add_argument("--mode", choices=("jit", "pmap"), default="jit")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--reference", action="store_true")
-    p.add_argument("--out", required=True,
-                   help="where to write the final parameters (.npz); {opt} and {rank} are replaced")
+    p.add_argument(
+        "--out", required=True, help="where to write the final parameters (.npz); {opt} and {rank} are replaced"
+    )
     args = p.parse_args()
     rank = 0
     if not args.reference:

@@ -43,8 +43,9 @@ def main():
     x = jnp.asarray(rng.normal(size=(args.batch, args.width)), jnp.float32)
     y = jnp.asarray(rng.normal(size=(args.batch, 1)), jnp.float32)
     params = model.init(jax.random.PRNGKey(0), x)
-    tx = jbps.optax.distributed(optax.sgd(0.01), priority=jbps.forward_order(params), name="grads",
-                                bucket_bytes=args.bucket_bytes)
+    tx = jbps.optax.distributed(
+        optax.sgd(0.01), priority=jbps.forward_order(params), name="grads", bucket_bytes=args.bucket_bytes
+    )
     state = tx.init(params)
 
     @jax.jit

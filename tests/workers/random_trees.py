@@ -56,8 +56,12 @@ def main():
     p.add_argument("--mode", choices=["pmap", "shard_map", "jit"], default="pmap")
     p.add_argument("--big-elems", type=int, default=50_000)
     p.add_argument("--sleep-rank", type=int, default=-1, help="this rank sleeps before every other round")
-    p.add_argument("--jitter-ms", type=float, default=0,
-                   help="sleep a random 0..this many ms before every round (unseeded: arrival order varies)")
+    p.add_argument(
+        "--jitter-ms",
+        type=float,
+        default=0,
+        help="sleep a random 0..this many ms before every round (unseeded: arrival order varies)",
+    )
     args = p.parse_args()
 
     jax.config.update("jax_enable_x64", True)
@@ -70,12 +74,21 @@ def main():
         if shard_map is None:
             from jax.experimental.shard_map import shard_map
         mesh = Mesh(np.array(jax.local_devices()), ("i",))
-        step = jax.jit(shard_map(lambda t: jax.tree_util.tree_map(lambda x: x[None], jbps.psum(
-            jax.tree_util.tree_map(lambda x: x[0], t), "i")), mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+        step = jax.jit(
+            shard_map(
+                lambda t: jax.tree_util.tree_map(
+                    lambda x: x[None], jbps.psum(jax.tree_util.tree_map(lambda x: x[0], t), "i")
+                ),
+                mesh=mesh,
+                in_specs=P("i"),
+                out_specs=P("i"),
+            )
+        )
     else:
         assert L == 1, "jit mode runs on one device"
-        step = jax.jit(lambda t: jax.tree_util.tree_map(lambda x: x[None], jbps.psum(
-            jax.tree_util.tree_map(lambda x: x[0], t))))
+        step = jax.jit(
+            lambda t: jax.tree_util.tree_map(lambda x: x[None], jbps.psum(jax.tree_util.tree_map(lambda x: x[0], t)))
+        )
 
     jitter = np.random.default_rng()  # fresh entropy per process and run
     digest = hashlib.sha256()
@@ -94,17 +107,34 @@ def main():
             assert got.shape == (L,) + want.shape, (name, got.shape, want.shape)
             rtol, atol = TOLERANCE[dtype]
             for d in range(L):
-                np.testing.assert_allclose(np.asarray(got[d], np.float64), want, rtol=rtol, atol=atol,
-                                           err_msg=f"round {rnd} leaf {name} device {d}")
-                assert np.ascontiguousarray(got[d]).tobytes() == np.ascontiguousarray(got[0]).tobytes(), \
+                np.testing.assert_allclose(
+                    np.asarray(got[d], np.float64),
+                    want,
+                    rtol=rtol,
+                    atol=atol,
+                    err_msg=f"round {rnd} leaf {name} device {d}",
+                )
+                assert np.ascontiguousarray(got[d]).tobytes() == np.ascontiguousarray(got[0]).tobytes(), (
                     f"devices differ bitwise: round {rnd} leaf {name}"
+                )
             digest.update(np.ascontiguousarray(got[0]).tobytes())
     stats = jbps.engine_stats()
     servers = list(jbps.runtime.config().servers)
     jbps.shutdown()
     # One write per line: mpiexec interleaves ranks' output at write boundaries.
-    sys.stdout.write(json.dumps({"rank": rank, "digest": digest.hexdigest(), "rounds": args.rounds,
-                                 "backend": jax.default_backend(), "stats": stats, "servers": servers}) + "\n")
+    sys.stdout.write(
+        json.dumps(
+            {
+                "rank": rank,
+                "digest": digest.hexdigest(),
+                "rounds": args.rounds,
+                "backend": jax.default_backend(),
+                "stats": stats,
+                "servers": servers,
+            }
+        )
+        + "\n"
+    )
     sys.stdout.flush()
 
 

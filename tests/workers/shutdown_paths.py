@@ -39,15 +39,15 @@ def children():
 
 
 def state():
-    return {"sockets": tcp_sockets(os.getpid()), "threads": len(os.listdir("/proc/self/task")),
-            "children": children()}
+    return {"sockets": tcp_sockets(os.getpid()), "threads": len(os.listdir("/proc/self/task")), "children": children()}
 
 
 def checked_psum(name):
     size = jbps.size()
     x = jnp.arange(10, dtype=jnp.float32) * (jbps.rank() + 1)
-    np.testing.assert_allclose(np.asarray(jax.jit(lambda v: jbps.psum(v, name=name))(x)),
-                               np.arange(10) * size * (size + 1) / 2)
+    np.testing.assert_allclose(
+        np.asarray(jax.jit(lambda v: jbps.psum(v, name=name))(x)), np.arange(10) * size * (size + 1) / 2
+    )
 
 
 def main():

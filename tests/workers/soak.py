@@ -38,8 +38,9 @@ def inputs(variant, worker, rnd, device):
             return rng.integers(-1000, 1000, size=shape, dtype=np.int32)
         return rng.standard_normal(shape).astype(jax.numpy.dtype(dtype))
 
-    return jax.tree_util.tree_map(leaf, TREES[variant], is_leaf=lambda s: isinstance(s, tuple) and
-                                  isinstance(s[1], str))
+    return jax.tree_util.tree_map(
+        leaf, TREES[variant], is_leaf=lambda s: isinstance(s, tuple) and isinstance(s[1], str)
+    )
 
 
 def rss_kib(pid="self"):
@@ -73,8 +74,13 @@ def main():
         for (path, got), ref in zip(jax.tree_util.tree_flatten_with_path(out)[0], jax.tree_util.tree_leaves(want)):
             tol = TOLERANCE[np.dtype(got.dtype).name]
             for d in range(L):
-                np.testing.assert_allclose(np.asarray(got[d], np.float64), ref, rtol=tol, atol=tol,
-                                           err_msg=f"round {rnd} leaf {jax.tree_util.keystr(path)} device {d}")
+                np.testing.assert_allclose(
+                    np.asarray(got[d], np.float64),
+                    ref,
+                    rtol=tol,
+                    atol=tol,
+                    err_msg=f"round {rnd} leaf {jax.tree_util.keystr(path)} device {d}",
+                )
         if rnd + 1 in (args.measure_at, args.rounds):
             measure()
     jbps.shutdown()
