@@ -77,7 +77,7 @@ def main():
     p.add_argument("--batch-size", type=int, default=64, help="global batch, split over the workers")
     p.add_argument(
         "--compression",
-        choices=["bf16", "fp16", "onebit"],
+        choices=["bf16", "fp16", "onebit", "topk"],
         default=None,
         help="gradients on the wire (default: float32 as computed)",
     )

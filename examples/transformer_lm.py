@@ -100,7 +100,7 @@ def main():
     p.add_argument("--layers", type=int, default=2)
     p.add_argument(
         "--compression",
-        choices=["bf16", "fp16", "onebit"],
+        choices=["bf16", "fp16", "onebit", "topk"],
         default=None,
         help="gradients on the wire (default: float32 as computed)",
     )

@@ -91,8 +91,9 @@ def distributed(
     gradient of the mean loss over the global batch; False sums.
     name, priority, bucket_bytes: as for jbps.psum.
     compression: as for jbps.psum ("bf16" or "fp16" halves the bytes of
-    float32 gradients), or "onebit": a sign bit per value and a scale per
-    256 values (1/25.6 of the bytes) with error feedback; the state is
+    float32 gradients), or with error feedback "onebit" (a sign bit per
+    value and a scale per 256 values: 1/25.6 of the bytes) or "topk" (the 10
+    largest of every 1024 values with their indices: 1/51.2); the state is
     then a FeedbackState holding tx's state and the residuals. Flax params flatten in
     alphabetical module order; priority=jbps.forward_order(params) sends the
     first layers first, which the next forward pass needs first, and groups
@@ -101,29 +102,26 @@ def distributed(
     """
     wire.check(compression, "jbps.optax.distributed", stateful_ok=True)
     inner = optax.with_extra_args_support(tx)
-    if compression == "onebit":
-        return _with_feedback(
-            inner, axis_name=axis_name, average=average, name=name, priority=priority, bucket_bytes=bucket_bytes
-        )
+    psum_args = dict(
+        axis_name=axis_name,
+        average=average,
+        name=name,
+        priority=priority,
+        bucket_bytes=bucket_bytes,
+        compression=compression,
+    )
+    if compression in wire.STATEFUL:
+        return _with_feedback(inner, **psum_args)
 
     def update_fn(updates, state, params=None, **extra_args):
-        reduced = psum(
-            updates,
-            axis_name,
-            average=average,
-            name=name,
-            priority=priority,
-            bucket_bytes=bucket_bytes,
-            compression=compression,
-        )
-        return inner.update(reduced, state, params, **extra_args)
+        return inner.update(psum(updates, **psum_args), state, params, **extra_args)
 
     return optax.GradientTransformationExtraArgs(inner.init, update_fn)
 
 
 class FeedbackState(NamedTuple):
-    """distributed(tx, compression="onebit")'s state: tx's, and per leaf what
-    this worker's onebit encodings have not sent yet (float32, the leaf's
+    """distributed(tx, compression="onebit" or "topk")'s state: tx's, and per leaf what
+    this worker's encodings have not sent yet (float32, the leaf's
     shape; an empty array for leaves that travel as they are: integers and
     leaves of fewer than 1024 values). It lives on
     the device and checkpoints with the rest; restored, it resumes the

@@ -4,7 +4,7 @@ protocol by hand (a raw worker, a hostile peer): 48 bytes, little-endian."""
 import struct
 
 HEADER = struct.Struct("<IHHQQIB3sIIQ")
-MAGIC, VERSION = 0x5350424A, 2  # version 2: the onebit dtype
+MAGIC, VERSION = 0x5350424A, 3  # version 2: the onebit dtype; 3: topk
 HELLO, HELLO_OK, PUSH, ERROR, BYE, TREE, PUSH_SHM, SHM_OFFER, SHM_ACCEPT = 1, 2, 3, 6, 7, 8, 10, 13, 14
 
 

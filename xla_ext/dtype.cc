@@ -1,6 +1,7 @@
 #include "dtype.h"
 
 #include "onebit.h"
+#include "topk.h"
 
 namespace jbps {
 
@@ -14,6 +15,7 @@ size_t DTypeSize(DType d) {
     case DType::kBF16: return 2;
     case DType::kI32: return 4;
     case DType::kOneBit: return kOneBitRecordBytes;
+    case DType::kTopK: return kTopKRecordBytes;
   }
   return 0;
 }
@@ -26,12 +28,14 @@ const char* DTypeName(DType d) {
     case DType::kBF16: return "bfloat16";
     case DType::kI32: return "int32";
     case DType::kOneBit: return "onebit";
+    case DType::kTopK: return "topk";
   }
   return "invalid";
 }
 
 size_t AccumulatorSize(DType d) {
   if (d == DType::kOneBit) return kOneBitAccFloats * sizeof(float);
+  if (d == DType::kTopK) return kTopKBlock * sizeof(float);
   return (d == DType::kF16 || d == DType::kBF16) ? 4 : DTypeSize(d);
 }
 

@@ -6,11 +6,11 @@
 
 namespace jbps {
 
-// kOneBit: compressed float32 (onebit.h); its element is one record, a
-// block of kOneBitBlock values, and it accumulates as those values in float32.
-enum class DType : uint8_t { kF32 = 0, kF64 = 1, kF16 = 2, kBF16 = 3, kI32 = 4, kOneBit = 5 };
+// kOneBit, kTopK: compressed float32 (onebit.h, topk.h); the element is one
+// record, a block of values, and it accumulates as those values in float32.
+enum class DType : uint8_t { kF32 = 0, kF64 = 1, kF16 = 2, kBF16 = 3, kI32 = 4, kOneBit = 5, kTopK = 6 };
 
-constexpr int kNumDTypes = 6;
+constexpr int kNumDTypes = 7;
 
 bool DTypeValid(uint8_t raw);
 size_t DTypeSize(DType d);

@@ -19,8 +19,10 @@ inline bool ToDType(xla::ffi::DataType t, DType* out) {
     case xla::ffi::DataType::F16: *out = DType::kF16; return true;
     case xla::ffi::DataType::BF16: *out = DType::kBF16; return true;
     case xla::ffi::DataType::S32: *out = DType::kI32; return true;
-    // jbps sums no uint8 tensor: a uint8 operand is onebit records (ops/onebit.py).
+    // jbps sums no uint8 or uint32 tensor: such an operand is compressed
+    // records, onebit's bytes (ops/onebit.py) or topk's words (ops/topk.py).
     case xla::ffi::DataType::U8: *out = DType::kOneBit; return true;
+    case xla::ffi::DataType::U32: *out = DType::kTopK; return true;
     default: return false;
   }
 }

@@ -55,7 +55,8 @@ KernelDType WireDType(jbps::DType d) {
     case jbps::DType::kI32: return {nb::dtype<int32_t>(), false, "int32"};
     case jbps::DType::kF16:
     case jbps::DType::kBF16: return {nb::dtype<uint16_t>(), true, "a 2-byte dtype"};
-    case jbps::DType::kOneBit: break;  // records, not elements: tested through a server
+    case jbps::DType::kOneBit:
+    case jbps::DType::kTopK: break;  // records, not elements: tested through a server
   }
   throw std::invalid_argument(std::string("jbps kernels: no kernel binding for ") + jbps::DTypeName(d));
 }

@@ -42,9 +42,9 @@
 namespace jbps {
 
 constexpr uint32_t kMagic = 0x5350424a;  // "JBPS" in little-endian bytes
-// 2: the onebit dtype (5) on the wire; a peer of another version is refused
-// at the hello, naming both.
-constexpr uint16_t kProtocolVersion = 2;
+// 2: the onebit dtype (5) on the wire; 3: the topk dtype (6). A peer of
+// another version is refused at the hello, naming both.
+constexpr uint16_t kProtocolVersion = 3;
 // Largest payload a header may announce. Chunks are at most the partition size
 // (default 4 MiB); this bound only stops a hostile length from being trusted.
 constexpr uint64_t kMaxPayloadBytes = uint64_t{1} << 31;

@@ -41,6 +41,7 @@
 #include "steady_clock.h"
 #include "sum_kernels.h"
 #include "thread_name.h"
+#include "topk.h"
 
 namespace jbps {
 
@@ -308,9 +309,9 @@ struct EngineThread {
   std::atomic<bool> reader_running{false};  // run_mu is a reader's, for a small push
   // Guarded by run_mu.
   std::unordered_map<RoundKey, RoundState, RoundKeyHash> rounds;
-  // Per onebit key: what encoding its sums lost so far (error feedback),
-  // added to its next sum. A new job starts from zeros.
-  std::unordered_map<uint64_t, std::vector<float>> onebit_residuals;
+  // Per onebit or topk key: what encoding its sums lost so far (error
+  // feedback), added to its next sum. A new job starts from zeros.
+  std::unordered_map<uint64_t, std::vector<float>> residuals;
   std::atomic<uint64_t> epoch{0};  // rounds of older jobs are dropped; written under run_mu
   uint64_t next_epoch = 0;         // guarded by mu: a job ended, drop its rounds now (DropEndedJobs)
 };

@@ -53,7 +53,7 @@ void SummationServer::Impl::RunTask(EngineThread* e, Task& t) {
   }
   if (ended > e->epoch) {
     e->rounds.clear();
-    e->onebit_residuals.clear();
+    e->residuals.clear();
     e->epoch = ended;
   }
   if (!t.conn) return;
@@ -61,7 +61,7 @@ void SummationServer::Impl::RunTask(EngineThread* e, Task& t) {
   if (t.conn->epoch >= e->epoch) {
     if (t.conn->epoch > e->epoch) {
       e->rounds.clear();
-      e->onebit_residuals.clear();
+      e->residuals.clear();
       e->epoch = t.conn->epoch;
     }
     Process(t, e);
@@ -116,18 +116,25 @@ void SummationServer::Impl::Fold(RoundState& st, DType dtype) {
 }
 
 // A round's sum as it travels: the accumulator itself, or narrowed back to
-// the wire type (16-bit floats), or encoded with the key's residual (onebit:
+// the wire type (16-bit floats), or encoded with the key's residual (onebit, topk:
 // what earlier encodings of this key's sums lost is added first, and what
 // this one loses is kept for the next round).
 Payload SummationServer::Impl::FinishSum(RoundState& st, EngineThread* e, uint64_t key) {
   if (AccumulatorIsWire(st.dtype)) return st.acc;
   Payload result = NewBlock(st.nbytes);
-  if (st.dtype == DType::kOneBit) {
-    const size_t records = st.nbytes / kOneBitRecordBytes;
-    std::vector<float>& residual = e->onebit_residuals[key];
-    if (residual.size() != records * kOneBitBlock) residual.assign(records * kOneBitBlock, 0.0f);
-    OneBitEncodeWithFeedback(reinterpret_cast<uint8_t*>(result->data()), reinterpret_cast<float*>(st.acc->data()),
-                             residual.data(), records);
+  if (st.dtype == DType::kOneBit || st.dtype == DType::kTopK) {
+    const bool onebit = st.dtype == DType::kOneBit;
+    const size_t records = st.nbytes / DTypeSize(st.dtype);
+    const size_t values = records * (onebit ? kOneBitBlock : kTopKBlock);
+    std::vector<float>& residual = e->residuals[key];
+    if (residual.size() != values) residual.assign(values, 0.0f);
+    auto* dst = reinterpret_cast<uint8_t*>(result->data());
+    auto* acc = reinterpret_cast<float*>(st.acc->data());
+    if (onebit) {
+      OneBitEncodeWithFeedback(dst, acc, residual.data(), records);
+    } else {
+      TopKEncodeWithFeedback(dst, acc, residual.data(), records);
+    }
   } else {
     AccumulatorFinish(st.dtype, result->data(), st.acc->data(), st.nbytes / DTypeSize(st.dtype));
   }

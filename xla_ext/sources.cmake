@@ -4,6 +4,7 @@ set(JBPS_CORE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/dtype.cc
   ${CMAKE_CURRENT_LIST_DIR}/sum_kernels.cc
   ${CMAKE_CURRENT_LIST_DIR}/onebit.cc
+  ${CMAKE_CURRENT_LIST_DIR}/topk.cc
   ${CMAKE_CURRENT_LIST_DIR}/net.cc
   ${CMAKE_CURRENT_LIST_DIR}/frame.cc
   ${CMAKE_CURRENT_LIST_DIR}/shm.cc

@@ -31,6 +31,7 @@
 #include <cstring>
 
 #include "onebit.h"
+#include "topk.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -187,6 +188,7 @@ void AccumulatorInit(DType d, void* acc, const void* src, size_t count) {
     case DType::kBF16: InitBf16(static_cast<float*>(acc), static_cast<const uint16_t*>(src), count); return;
     case DType::kF16: InitF16(static_cast<float*>(acc), src, count); return;
     case DType::kOneBit: OneBitDecode(static_cast<float*>(acc), static_cast<const uint8_t*>(src), count); return;
+    case DType::kTopK: TopKDecode(static_cast<float*>(acc), static_cast<const uint8_t*>(src), count); return;
   }
 }
 
@@ -198,6 +200,7 @@ void AccumulatorAdd(DType d, void* acc, const void* src, size_t count) {
     case DType::kBF16: AddBf16(static_cast<float*>(acc), static_cast<const uint16_t*>(src), count); return;
     case DType::kF16: AddF16(static_cast<float*>(acc), src, count); return;
     case DType::kOneBit: OneBitDecodeAdd(static_cast<float*>(acc), static_cast<const uint8_t*>(src), count); return;
+    case DType::kTopK: TopKDecodeAdd(static_cast<float*>(acc), static_cast<const uint8_t*>(src), count); return;
   }
 }
 
@@ -215,6 +218,7 @@ void AccumulatorInitSum(DType d, void* acc, const void* a, const void* b, size_t
     case DType::kBF16:
     case DType::kF16:
     case DType::kOneBit:
+    case DType::kTopK:
       AccumulatorInit(d, acc, a, count);
       AccumulatorAdd(d, acc, b, count);
       return;
@@ -231,6 +235,7 @@ void AccumulatorFinish(DType d, void* dst, const void* acc, size_t count) {
     case DType::kBF16: FinishBf16(static_cast<uint16_t*>(dst), static_cast<const float*>(acc), count); return;
     case DType::kF16: FinishF16(dst, static_cast<const float*>(acc), count); return;
     case DType::kOneBit: OneBitEncode(static_cast<uint8_t*>(dst), static_cast<const float*>(acc), count); return;
+    case DType::kTopK: TopKEncode(static_cast<uint8_t*>(dst), static_cast<const float*>(acc), count); return;
   }
 }
 

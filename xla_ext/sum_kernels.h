@@ -1,9 +1,9 @@
 // The summation kernels of the server: convert-in, add, convert-out.
 //
 // An accumulator holds `count` elements of AccumulatorType(d): float for
-// float32/float16/bfloat16, double for float64, int32 for int32; for onebit,
-// `count` records, each kOneBitBlock floats (decoded on init and add, encoded
-// by finish).
+// float32/float16/bfloat16, double for float64, int32 for int32; for onebit
+// and topk, `count` records, each a block of floats (decoded on init and add,
+// encoded by finish).
 #pragma once
 
 #include <cstddef>

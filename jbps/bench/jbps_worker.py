@@ -31,6 +31,7 @@ from jbps import _core  # noqa: E402
 from jbps.bench import memory  # noqa: E402
 from jbps.bench.report import summarize  # noqa: E402
 from jbps.bench.stages import call_stages, typical_stages  # noqa: E402
+from jbps.ops import topk  # noqa: E402
 from jbps.ops.psum import psum_with_feedback  # noqa: E402
 from jbps.optax import zero_residuals  # noqa: E402
 
@@ -56,7 +57,7 @@ def parse_args(argv=None):
     p.add_argument("--stages", action="store_true", help="also report the latency breakdown (stages.py)")
     p.add_argument(
         "--compression",
-        choices=("bf16", "fp16", "onebit"),
+        choices=("bf16", "fp16", "onebit", "topk"),
         default=None,
         help="the timed psums' compression (jbps.psum's compression=; onebit with its residuals)",
     )
@@ -95,16 +96,20 @@ def gather_times(times, tag):
 
 
 def check_sum(out, what):
-    """Every worker contributed rank+1 to every element: the sum is known without communication."""
+    """Every worker contributed rank+1 to every element: the sum is known without communication.
+    With topk, of each block of equal values the first KEEP travel (ties go to the lower index)."""
     world = jbps.size()
     expected = world * (world + 1) / 2
     for i, y in enumerate(jax.tree_util.tree_leaves(out)):
         y = np.asarray(y)
-        if not np.array_equal(y, np.full(y.shape, expected, np.float32)):
-            bad = np.flatnonzero(y != expected)
+        want = np.full(y.shape, expected, np.float32)
+        if _compression == "topk" and topk.compressed(y.shape, y.dtype):
+            want = np.where(np.arange(y.size).reshape(y.shape) % topk.BLOCK < topk.KEEP, want, np.float32(0))
+        if not np.array_equal(y, want):
+            bad = np.flatnonzero(y != want)
             raise RuntimeError(
                 f"rank {jbps.rank()}: wrong psum result for {what} (leaf {i}): {bad.size} elements "
-                f"differ, e.g. y[{bad[0]}] = {y.reshape(-1)[bad[0]]} (expected {expected})"
+                f"differ, e.g. y[{bad[0]}] = {y.reshape(-1)[bad[0]]} (expected {want.reshape(-1)[bad[0]]})"
             )
 
 
@@ -116,17 +121,17 @@ def in_place(name):
     return jax.jit(_summed(name), donate_argnums=0)
 
 
-# --compression: the timed psums send 16-bit floats or onebit records (the
-# values, the same small integer throughout a leaf, stay exact either way).
+# --compression: the timed psums send 16-bit floats, onebit or topk records (the
+# values, the same small integer throughout a leaf, stay exact; topk keeps KEEP of each block).
 _compression = None
 
 
 def _summed(name):
     """The timed psum of a tree. Onebit takes its residuals (zeros here, and
     zeros they stay for these values) as a training step's optimizer would."""
-    if _compression != "onebit":
+    if _compression not in ("onebit", "topk"):
         return lambda t: jbps.psum(t, name=name, compression=_compression)
-    return lambda t: psum_with_feedback(t, zero_residuals(t), name=name)[0]
+    return lambda t: psum_with_feedback(t, zero_residuals(t), name=name, compression=_compression)[0]
 
 
 # Untimed, before every call: each worker's contribution back to rank+1, in the same buffers.

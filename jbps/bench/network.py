@@ -157,9 +157,9 @@ def parse_args(argv=None, prog=None) -> argparse.Namespace:
     if any(c < 1 for c in credits):
         p.error("--credit values must be at least 1")
     compressions = [c.strip() for c in args.compression.split(",") if c.strip()]
-    bad = [c for c in compressions if c not in ("bf16", "fp16", "onebit")]
+    bad = [c for c in compressions if c not in ("bf16", "fp16", "onebit", "topk")]
     if bad:
-        p.error(f"--compression: {bad[0]!r} is not bf16, fp16 or onebit")
+        p.error(f"--compression: {bad[0]!r} is not bf16, fp16, onebit or topk")
     args.variants = variants(partitions, credits, compressions)
     if args.plot:
         import importlib.util

@@ -10,7 +10,7 @@ Leaves already 16-bit, and integer leaves, travel as they are. Every worker
 must use the same choice: a psum whose workers disagree fails with the tree
 check's error naming the first leaf whose dtype differs.
 
-`compression="onebit"` (onebit.py) needs a residual per leaf, so only the
+`compression="onebit"` and `"topk"` (onebit.py, topk.py) need a residual per leaf, so only the
 optax wrappers offer it, keeping the residual in their state.
 """
 
@@ -26,7 +26,7 @@ WIRE_TYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16}
 _COMPRESSIBLE = (np.dtype(np.float32), np.dtype(np.float64))
 
 
-STATEFUL = ("onebit",)  # error feedback keeps a residual: only the optax wrappers have the state
+STATEFUL = ("onebit", "topk")  # error feedback keeps a residual: only the optax wrappers have the state
 
 
 def check(compression: str | None, what: str, *, stateful_ok: bool = False) -> None:
@@ -37,7 +37,7 @@ def check(compression: str | None, what: str, *, stateful_ok: bool = False) -> N
             f"{what}: compression={compression!r} keeps an error-feedback residual, which needs "
             f"optimizer state: use jbps.optax.distributed(tx, compression={compression!r})"
         )
-    choices = "None, 'bf16', 'fp16' or 'onebit'" if stateful_ok else "None, 'bf16' or 'fp16'"
+    choices = "None, 'bf16', 'fp16', 'onebit' or 'topk'" if stateful_ok else "None, 'bf16' or 'fp16'"
     raise ValueError(f"{what}: compression must be {choices}, got {compression!r}")
 
 

@@ -102,13 +102,16 @@ def psum_with_feedback(
     name: str | None = None,
     priority: Priority = None,
     bucket_bytes: int | None = None,
+    compression: str = "onebit",
 ) -> tuple[Any, Any]:
-    """psum with onebit compression and error feedback (onebit.py):
-    returns (the sums, the new residuals). `residuals` has the tree's
-    structure, a float32 array of the shape of each leaf that travels as
-    onebit (onebit.compressed; zeros at first), anything for the other
+    """psum with onebit or topk compression and error feedback (onebit.py,
+    topk.py): returns (the sums, the new residuals). `residuals` has the
+    tree's structure, a float32 array of the shape of each leaf that travels
+    compressed (onebit.compressed; zeros at first), anything for the other
     leaves, which travel as they are; the optax wrappers keep it in their
     state."""
+    if compression not in wire.STATEFUL:
+        raise ValueError(f"jbps.psum_with_feedback: compression must be 'onebit' or 'topk', got {compression!r}")
     return _psum(
         tree,
         residuals,
@@ -117,7 +120,7 @@ def psum_with_feedback(
         name=name,
         priority=priority,
         bucket_bytes=bucket_bytes,
-        compression="onebit",
+        compression=compression,
     )
 
 
@@ -143,11 +146,11 @@ def _psum(tree, residuals, axis_name, *, average, name, priority, bucket_bytes, 
         paths=paths,
         priorities=None if priorities is None else tuple(priorities),
         bucket_bytes=bucket_bytes,
-        onebit=compression == "onebit",
+        feedback=compression if compression in wire.STATEFUL else None,
     )
     new_residuals = residuals
-    if spec.onebit:
-        held = _residual_leaves(residuals, treedef, paths, leaves)
+    if spec.feedback:
+        held = _residual_leaves(residuals, treedef, paths, leaves, compression)
         results = bind(list(leaves) + held, spec)
         out = results[: len(leaves)]
         new_residuals = jax.tree_util.tree_unflatten(treedef, results[len(leaves) :])
@@ -158,13 +161,15 @@ def _psum(tree, residuals, axis_name, *, average, name, priority, bucket_bytes, 
     return jax.tree_util.tree_unflatten(treedef, out), new_residuals
 
 
-def _residual_leaves(residuals, treedef, paths, leaves) -> list[jax.Array]:
+def _residual_leaves(residuals, treedef, paths, leaves, compression) -> list[jax.Array]:
     """The residual of every leaf, checked: a float32 array of the leaf's
-    shape for the leaves that travel as onebit; a placeholder for the others."""
+    shape for the leaves that travel compressed; a placeholder for the others."""
     try:
         held = treedef.flatten_up_to(residuals)
     except (ValueError, TypeError) as e:
-        raise ValueError(f"jbps.psum: the onebit residuals do not have the gradients' tree structure: {e}") from None
+        raise ValueError(
+            f"jbps.psum: the {compression} residuals do not have the gradients' tree structure: {e}"
+        ) from None
     out = []
     for path, leaf, r in zip(paths, leaves, held):
         if not onebit.compressed(leaf.shape, leaf.dtype):
@@ -173,7 +178,7 @@ def _residual_leaves(residuals, treedef, paths, leaves) -> list[jax.Array]:
         r = jnp.asarray(r)
         if r.shape != leaf.shape or r.dtype != jnp.float32:
             raise ValueError(
-                f"jbps.psum: the onebit residual of leaf {path or '<root>'} is "
+                f"jbps.psum: the {compression} residual of leaf {path or '<root>'} is "
                 f"{r.dtype.name}{list(r.shape)}, expected float32{list(leaf.shape)}"
             )
         out.append(r)

@@ -31,7 +31,7 @@ from jax._src.interpreters import ad, batching, mlir
 
 from .. import runtime
 from ..partition import make_plan
-from . import buckets, kept_operands, mapped_axes, onebit, replication
+from . import buckets, kept_operands, mapped_axes, onebit, replication, topk
 from .ffi import join, push_pull, tree_description
 
 AxisName = Hashable
@@ -47,9 +47,10 @@ class PsumSpec:
     paths: tuple[str, ...]
     priorities: tuple[int, ...] | None  # one per leaf; None: pytree order
     bucket_bytes: int = 0  # 0: one custom call; else buckets of about this many bytes (buckets.py)
-    # Onebit with error feedback (onebit.py): the operands are the leaves then
-    # one residual per leaf, the results their sums then the new residuals.
-    onebit: bool = False
+    # A codec with error feedback, "onebit" or "topk" (onebit.py, topk.py): the
+    # operands are the leaves then one residual per leaf, the results their
+    # sums then the new residuals.
+    feedback: str | None = None
 
     def select(self, keep: Sequence[int], suffix: str, axes: tuple[AxisName, ...] | None = None) -> "PsumSpec":
         """The spec of a derived call (tangent, transpose) over leaves `keep`."""
@@ -59,7 +60,7 @@ class PsumSpec:
             paths=tuple(self.paths[i] for i in keep),
             priorities=None if self.priorities is None else tuple(self.priorities[i] for i in keep),
             bucket_bytes=self.bucket_bytes,
-            onebit=self.onebit,
+            feedback=self.feedback,
         )
 
 
@@ -88,16 +89,16 @@ def _abstract_eval(*avals, spec, typed):
 psum_p.def_abstract_eval(_abstract_eval)
 
 
-def _not_with_onebit(spec, what):
-    if spec.onebit:
+def _not_with_feedback(spec, what):
+    if spec.feedback:
         raise NotImplementedError(
-            f"jbps: {what} of a psum with onebit compression (its error feedback is "
+            f"jbps: {what} of a psum with {spec.feedback} compression (its error feedback is "
             f"per call, not elementwise): use it on gradients, as the optax wrappers do"
         )
 
 
 def _batch(axis_data, vals, dims, *, spec, typed):
-    _not_with_onebit(spec, "vmap")
+    _not_with_feedback(spec, "vmap")
     if spec.axes is None or axis_data.name not in spec.axes:
         # Elementwise: a batch of sums is the sum of the batch.
         return psum_p.bind(*vals, spec=spec, typed=typed), list(dims)
@@ -116,7 +117,7 @@ def _live(values) -> list[int]:
 
 
 def _jvp(primals, tangents, *, spec, typed):
-    _not_with_onebit(spec, "the derivative")
+    _not_with_feedback(spec, "the derivative")
     out = psum_p.bind(*primals, spec=spec, typed=typed)
     live = _live(tangents)
     tangents_out = [ad.Zero(replication.aval_of(x).to_tangent_aval()) for x in out]
@@ -131,7 +132,7 @@ ad.primitive_jvps[psum_p] = _jvp
 
 
 def _transpose(cts, *args, spec, typed):
-    _not_with_onebit(spec, "the transpose")
+    _not_with_feedback(spec, "the transpose")
     live = _live(cts)
     out = [ad.Zero(x.aval) if ad.is_undefined_primal(x) else None for x in args]
     if not live:
@@ -169,12 +170,12 @@ def _reduce_on_devices(
     """What one device runs: its part of the sum over `reduced` and every
     worker, apart from the devices at other positions along `grouped`.
     kept[i]: leaf i is a parameter its caller keeps (kept_operands.py).
-    With spec.onebit, args are the leaves then their residuals, and so are
+    With spec.feedback, args are the leaves then their residuals, and so are
     the results."""
     num_shards = math.prod(s for _, s in reduced)
     num_groups = math.prod(s for _, s in grouped)
     names = tuple(n for n, _ in reduced)
-    leaves = args[: len(args) // 2] if spec.onebit else args
+    leaves = args[: len(args) // 2] if spec.feedback else args
     residuals = list(args[len(leaves) :])
     out = list(leaves)
     live = [i for i, x in enumerate(leaves) if x.size > 0]  # empty arrays sum to themselves
@@ -209,40 +210,43 @@ def _reduce_on_devices(
 
 
 class _Wire:
-    """Each leaf's shard as it travels: as it is, or (spec.onebit) onebit
+    """Each leaf's shard as it travels: as it is, or (spec.feedback) onebit or topk
     records of the shard plus its residual, the new residual kept."""
 
     def __init__(self, spec, leaves, residuals, names, num_shards, shard_index):
         self.leaves, self.residuals, self.names = leaves, residuals, names
         self.num_shards, self.shard_index = num_shards, shard_index
-        self.onebit = [spec.onebit and onebit.compressed(x.shape, x.dtype) for x in leaves]
+        codec = {None: None, "onebit": onebit, "topk": topk}[spec.feedback]
+        self.codec = [codec if codec and onebit.compressed(x.shape, x.dtype) else None for x in leaves]
 
     def padded(self, i: int) -> int:
-        """Elements of leaf i after padding: whole shards, for onebit of whole blocks."""
-        unit = self.num_shards * (onebit.BLOCK if self.onebit[i] else 1)
+        """Elements of leaf i after padding: whole shards, compressed ones of whole blocks."""
+        unit = self.num_shards * (self.codec[i].BLOCK if self.codec[i] else 1)
         return -(-self.leaves[i].size // unit) * unit
 
     def described(self, i: int) -> tuple[tuple[int, ...], np.dtype | str]:
         """(shape, dtype) as the tree check sees leaf i: its compression is part of it."""
-        return self.leaves[i].shape, (onebit.NAME if self.onebit[i] else self.leaves[i].dtype)
+        return self.leaves[i].shape, (self.codec[i].NAME if self.codec[i] else self.leaves[i].dtype)
 
     def planned(self, i: int) -> tuple[tuple[int, ...], np.dtype]:
-        """(shape, dtype) the plan cuts into chunks: onebit records count as elements."""
-        if self.onebit[i]:
-            return (self.padded(i) // onebit.BLOCK,), onebit.RECORD_DTYPE
+        """(shape, dtype) the plan cuts into chunks: compressed records count as elements."""
+        codec = self.codec[i]
+        if codec:
+            return (self.padded(i) // codec.BLOCK,), codec.RECORD_DTYPE
         return self.leaves[i].shape, self.leaves[i].dtype
 
     def shard(self, i: int) -> tuple[jax.Array, jax.Array | None]:
         """This device's shard of leaf i (reduce-scattered over the reduced axes), as it travels,
-        and for onebit the leaf's new residual (else None)."""
+        and for a compressed leaf its new residual (else None)."""
         x = self.leaves[i]
-        flat = jnp.ravel(x).astype(jnp.float32) if self.onebit[i] else jnp.ravel(x)
+        codec = self.codec[i]
+        flat = jnp.ravel(x).astype(jnp.float32) if codec else jnp.ravel(x)
         padded = self.padded(i)
         if padded != x.size:
             flat = jnp.pad(flat, (0, padded - x.size))
         if self.num_shards > 1:
             flat = lax.psum_scatter(flat, self.names, scatter_dimension=0, tiled=True)
-        if not self.onebit[i]:
+        if not codec:
             return flat, None
         # Error feedback: encode the shard plus what earlier encodings lost,
         # keep what this one loses. Every reduced device ends with the whole
@@ -251,7 +255,10 @@ class _Wire:
         residual = jnp.pad(jnp.ravel(self.residuals[i]).astype(jnp.float32), (0, padded - x.size))
         start = self.shard_index * n
         corrected = flat + lax.dynamic_slice(residual, (start,), (n,))
-        records, sent = onebit.encode(corrected, onebit.block_counts(x.size, start, n // onebit.BLOCK))
+        if codec is onebit:  # its records say how many values they hold
+            records, sent = onebit.encode(corrected, onebit.block_counts(x.size, start, n // onebit.BLOCK))
+        else:
+            records, sent = codec.encode(corrected)
         left = corrected - sent
         if self.num_shards > 1:
             left = lax.all_gather(left, self.names, axis=0, tiled=True)
@@ -260,14 +267,14 @@ class _Wire:
 
     def unpack(self, i: int, summed: jax.Array) -> jax.Array:
         """A summed shard back in values."""
-        return onebit.decode(summed) if self.onebit[i] else summed
+        return self.codec[i].decode(summed) if self.codec[i] else summed
 
 
 def _push_pull_call(wire, idx, call, paths, priorities, slot, num_groups, kept):
     """One jbps_psum custom call over leaves `idx` (all non-empty), named
     `call`: each device's shard of every leaf (wire.shard), pushed and
     pulled. Returns the summed shards as they travel, in `idx` order, and
-    the new residuals of the onebit leaves among them, by leaf."""
+    the new residuals of the compressed leaves among them, by leaf."""
     planned = [wire.planned(i) for i in idx]
     shapes, dtypes = [p[0] for p in planned], [p[1] for p in planned]
     sub_paths = tuple(paths[i] for i in idx)
@@ -291,7 +298,7 @@ def _push_pull_call(wire, idx, call, paths, priorities, slot, num_groups, kept):
             left[i] = residual
         # A kept parameter that reaches the custom call as it is gets a fresh output.
         in_place.append(
-            not (kept[i] and wire.num_shards == 1 and not wire.onebit[i] and wire.padded(i) == wire.leaves[i].size)
+            not (kept[i] and wire.num_shards == 1 and wire.codec[i] is None and wire.padded(i) == wire.leaves[i].size)
         )
         shards.append(shard)
     described = [wire.described(i) for i in idx]

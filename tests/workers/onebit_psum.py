@@ -1,5 +1,5 @@
-"""Onebit psum with error feedback on every worker of the job, checked
-against numpy. Prints one JSON line.
+"""Onebit or topk psum (--codec) with error feedback on every worker of the
+job, checked against numpy. Prints one JSON line.
 
 --check exact: each round every worker sends its own tree with zero
 residuals, values on a 2**-10 grid, so its encoding is exact in any order of
@@ -12,6 +12,8 @@ good), reported for the test to compare with the first round's error.
 --mode pmap: two local devices, each with its own tree (summed on the device
 first, then each device sends its shard).
 --disagree R: worker R sends uncompressed (a plain jbps.psum of the same name).
+--codec topk: the 10 largest magnitudes of each 1024 values travel (ties: the
+lower index); grid values keep every sum exact there too.
 """
 
 import argparse
@@ -24,7 +26,11 @@ import jbps
 from reporting import reported
 from jbps.ops.psum import psum_with_feedback
 
-BLOCK, MIN_ELEMENTS = 256, 1024  # the format's, restated: the reference must not borrow the code under test
+# The formats', restated: the reference must not borrow the code under test.
+MIN_ELEMENTS = 1024
+BLOCKS = {"onebit": 256, "topk": 1024}
+TOPK_KEEP = 10
+CODEC = "onebit"  # --codec
 
 
 def tree(rank: int, rnd: int, device: int = 0):
@@ -47,15 +53,22 @@ def travels_onebit(x) -> bool:
 
 
 def blocks_of(flat):
-    n = -(-flat.size // BLOCK) * BLOCK
+    block = BLOCKS[CODEC]
+    n = -(-flat.size // block) * block
     padded = np.zeros(n, np.float32)
     padded[: flat.size] = flat
-    counts = np.clip(flat.size - np.arange(n // BLOCK) * BLOCK, 0, BLOCK)
-    return padded.reshape(-1, BLOCK), counts
+    counts = np.clip(flat.size - np.arange(n // block) * block, 0, block)
+    return padded.reshape(-1, block), counts
 
 
 def encode_decode(values, counts):
-    """numpy's onebit: (what the records decode to) for blocks of float32 values."""
+    """numpy's codec: (what the records decode to) for blocks of float32 values."""
+    if CODEC == "topk":  # the KEEP largest |values| of each block, ties to the lower index
+        order = np.argsort(-np.abs(values), axis=1, kind="stable")[:, :TOPK_KEEP]
+        kept = np.zeros(values.shape, bool)
+        np.put_along_axis(kept, order, True, axis=1)
+        return np.where(kept, values, np.float32(0))
+    BLOCK = BLOCKS["onebit"]
     held = np.arange(BLOCK)[None, :] < counts[:, None]
     l1 = np.where(held, np.abs(values.astype(np.float64)), 0).sum(axis=1)
     scale = (l1 / np.maximum(counts, 1)).astype(np.float32)
@@ -100,7 +113,10 @@ def main():
     p.add_argument("--mode", choices=["jit", "pmap"], default="jit")
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--disagree", type=int, default=-1)
+    p.add_argument("--codec", choices=sorted(BLOCKS), default="onebit")
     args = p.parse_args()
+    global CODEC
+    CODEC = args.codec
     jbps.init()
     rank, size = jbps.rank(), jbps.size()
     devices = jax.local_device_count() if args.mode == "pmap" else 1
@@ -112,9 +128,9 @@ def main():
     if rank == args.disagree:
         step = jax.jit(lambda t, r: (jbps.psum(t, name="onebit"), r))
     elif args.mode == "jit":
-        step = jax.jit(lambda t, r: psum_with_feedback(t, r, name="onebit"))
+        step = jax.jit(lambda t, r: psum_with_feedback(t, r, name="onebit", compression=CODEC))
     else:
-        pmapped = jax.pmap(lambda t, r: psum_with_feedback(t, r, "d", name="onebit"), axis_name="d")
+        pmapped = jax.pmap(lambda t, r: psum_with_feedback(t, r, "d", name="onebit", compression=CODEC), axis_name="d")
         step = lambda t, r: jax.tree_util.tree_map(lambda a: a[0], pmapped(t, r))  # noqa: E731
 
     def mine(rnd):
