@@ -61,9 +61,12 @@ def test_error_feedback_makes_the_mean_of_the_sums_approach_the_true_sum(codec, 
     assert all(b < a for a, b in zip(errors[every::every], errors[2 * every :: every])), errors
 
 
-def test_workers_that_disagree_on_compression_fail_naming_the_leaf():
+@pytest.mark.parametrize("other", [None, "topk"])
+def test_workers_that_disagree_on_compression_fail_naming_the_leaf(other):
+    # Worker 1 sends uncompressed, or through the other codec.
+    extra = ["--disagree-codec", other] if other else []
     results = run_job(
-        [worker_script("onebit_psum.py"), "--check", "exact", "--rounds", "1", "--disagree", "1"],
+        [worker_script("onebit_psum.py"), "--check", "exact", "--rounds", "1", "--disagree", "1"] + extra,
         workers=2,
         servers=1,
         env={"JBPS_TIMEOUT_S": "30"},
@@ -71,8 +74,10 @@ def test_workers_that_disagree_on_compression_fail_naming_the_leaf():
     for r in results:
         assert r.returncode == 0, r.stderr[-3000:]
         err = last_json(r.stdout)["error"]
-        # The tree check names the first leaf that travels differently: 'big' (onebit vs float32).
+        # The tree check names the first leaf that travels differently, 'big', with what each
+        # worker sent: onebit vs float32, or onebit vs topk.
         assert err is not None and "jbps:" in err and "['big']" in err, err
+        assert ("onebit[5000]" in err and "topk[5000]" in err) if other else "onebit" in err, err
 
 
 def test_encoding_keeps_the_invariant_and_the_format():

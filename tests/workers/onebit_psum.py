@@ -11,7 +11,8 @@ the sums must approach the true sum (error feedback: nothing is lost for
 good), reported for the test to compare with the first round's error.
 --mode pmap: two local devices, each with its own tree (summed on the device
 first, then each device sends its shard).
---disagree R: worker R sends uncompressed (a plain jbps.psum of the same name).
+--disagree R: worker R sends uncompressed (a plain jbps.psum of the same name),
+or with --disagree-codec C through the other codec C.
 --codec topk: the 10 largest magnitudes of each 1024 values travel (ties: the
 lower index); grid values keep every sum exact there too.
 """
@@ -113,6 +114,7 @@ def main():
     p.add_argument("--mode", choices=["jit", "pmap"], default="jit")
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--disagree", type=int, default=-1)
+    p.add_argument("--disagree-codec", choices=sorted(BLOCKS), default=None)
     p.add_argument("--codec", choices=sorted(BLOCKS), default="onebit")
     args = p.parse_args()
     global CODEC
@@ -125,7 +127,9 @@ def main():
         for k, v in tree(0, 0).items()
     }
 
-    if rank == args.disagree:
+    if rank == args.disagree and args.disagree_codec:
+        step = jax.jit(lambda t, r: psum_with_feedback(t, r, name="onebit", compression=args.disagree_codec))
+    elif rank == args.disagree:
         step = jax.jit(lambda t, r: (jbps.psum(t, name="onebit"), r))
     elif args.mode == "jit":
         step = jax.jit(lambda t, r: psum_with_feedback(t, r, name="onebit", compression=CODEC))
