@@ -148,12 +148,11 @@ void Engine::Impl::RecvLoop(ServerConn* sc) {
       SpinUntilReadable(sc->fd, SteadyNs() + kReceiverSpinNs);
     Frame f;
     std::string why;
-    FrameStatus fs = reader.Next(&f, &why);
+    FrameStatus fs = reader.Next(&f, &why, /*stamp=*/stage_timing.load(std::memory_order_relaxed));
     if (fs != FrameStatus::kOk) {
       ConnFailed(sc, fs == FrameStatus::kBadHeader ? "protocol error: " + why : why);
       return;
     }
-    if (!stage_timing.load(std::memory_order_relaxed)) f.read_ns = 0;
     bool ok = true;
     switch (f.type) {
       case MsgType::kPushAck: {
@@ -254,14 +253,14 @@ bool Engine::Impl::OnSum(ServerConn* sc, const Frame& f, FrameReader* reader, st
     *why = "protocol error: a tree check answered with a sum";
     return false;
   }
-  const std::string server = sc->addr.ToString();
   const uint64_t sum_bytes = shm ? f.shm.nbytes : f.payload;
   bool wanted = ch && ch->call->TryAcquire();
   if (wanted) {
     const Operand& op = ch->call->spec.operands[ch->op];
     if (sum_bytes != ch->nbytes || f.header.dtype != static_cast<uint8_t>(op.dtype)) {
-      FailCall(ch->call, "jbps: server " + server + " returned " + std::to_string(sum_bytes) + " bytes for tensor '" +
-                             ch->call->TensorName(ch->op) + "', expected " + std::to_string(ch->nbytes));
+      FailCall(ch->call, "jbps: server " + sc->addr.ToString() + " returned " + std::to_string(sum_bytes) +
+                             " bytes for tensor '" + ch->call->TensorName(ch->op) + "', expected " +
+                             std::to_string(ch->nbytes));
       ReleaseIo(ch->call.get());
       wanted = false;
     }

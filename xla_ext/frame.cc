@@ -37,14 +37,14 @@ FrameHeader RoundFrame(MsgType type, uint64_t token, uint64_t key, uint32_t roun
   return h;
 }
 
-FrameStatus FrameReader::Next(Frame* f, std::string* why, int first_byte_ms) {
-  IoStatus st = RecvAll(fd_, &f->header, sizeof(f->header), first_byte_ms, stall_ms_);
+FrameStatus FrameReader::Next(Frame* f, std::string* why, bool stamp) {
+  IoStatus st = RecvAll(fd_, &f->header, sizeof(f->header), -1, stall_ms_);
   if (st != IoStatus::kOk) {
     *why = IoStatusName(st);
     return st == IoStatus::kClosed ? FrameStatus::kClosed : FrameStatus::kFailed;
   }
-  f->read_ns = SteadyNs();
   const FrameHeader& h = f->header;
+  f->read_ns = stamp || (h.flags & kFlagTimed) ? SteadyNs() : 0;
   *why = ValidateHeader(h, token_);
   if (!why->empty()) return FrameStatus::kBadHeader;
   f->type = static_cast<MsgType>(h.type);

@@ -25,7 +25,8 @@ FrameHeader ShmOfferFrame(uint64_t token, uint32_t rank, uint64_t slot_bytes);
 FrameHeader RoundFrame(MsgType type, uint64_t token, uint64_t key, uint32_t round);
 
 // One frame as read: the header (checked by ValidateHeader), when it was read
-// (SteadyNs), its trailer, and how many payload bytes follow it.
+// (SteadyNs; only when asked, or for a timed frame, else 0), its trailer, and
+// how many payload bytes follow it.
 struct Frame {
   FrameHeader header;
   MsgType type = MsgType::kHello;
@@ -47,9 +48,11 @@ class FrameReader {
  public:
   // stall_ms bounds every wait once a frame has begun.
   FrameReader(int fd, uint64_t token, int stall_ms) : fd_(fd), token_(token), stall_ms_(stall_ms) {}
-  // The next frame, waiting up to first_byte_ms for it to begin (-1: without
-  // a bound). Anything but kOk ends the connection; *why says what failed.
-  FrameStatus Next(Frame* frame, std::string* why, int first_byte_ms = -1);
+  // The next frame, waiting for it to begin without a bound (an idle
+  // connection; liveness probes watch it). Anything but kOk ends the
+  // connection; *why says what failed. stamp: fill read_ns for every frame,
+  // not only for those flagged kFlagTimed.
+  FrameStatus Next(Frame* frame, std::string* why, bool stamp = false);
   // Payload bytes of the current frame, into dst / dropped.
   IoStatus Read(void* dst, size_t n);
   IoStatus Skip(uint64_t n);

@@ -112,7 +112,7 @@ void SummationServer::Impl::ReaderLoop(ConnPtr c) {
       switch (f.type) {
         case MsgType::kRelease: Release(c, h); continue;
         case MsgType::kTree:
-          if (ReadTreeCheck(c, h, &why)) continue;
+          if (ReadTreeCheck(c, h, &reader, &why)) continue;
           break;
         case MsgType::kPushShm: data = ShmPush(c, f, &why); break;
         default:  // kPush
@@ -129,7 +129,6 @@ void SummationServer::Impl::ReaderLoop(ConnPtr c) {
       break;
     }
     const bool shm_push = f.type == MsgType::kPushShm;
-    const int64_t read_ns = (h.flags & kFlagTimed) ? f.read_ns : 0;
     const uint64_t nbytes = data->size();
     ++pushes;
     bytes_received += nbytes;
@@ -145,7 +144,7 @@ void SummationServer::Impl::ReaderLoop(ConnPtr c) {
       continue;
     }
     Task t{h.key, h.round, static_cast<DType>(h.dtype), c->rank, std::move(data), c, h.aux, shm_push};
-    if (h.flags & kFlagTimed) t.read_ns = read_ns;
+    t.read_ns = f.read_ns;  // 0 unless the push is timed
     {
       // Nothing queued: add it here, sparing the summing thread's wake-up,
       // when nobody is summing or another reader is adding a small push.

@@ -379,7 +379,7 @@ struct SummationServer::Impl {
   EngineThread* ThreadFor(uint64_t key, uint64_t nbytes);
   void SendError(const ConnPtr& c, uint64_t key, uint32_t round, const std::string& msg, uint8_t flags = 0);
   void Deliver(const ConnPtr& c, OutMsg m);
-  bool ReadTreeCheck(const ConnPtr& c, const FrameHeader& h, std::string* why);
+  bool ReadTreeCheck(const ConnPtr& c, const FrameHeader& h, FrameReader* reader, std::string* why);
   void CheckTree(const ConnPtr& c, const FrameHeader& h, uint64_t digest, std::shared_ptr<const std::string> text);
   void RunTask(EngineThread* e, Task& t);
   void ReapFinishedConns();

@@ -51,9 +51,10 @@ std::string TreeDifference(uint32_t rank_a, const std::string& a, uint32_t rank_
 
 // Reads a tree check's payload and checks it (CheckTree). False, with *why,
 // when the message is bad.
-bool SummationServer::Impl::ReadTreeCheck(const ConnPtr& c, const FrameHeader& h, std::string* why) {
+bool SummationServer::Impl::ReadTreeCheck(const ConnPtr& c, const FrameHeader& h, FrameReader* reader,
+                                          std::string* why) {
   std::string payload(h.nbytes, '\0');  // bounded by ValidateHeader
-  IoStatus st = RecvAll(c->fd, payload.data(), payload.size(), stall_ms, stall_ms);
+  IoStatus st = reader->Read(payload.data(), payload.size());
   if (st != IoStatus::kOk) {
     *why = std::string("truncated tree check: ") + IoStatusName(st);
     return false;

@@ -23,9 +23,9 @@ void DecodeRecord(float* out, const uint8_t* record) {
   }
 }
 
-// The kTopKKeep largest |values| (ties: the lower index), in index order.
-void EncodeRecord(uint8_t* record, const float* values) {
-  uint32_t order[kTopKBlock];
+// The kTopKKeep largest |values| (ties: the lower index), in index order;
+// their indices are the first kTopKKeep of *order on return.
+void EncodeRecord(uint8_t* record, const float* values, uint32_t (&order)[kTopKBlock]) {
   for (uint32_t i = 0; i < kTopKBlock; ++i) order[i] = i;
   auto larger = [values](uint32_t a, uint32_t b) {
     const float x = std::fabs(values[a]), y = std::fabs(values[b]);
@@ -49,20 +49,19 @@ void TopKDecodeAdd(float* acc, const uint8_t* src, size_t records) {
 }
 
 void TopKEncode(uint8_t* dst, const float* acc, size_t records) {
-  for (size_t r = 0; r < records; ++r) EncodeRecord(dst + r * kTopKRecordBytes, acc + r * kTopKBlock);
+  uint32_t order[kTopKBlock];
+  for (size_t r = 0; r < records; ++r) EncodeRecord(dst + r * kTopKRecordBytes, acc + r * kTopKBlock, order);
 }
 
 void TopKEncodeWithFeedback(uint8_t* dst, float* acc, float* residual, size_t records) {
+  uint32_t order[kTopKBlock];
   for (size_t r = 0; r < records; ++r) {
     float* a = acc + r * kTopKBlock;
     float* res = residual + r * kTopKBlock;
     for (size_t i = 0; i < kTopKBlock; ++i) a[i] += res[i];
-    uint8_t* record = dst + r * kTopKRecordBytes;
-    EncodeRecord(record, a);
-    std::memcpy(res, a, kTopKBlock * sizeof(float));  // what was sent leaves no residual
-    Pair pairs[kTopKKeep];
-    std::memcpy(pairs, record, sizeof(pairs));
-    for (const Pair& p : pairs) res[p.index] = 0.0f;
+    EncodeRecord(dst + r * kTopKRecordBytes, a, order);
+    std::memcpy(res, a, kTopKBlock * sizeof(float));
+    for (size_t k = 0; k < kTopKKeep; ++k) res[order[k]] = 0.0f;  // what was sent leaves no residual
   }
 }
 

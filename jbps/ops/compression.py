@@ -22,11 +22,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import onebit, topk
+
 WIRE_TYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16}
 _COMPRESSIBLE = (np.dtype(np.float32), np.dtype(np.float64))
 
 
-STATEFUL = ("onebit", "topk")  # error feedback keeps a residual: only the optax wrappers have the state
+# The codecs with error feedback, by name: they keep a residual, so only the
+# optax wrappers (which have the state) offer them.
+FEEDBACK = {"onebit": onebit, "topk": topk}
+STATEFUL = tuple(FEEDBACK)
 
 
 def check(compression: str | None, what: str, *, stateful_ok: bool = False) -> None:

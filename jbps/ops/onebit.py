@@ -76,3 +76,9 @@ def block_counts(size: int, start: jax.Array, num_blocks: int) -> jax.Array:
     element `start` on (the rest of the padded shard is padding)."""
     starts = start + jnp.arange(num_blocks, dtype=jnp.int32) * BLOCK
     return jnp.clip(size - starts, 0, BLOCK)
+
+
+def encode_shard(values: jax.Array, size: int, start: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """encode() of a device's padded shard of a leaf of `size` values, from
+    element `start` of the leaf on: the codecs' common entry (topk.py has one too)."""
+    return encode(values, block_counts(size, start, values.shape[0] // BLOCK))

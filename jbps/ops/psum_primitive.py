@@ -31,7 +31,8 @@ from jax._src.interpreters import ad, batching, mlir
 
 from .. import runtime
 from ..partition import make_plan
-from . import buckets, kept_operands, mapped_axes, onebit, replication, topk
+from . import buckets, kept_operands, mapped_axes, replication
+from .compression import FEEDBACK
 from .ffi import join, push_pull, tree_description
 
 AxisName = Hashable
@@ -216,8 +217,8 @@ class _Wire:
     def __init__(self, spec, leaves, residuals, names, num_shards, shard_index):
         self.leaves, self.residuals, self.names = leaves, residuals, names
         self.num_shards, self.shard_index = num_shards, shard_index
-        codec = {None: None, "onebit": onebit, "topk": topk}[spec.feedback]
-        self.codec = [codec if codec and onebit.compressed(x.shape, x.dtype) else None for x in leaves]
+        codec = FEEDBACK.get(spec.feedback)
+        self.codec = [codec if codec and codec.compressed(x.shape, x.dtype) else None for x in leaves]
 
     def padded(self, i: int) -> int:
         """Elements of leaf i after padding: whole shards, compressed ones of whole blocks."""
@@ -255,10 +256,7 @@ class _Wire:
         residual = jnp.pad(jnp.ravel(self.residuals[i]).astype(jnp.float32), (0, padded - x.size))
         start = self.shard_index * n
         corrected = flat + lax.dynamic_slice(residual, (start,), (n,))
-        if codec is onebit:  # its records say how many values they hold
-            records, sent = onebit.encode(corrected, onebit.block_counts(x.size, start, n // onebit.BLOCK))
-        else:
-            records, sent = codec.encode(corrected)
+        records, sent = codec.encode_shard(corrected, x.size, start)
         left = corrected - sent
         if self.num_shards > 1:
             left = lax.all_gather(left, self.names, axis=0, tiled=True)
