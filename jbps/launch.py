@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 
-from .config import argparse_type, env_value, exit_for_environment
+from .config import Config, argparse_type, exit_for_environment
 from .errors import JbpsError
 from .procs import signal_group, terminate
 from .scheduler.rendezvous import Scheduler
@@ -46,6 +46,22 @@ _CLEARED = (
     "JBPS_ROLE",
     "DMLC_WORKER_ID",
 )
+# Set by _env for every child, whatever the environment says.
+_SET = ("DMLC_ROLE", "DMLC_NUM_WORKER", "DMLC_NUM_SERVER", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT")
+
+
+def _inherited() -> dict:
+    """The environment every child starts from, before _env adds its own."""
+    return {k: v for k, v in os.environ.items() if k not in _CLEARED}
+
+
+def _environment_config(timeout_s: float | None) -> Config:
+    """The settings the children will read from the environment we pass on,
+    checked once here: a bad one is named in one line before anything starts,
+    not by every server and worker as it starts. `timeout_s` (--timeout), when
+    given, stands in for JBPS_TIMEOUT_S, as _env passes it on."""
+    environ = {k: v for k, v in _inherited().items() if k not in _SET}
+    return Config.resolve({"timeout_s": timeout_s}, environ)
 
 
 class _Output:
@@ -77,7 +93,7 @@ class Job:
         self.ending = False
 
     def _env(self, scheduler: Scheduler, role: str, extra: dict) -> dict:
-        env = {k: v for k, v in os.environ.items() if k not in _CLEARED}
+        env = _inherited()
         host, _, port = scheduler.address.rpartition(":")
         env.update(
             DMLC_ROLE=role,
@@ -242,11 +258,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     servers = args.servers if args.servers is not None else args.workers
     if args.workers < 1 or servers < 1 or (args.local_devices is not None and args.local_devices < 1):
         p.error("--workers, --servers and --local-devices must be at least 1")
-    if args.timeout is None:
-        try:
-            args.timeout = env_value("timeout_s")
-        except JbpsError as exc:
-            exit_for_environment(prog, exc)
+    try:
+        args.timeout = _environment_config(args.timeout).timeout_s
+    except JbpsError as exc:
+        exit_for_environment(prog, exc)
     if shutil.which(args.command[0]) is None:
         print(f"{prog}: {args.command[0]}: command not found (not on PATH, or not executable)", file=sys.stderr)
         return 127  # as a shell says of a command it cannot find
