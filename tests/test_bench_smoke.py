@@ -12,7 +12,7 @@ import pytest
 from jbps.bench import peers
 from jbps.bench.__main__ import format_table, plot
 
-G3_LEAVES = 8
+TREE_LEAVES = 8
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +31,7 @@ def bench_doc():
             "--credits",
             "2",
             "--tree-leaves",
-            str(G3_LEAVES),
+            str(TREE_LEAVES),
             "--tree-max",
             "16K",
             "--memory-bytes",
@@ -65,22 +65,22 @@ def test_bench_json_runs_and_reports_every_size(bench_doc):
 
 
 def test_bench_many_small_tensors_case(bench_doc):
-    g3 = bench_doc["g3"]
-    sizes = g3["leaf_bytes"]
-    assert len(sizes) == g3["leaves"] == G3_LEAVES and g3["seed"] == 0
-    assert all(4096 <= b <= 16384 and b % 4 == 0 for b in sizes) and g3["bytes"] == sum(sizes)
-    jbps_g3 = g3["jbps"]
+    small = bench_doc["small_tensors"]
+    sizes = small["leaf_bytes"]
+    assert len(sizes) == small["leaves"] == TREE_LEAVES and small["seed"] == 0
+    assert all(4096 <= b <= 16384 and b % 4 == 0 for b in sizes) and small["bytes"] == sum(sizes)
+    jbps_tree = small["jbps"]
     for key in ("tree", "flat"):
-        assert jbps_g3[key]["median_s"] > 0 and jbps_g3[key]["iters"] == 2
+        assert jbps_tree[key]["median_s"] > 0 and jbps_tree[key]["iters"] == 2
         # Both calls push every byte once, the tree as its leaves, the flat buffer as one.
-        assert jbps_g3[key]["engine_per_call"]["bytes_pushed"] == sum(sizes)
-    assert jbps_g3["tree_over_flat"] == pytest.approx(jbps_g3["tree"]["median_s"] / jbps_g3["flat"]["median_s"])
-    assert g3["mpi"] is None and g3["gloo"] is None  # --skip-peers
+        assert jbps_tree[key]["engine_per_call"]["bytes_pushed"] == sum(sizes)
+    assert jbps_tree["tree_over_flat"] == pytest.approx(jbps_tree["tree"]["median_s"] / jbps_tree["flat"]["median_s"])
+    assert small["mpi"] is None and small["gloo"] is None  # --skip-peers
 
 
 def test_bench_memory_case(bench_doc):
-    g4 = bench_doc["g4"]
-    peak, rounds = g4["peak"], g4["rounds"]
+    mem = bench_doc["memory"]
+    peak, rounds = mem["peak"], mem["rounds"]
     assert peak["bytes"] == 256 << 10 and peak["rounds"] == 2
     # The baseline holds jax's input and one output of M: the RSS is at least that.
     assert peak["baseline"]["VmRSS"] >= 2 * peak["bytes"]
@@ -91,7 +91,7 @@ def test_bench_memory_case(bench_doc):
     assert isinstance(rounds["malloc_trim"], bool)
     readings = list(rounds["rss"].values())
     assert rounds["floor_growth_bytes"] == min(readings[-4:]) - min(readings[:4])
-    assert len(g4["servers"]["pids"]) == 2 and g4["servers"]["before"]
+    assert len(mem["servers"]["pids"]) == 2 and mem["servers"]["before"]
 
 
 def test_bench_ratios_and_table(bench_doc):
@@ -99,7 +99,7 @@ def test_bench_ratios_and_table(bench_doc):
     # No 64/256 MiB rows and no peers: the ratios against the peers are listed as not measured.
     assert [g["pass"] for name, g in goals.items() if name.startswith("jbps psum / ")] == [None] * 4
     for name in (
-        f"tree of {G3_LEAVES} leaves / one buffer (time)",
+        f"tree of {TREE_LEAVES} leaves / one buffer (time)",
         "peak RSS beyond jax's buffers / M, M = 256 KiB",
         "RSS growth, rounds 2-20 / M, M = 64 KiB",
     ):
@@ -131,6 +131,19 @@ def test_bench_help_names_what_it_measures():
         assert word not in out.stdout, word
 
 
+def test_bench_worker_help_and_json_keys_name_what_they_measure(bench_doc):
+    out = subprocess.run(
+        [sys.executable, "-m", "jbps.bench.jbps_worker", "--help"], capture_output=True, text=True, timeout=120, cwd="/"
+    )
+    assert out.returncode == 0, out.stderr
+    assert "many small tensors:" in out.stdout and "memory:" in out.stdout
+    for word in ("issue", "G1", "G2", "G3", "G4", "g3", "g4"):
+        assert word not in out.stdout, word
+    assert bench_doc["small_tensors"] and bench_doc["memory"]
+    assert {"skip_small_tensors", "skip_memory"} <= set(bench_doc["config"])
+    assert not {"g3", "g4", "skip_g3", "skip_g4"} & (set(bench_doc) | set(bench_doc["config"]))
+
+
 def test_bench_plot_draws_the_tree_points(bench_doc, tmp_path):
     pytest.importorskip("matplotlib")
     doc = dict(bench_doc)
@@ -142,19 +155,23 @@ def test_bench_plot_draws_the_tree_points(bench_doc, tmp_path):
     assert (tmp_path / "bench.png").stat().st_size > 0
 
 
+def assert_times_the_tree(small):
+    """A peer's many-small-tensors report for the tree of 4, 8 and 12 KiB, 2 timed calls."""
+    assert small["leaves"] == 3 and small["bytes"] == 24576, small
+    assert small["tree"]["iters"] == 2 and small["flat"]["median_s"] > 0, small
+
+
 @pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None, reason="mpi4py is not installed")
 def test_mpi_peer_times_the_tree():
     out = peers.run_mpi_allreduce([4096], 2, 1, timeout_s=120, tree_sizes=[4096, 8192, 12288], tree_iters=2)
     assert out["results"][4096]["median_s"] > 0
-    g3 = out["g3"]
-    assert g3["leaves"] == 3 and g3["bytes"] == 24576 and g3["tree"]["iters"] == 2 and g3["flat"]["median_s"] > 0
+    assert_times_the_tree(out["small_tensors"])
 
 
 @pytest.mark.skipif(not hasattr(jax, "shard_map"), reason="the gloo peer needs jax.shard_map (jax >= 0.6)")
 def test_gloo_peer_times_the_tree():
     out = peers.run_gloo_psum([4096], 2, 1, timeout_s=120, tree_sizes=[4096, 8192, 12288], tree_iters=2)
-    g3 = out["g3"]
-    assert g3["leaves"] == 3 and g3["bytes"] == 24576 and g3["tree"]["iters"] == 2 and g3["flat"]["median_s"] > 0
+    assert_times_the_tree(out["small_tensors"])
 
 
 def test_floor_growth_ignores_buffers_that_come_and_go():
@@ -170,7 +187,7 @@ def test_goals_from_rows_and_kernel():
 
     doc = {
         "rows": [{"bytes": 64 << 20, "jbps_over_mpi": 0.9, "jbps_over_gloo": 0.6}],
-        # G1's goals, as the summation kernels' result carries them (greater is better).
+        # The kernel's aims, as the summation kernels' result carries them (greater is better).
         "kernel": {
             "goals": {"f32_vs_copy": {"what": "f32 add GB/s / copy GB/s", "ratio": 0.9, "target": 0.8, "passed": True}}
         },

@@ -135,7 +135,7 @@ def parse_args(argv=None, prog=None) -> argparse.Namespace:
     # Each case's options under the name of what it measures; the earlier --g3-*/--g4-*
     # spellings still work, unlisted.
     def option(name, old, **kwargs):
-        dest = old[2:].replace("-", "_")
+        dest = name[2:].replace("-", "_")
         if "action" not in kwargs:
             kwargs["metavar"] = name[2:].upper().replace("-", "_")
         p.add_argument(name, dest=dest, **kwargs)
@@ -217,11 +217,11 @@ def parse_args(argv=None, prog=None) -> argparse.Namespace:
         p.error("--warmup must not be negative")
     if args.workers < 1 or args.servers < 1:
         p.error("--workers and --servers must be at least 1")
-    if args.g3_leaves < 1 or args.g3_min > args.g3_max:
+    if args.tree_leaves < 1 or args.tree_min > args.tree_max:
         p.error("many small tensors: --tree-leaves must be at least 1, and --tree-min at most --tree-max")
-    if args.g4_peak_rounds < 1 or args.g4_rounds < 10:
+    if args.memory_peak_rounds < 1 or args.memory_rounds < 10:
         p.error("memory: --memory-peak-rounds must be at least 1, and --memory-rounds at least 10")
-    args.g4_bytes = args.g4_bytes or args.sizes[-1]
+    args.memory_bytes = args.memory_bytes or args.sizes[-1]
     return args
 
 
@@ -322,7 +322,7 @@ def run_peer(runner, sizes, iters, warmup, timeout_s, tree_sizes=(), tree_iters=
         if out is None:
             return None
         if merged is None:
-            merged = {"tool": out["tool"], "results": {}, "g3": out.get("g3")}
+            merged = {"tool": out["tool"], "results": {}, "small_tensors": out.get("small_tensors")}
             tree_sizes = ()
         merged["results"].update(out["results"])
     merged["results"] = dict(sorted(merged["results"].items()))
@@ -429,7 +429,7 @@ def plot(doc: dict, path: str) -> None:
         )
         colors[key] = line.get_color()
     # Many small tensors: the tree's bandwidth (total bytes / time) at its total size, in its tool's colour.
-    for key, r in (doc.get("g3") or {}).items():
+    for key, r in (doc.get("small_tensors") or {}).items():
         if isinstance(r, dict) and "tree" in r:
             ax.plot(
                 [r["bytes"]],
@@ -489,17 +489,28 @@ def main(argv=None, prog=None) -> int:
         ", ".join(str(iters[s]) for s in sizes),
         args.warmup,
     )
-    tree_sizes = [] if args.skip_g3 else tree_leaf_sizes(args.g3_leaves, args.g3_min, args.g3_max, args.g3_seed)
-    g3_iters = args.iters or 20
+    tree_sizes = (
+        []
+        if args.skip_small_tensors
+        else tree_leaf_sizes(args.tree_leaves, args.tree_min, args.tree_max, args.tree_seed)
+    )
+    tree_iters = args.iters or 20
     cases = ["--out-of-place"]  # the latency section's out-of-place columns at these sizes
     if tree_sizes:
-        cases += ["--tree-sizes", ",".join(map(str, tree_sizes)), "--tree-iters", str(g3_iters)]
-    if not args.skip_g4:
-        cases += ["--memory", f"{args.g4_bytes},{args.g4_peak_rounds},{args.g4_round_bytes},{args.g4_rounds}"]
+        cases += ["--tree-sizes", ",".join(map(str, tree_sizes)), "--tree-iters", str(tree_iters)]
+    if not args.skip_memory:
+        cases += [
+            "--memory",
+            f"{args.memory_bytes},{args.memory_peak_rounds},{args.memory_round_bytes},{args.memory_rounds}",
+        ]
     t0 = time.monotonic()
     log.info(
         "jbps psum%s ...",
-        "".join(f", {c}" for c, skip in (("many small tensors", args.skip_g3), ("memory", args.skip_g4)) if not skip),
+        "".join(
+            f", {c}"
+            for c, skip in (("many small tensors", args.skip_small_tensors), ("memory", args.skip_memory))
+            if not skip
+        ),
     )
     try:
         tools["jbps"] = run_jbps(sizes, iters, args.warmup, args.workers, args.servers, timeout, cases)
@@ -519,7 +530,7 @@ def main(argv=None, prog=None) -> int:
         ):
             log.info("%s ...", key)
             try:
-                tools[key] = run_peer(runner, sizes, iters, args.warmup, timeout, tree_sizes, g3_iters)
+                tools[key] = run_peer(runner, sizes, iters, args.warmup, timeout, tree_sizes, tree_iters)
                 if tools[key] is None:
                     log.info("%s skipped: not installed", key)
             except (RuntimeError, TimeoutError) as exc:
@@ -555,21 +566,21 @@ def main(argv=None, prog=None) -> int:
     log.info("done in %.0f s", time.monotonic() - t0)
 
     # The small-tensor and memory results travel in the tools' reports; the document keeps them
-    # apart (under "g3" and "g4": the keys of earlier documents).
-    g3 = None
+    # apart, each under the name of its case.
+    small_tensors = None
     if tree_sizes:
-        g3 = {
+        small_tensors = {
             "leaves": len(tree_sizes),
             "distribution": "log-uniform",
-            "min_bytes": args.g3_min,
-            "max_bytes": args.g3_max,
-            "seed": args.g3_seed,
+            "min_bytes": args.tree_min,
+            "max_bytes": args.tree_max,
+            "seed": args.tree_seed,
             "bytes": sum(tree_sizes),
-            "iters": g3_iters,
-            **{key: tools[key].pop("g3", None) if tools[key] else None for key in tools},
+            "iters": tree_iters,
+            **{key: tools[key].pop("small_tensors", None) if tools[key] else None for key in tools},
             "leaf_bytes": tree_sizes,
         }
-    g4 = tools["jbps"].pop("g4", None) if tools["jbps"] else None
+    memory = tools["jbps"].pop("memory", None) if tools["jbps"] else None
     doc = {
         "config": {
             "sizes": sizes,
@@ -579,8 +590,8 @@ def main(argv=None, prog=None) -> int:
             "servers": args.servers,
             "peer_processes": peers.NUM_PROCESSES,
             "skip_peers": args.skip_peers,
-            "skip_g3": args.skip_g3,
-            "skip_g4": args.skip_g4,
+            "skip_small_tensors": args.skip_small_tensors,
+            "skip_memory": args.skip_memory,
         },
         "machine": {
             "cpus": os.cpu_count(),
@@ -593,8 +604,8 @@ def main(argv=None, prog=None) -> int:
         "rows": make_rows(sizes, tools),
         "kernel": kernel,
         "priority": priority,
-        "g3": g3,
-        "g4": g4,
+        "small_tensors": small_tensors,
+        "memory": memory,
         "latency": latency.summarize(sweep, tools),
         "errors": errors,
     }

@@ -3,7 +3,7 @@
 Started once per process, e.g.
     python -m jbps.bench.gloo_peer --coordinator 127.0.0.1:PORT --num-processes 2 \
         --process-id I --sizes 4194304,67108864 --iters 10 --warmup 2 [--tree-sizes ...]
-Process 0 prints one JSON line: {"tool": ..., "results": {"<bytes>": {...}}[, "g3": {...}]}.
+Process 0 prints one JSON line: {"tool": ..., "results": {"<bytes>": {...}}[, "small_tensors": {...}]}.
 """
 
 import argparse
@@ -36,7 +36,11 @@ def parse_args(argv=None):
     p.add_argument("--sizes", required=True, help="comma-separated buffer sizes in bytes")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--tree-sizes", default="", help="also G3: a tree of buffers of these sizes (comma-separated)")
+    p.add_argument(
+        "--tree-sizes",
+        default="",
+        help="also the many-small-tensors case: a tree of buffers of these sizes (comma-separated)",
+    )
     p.add_argument("--tree-iters", type=int, default=None, help="timed calls of the tree (default --iters)")
     return p.parse_args(argv)
 
@@ -82,9 +86,9 @@ def bench_size(mesh, nbytes, iters, warmup):
 
 
 def bench_tree(mesh, leaf_bytes, iters, warmup):
-    """G3's tree in one psum, against one buffer of the same total bytes."""
-    tree = timed_psum(mesh, leaf_bytes, iters, warmup, "g3_tree")
-    flat = timed_psum(mesh, [sum(leaf_bytes)], iters, warmup, "g3_flat")
+    """The many-small-tensors case: the tree in one psum, against one buffer of the same total bytes."""
+    tree = timed_psum(mesh, leaf_bytes, iters, warmup, "small_tensors_tree")
+    flat = timed_psum(mesh, [sum(leaf_bytes)], iters, warmup, "small_tensors_flat")
     return {
         "tool": TOOL,
         "leaves": len(leaf_bytes),
@@ -110,7 +114,7 @@ def main(argv=None):
             results[str(nbytes)] = bench_size(mesh, nbytes, args.iters, args.warmup)
         report = {"tool": TOOL, "results": results}
         if args.tree_sizes:
-            report["g3"] = bench_tree(
+            report["small_tensors"] = bench_tree(
                 mesh, [int(s) for s in args.tree_sizes.split(",") if s], args.tree_iters or args.iters, args.warmup
             )
         if jax.process_index() == 0:

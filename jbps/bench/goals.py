@@ -5,8 +5,9 @@ The cases themselves run in the jbps workers (jbps_worker.py, memory.py) and the
 ratio has the value the design aims at: times and memory at most ("compare": "<="), the
 summation kernels' speeds at least (">="). The table prints the ratio beside that aim and no
 verdict: a benchmark on a shared machine measures, it does not judge. The --json document
-keeps, under its historical keys ("g3", "g4", "goals", "pass"), whether each ratio is within
-its aim (pass None: not measured this run, e.g. a size not benchmarked or a peer skipped).
+keeps the cases under "small_tensors" and "memory", and the ratios under "goals", each with
+"pass": whether it is within its aim (None: not measured this run, e.g. a size not
+benchmarked or a peer skipped).
 """
 
 from __future__ import annotations
@@ -15,17 +16,17 @@ import numpy as np
 
 MIB = 1 << 20
 # jbps time / peer time at most, at each of these sizes.
-G2_SIZES = (64 * MIB, 256 * MIB)
-G2_TARGETS = (("mpi", "mpi4py Allreduce", 1.0), ("gloo", "JAX gloo psum", 0.5))
+PEER_SIZES = (64 * MIB, 256 * MIB)
+PEER_TARGETS = (("mpi", "mpi4py Allreduce", 1.0), ("gloo", "JAX gloo psum", 0.5))
 # Many small tensors: a tree's psum time / the time of one buffer of the same bytes, at most.
-G3_TARGET = 1.5
+TREE_TARGET = 1.5
 # Memory: a worker's peak RSS beyond jax's buffers (its input and one output of M bytes), in M.
-G4_PEAK_TARGET = 1.0
+PEAK_TARGET = 1.0
 # Memory: RSS growth over the rounds (1,000 rounds: from round 100 to 1,000), in units of the rounds'
 # buffer, each reading taken after malloc_trim (memory.trim: otherwise glibc keeps freed buffers
 # mapped, steps of megabytes). 1/16 of 4 MiB is 256 KiB over 900 rounds: a leak of 300 bytes a
 # round fails. Seen here without any leak: 0-16 KiB.
-G4_GROWTH_TARGET = 1 / 16
+GROWTH_TARGET = 1 / 16
 
 
 def tree_leaf_sizes(leaves: int, lo: int, hi: int, seed: int) -> list[int]:
@@ -72,46 +73,44 @@ def make_goals(doc: dict) -> list[dict]:
         for name, g in kernel_goals.items()
     ]
     rows = {row["bytes"]: row for row in doc["rows"]}
-    for nbytes in G2_SIZES:
-        for key, label, target in G2_TARGETS:
+    for nbytes in PEER_SIZES:
+        for key, label, target in PEER_TARGETS:
             ratio = rows.get(nbytes, {}).get(f"jbps_over_{key}")
             goals.append(_goal(f"jbps psum / {label}, {nbytes // MIB} MiB (time)", ratio, target))
-    g3 = doc.get("g3")
-    if g3 is not None:
+    small = doc.get("small_tensors")
+    if small is not None:
         goals.append(
             _goal(
-                f"tree of {g3['leaves']} leaves / one buffer (time)",
-                (g3["jbps"] or {}).get("tree_over_flat"),
-                G3_TARGET,
+                f"tree of {small['leaves']} leaves / one buffer (time)",
+                (small["jbps"] or {}).get("tree_over_flat"),
+                TREE_TARGET,
             )
         )
-    g4 = doc.get("g4")
-    if g4 is not None:
-        peak, rounds = g4["peak"], g4["rounds"]
+    mem = doc.get("memory")
+    if mem is not None:
+        peak, rounds = mem["peak"], mem["rounds"]
         goals.append(
-            _goal(
-                f"peak RSS beyond jax's buffers / M, M = {_size(peak['bytes'])}", peak["extra_over_m"], G4_PEAK_TARGET
-            )
+            _goal(f"peak RSS beyond jax's buffers / M, M = {_size(peak['bytes'])}", peak["extra_over_m"], PEAK_TARGET)
         )
         goals.append(
             _goal(
                 f"RSS growth, rounds {rounds['from_round']}-{rounds['rounds']} / M, M = {_size(rounds['bytes'])}",
                 rounds["growth_over_m"],
-                G4_GROWTH_TARGET,
+                GROWTH_TARGET,
             )
         )
     return goals
 
 
-def format_g3(g3: dict) -> list[str]:
+def format_small_tensors(small: dict) -> list[str]:
     lines = [
-        f"many small tensors: {g3['leaves']} float32 leaves of {g3['min_bytes'] // 1024}-"
-        f"{g3['max_bytes'] // 1024} KiB (log-uniform, seed {g3['seed']}; {_mib(g3['bytes'])} in all) in one "
+        f"many small tensors: {small['leaves']} float32 leaves of {small['min_bytes'] // 1024}-"
+        f"{small['max_bytes'] // 1024} KiB (log-uniform, seed {small['seed']}; {_mib(small['bytes'])} in all) in one "
         "call vs one buffer of the same bytes; median of the slowest process per call.",
         "  {:<30} {:>9} {:>9} {:>10}".format("tool", "tree ms", "flat ms", "tree/flat"),
     ]
     for key in ("jbps", "mpi", "gloo"):
-        r = g3.get(key)
+        r = small.get(key)
         if r is None:
             continue
         lines.append(
@@ -126,8 +125,8 @@ def _shares(delta: dict) -> str:
     return ", ".join(f"{key} {_kib(delta[key])}" for key in ("RssAnon", "RssShmem") if key in delta)
 
 
-def format_g4(g4: dict) -> list[str]:
-    peak, rounds, m = g4["peak"], g4["rounds"], g4["peak"]["bytes"]
+def format_memory(mem: dict) -> list[str]:
+    peak, rounds, m = mem["peak"], mem["rounds"], mem["peak"]["bytes"]
     lines = [
         f"memory of worker 0 (/proc/self/status; M = {_size(m)}): baseline RSS "
         f"{_mib(peak['baseline']['VmRSS'])} holding jax's input and one output of M, the psum compiled "
@@ -149,7 +148,7 @@ def format_g4(g4: dict) -> list[str]:
         )
         + ".",
     ]
-    servers = g4.get("servers")
+    servers = mem.get("servers")
     if servers:
         lines.append(
             f"  servers ({len(servers['pids'])}, together): peak RSS {_mib(servers['peak_extra_bytes'])} "
@@ -201,10 +200,10 @@ def format_cases(doc: dict) -> list[str]:
     """The lines after the size rows, kernel and priority case: many small tensors, memory, the
     transport, the ratios."""
     lines = []
-    if doc.get("g3"):
-        lines += format_g3(doc["g3"])
-    if doc.get("g4"):
-        lines += format_g4(doc["g4"])
+    if doc.get("small_tensors"):
+        lines += format_small_tensors(doc["small_tensors"])
+    if doc.get("memory"):
+        lines += format_memory(doc["memory"])
     lines += format_engine((doc["tools"].get("jbps") or {}).get("engine_stats"))
     lines += format_goals(doc["goals"])
     return lines

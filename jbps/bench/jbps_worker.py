@@ -1,13 +1,13 @@
 """Benchmark worker: jbps.psum of one float32 buffer, timed like the peer tools; optionally
-the many-small-tensors case (G3: a tree against one buffer of the same bytes) and the
-memory case (G4, see memory.py).
+the many-small-tensors case (a tree against one buffer of the same bytes) and the
+memory case (see memory.py).
 
 Run as every worker of a jbps job (LocalCluster sets JBPS_SERVERS,
 JBPS_NUM_WORKERS and JBPS_WORKER_RANK), e.g.
     python -m jbps.bench.jbps_worker --sizes 4194304,67108864 --iters 40,10 --warmup 2 \
         [--out-of-place] [--stages] \
         [--tree-sizes 4096,65536,... --tree-iters 20] [--memory 268435456,5,4194304,1000]
-Rank 0 prints one JSON line: {"tool": ..., "results": {"<bytes>": {...}}, "g3": {...}, "g4": {...}}.
+Rank 0 prints one JSON line: {"tool": ..., "results": {"<bytes>": {...}}, "small_tensors": {...}, "memory": {...}}.
 --out-of-place also times each size with the input kept alive (a fresh output every call),
 calls alternating with the in-place ones; --stages adds rank 0's latency breakdown (stages.py).
 The memory case runs first, while the process holds nothing else.
@@ -45,10 +45,16 @@ def parse_args(argv=None):
         "--iters", default="10", help="timed calls: one number for every size, or one per size (comma-separated)"
     )
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--tree-sizes", default="", help="G3: the tree's leaf sizes in bytes (comma-separated)")
-    p.add_argument("--tree-iters", type=int, default=20, help="G3: timed calls of the tree and of the flat buffer")
-    p.add_argument("--memory", default="", help="G4: PEAK_BYTES,PEAK_ROUNDS,ROUND_BYTES,ROUNDS (see jbps.bench.memory)")
-    p.add_argument("--server-pids", default="", help="G4: the servers' PIDs, read by worker 0")
+    p.add_argument(
+        "--tree-sizes", default="", help="many small tensors: the tree's leaf sizes in bytes (comma-separated)"
+    )
+    p.add_argument(
+        "--tree-iters", type=int, default=20, help="many small tensors: timed calls of the tree and of the flat buffer"
+    )
+    p.add_argument(
+        "--memory", default="", help="memory: PEAK_BYTES,PEAK_ROUNDS,ROUND_BYTES,ROUNDS (see jbps.bench.memory)"
+    )
+    p.add_argument("--server-pids", default="", help="memory: the servers' PIDs, read by worker 0")
     p.add_argument(
         "--out-of-place",
         action="store_true",
@@ -237,18 +243,18 @@ def bench_size(nbytes, iters, warmup, fresh=False, stages=False):
 
 
 def bench_tree(leaf_bytes, iters, warmup):
-    """G3: one psum of a tree of float32 leaves against one of a buffer of the same total bytes,
+    """Many small tensors: one psum of a tree of float32 leaves against one of a buffer of the same total bytes,
     calls alternating so that both see the same machine."""
     rank = jbps.rank()
     tree = [jnp.full((b // 4,), rank + 1, jnp.float32) for b in leaf_bytes]
     flat = jnp.full((sum(leaf_bytes) // 4,), rank + 1, jnp.float32)
-    fns = {"tree": in_place("bench.g3.tree"), "flat": in_place("bench.g3.flat")}
+    fns = {"tree": in_place("bench.small_tensors.tree"), "flat": in_place("bench.small_tensors.flat")}
     bufs = {"tree": tree, "flat": flat}
     out = {}
     for key, f in fns.items():
         for _ in range(warmup):
             bufs[key] = jax.block_until_ready(f(_refill(bufs[key])))
-        engine, bufs[key] = checked_call(f, bufs[key], f"the G3 {key}")
+        engine, bufs[key] = checked_call(f, bufs[key], f"the small tensors' {key}")
         out[key] = {"engine_per_call": engine}
     times = {key: [] for key in fns}
     for _ in range(iters):
@@ -256,7 +262,7 @@ def bench_tree(leaf_bytes, iters, warmup):
             t, bufs[key], _ = timed_call(f, bufs[key])
             times[key].append(t)
     for key in fns:
-        out[key].update(slowest(times[key], f"g3.{key}"))
+        out[key].update(slowest(times[key], f"small_tensors.{key}"))
     return {
         "tool": TOOL,
         "leaves": len(leaf_bytes),
@@ -275,7 +281,7 @@ def main(argv=None):
         report = {"tool": TOOL, "workers": jbps.size()}
         if args.memory:
             peak_bytes, peak_rounds, round_bytes, rounds = args.memory
-            report["g4"] = memory.run(
+            report["memory"] = memory.run(
                 peak_bytes,
                 peak_rounds,
                 round_bytes,
@@ -292,7 +298,7 @@ def main(argv=None):
         stats_after = jbps.engine_stats()
         report["engine_stats"] = {"before": stats_before, "after": stats_after}
         if args.tree_sizes:
-            report["g3"] = bench_tree(args.tree_sizes, args.tree_iters, args.warmup)
+            report["small_tensors"] = bench_tree(args.tree_sizes, args.tree_iters, args.warmup)
         if jbps.rank() == 0:
             print(json.dumps(report), flush=True)
     finally:

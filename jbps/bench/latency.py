@@ -22,7 +22,7 @@ log = logging.getLogger("jbps.bench")
 
 DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M"
 KIB, MIB = 1 << 10, 1 << 20
-# Issue 18's targets: seconds at most for the smallest psum, then jbps/MPI at most.
+# The latency targets: seconds at most for the smallest psum, then jbps/MPI at most.
 SMALL_BYTES, SMALL_TARGET_S = 4 * KIB, 100e-6
 RATIO_TARGETS = ((4 * MIB, "in place", 1.3), (64 * MIB, "in place", 1.0), (64 * MIB, "out of place", 1.1))
 
@@ -106,7 +106,7 @@ def stages_by_size(sweep: dict | None) -> list[dict]:
 
 
 def targets(rows: list[dict]) -> list[dict]:
-    """Issue 18's targets with the values this run measured (None where it did not)."""
+    """The latency targets with the values this run measured (None where it did not)."""
     by_size = {r["bytes"]: r for r in rows}
     small = by_size.get(SMALL_BYTES, {}).get("jbps_in_place_s")
     out = [{"what": f"{SMALL_BYTES // KIB} KiB psum, in place", "value": small, "target": SMALL_TARGET_S, "unit": "s"}]

@@ -1,4 +1,4 @@
-"""G4, run inside a jbps benchmark worker: resident memory for a psum of M bytes.
+"""The memory case, run inside a jbps benchmark worker: resident memory for a psum of M bytes.
 
 Peak: with jax's own buffers in place (the input and one output of M bytes) and the psum
 compiled but never run, the baseline RSS is read (after malloc_trim) and the kernel's
@@ -105,7 +105,7 @@ def _servers_status(pids) -> dict:
 def measure_peak(nbytes, rounds, barrier, check, server_pids=()):
     rank = jbps.rank()
     x = jnp.full((nbytes // 4,), rank + 1, jnp.float32)
-    psum = jax.jit(lambda x: jbps.psum(x, name="bench.g4.peak")).lower(x).compile()
+    psum = jax.jit(lambda x: jbps.psum(x, name="bench.memory.peak")).lower(x).compile()
     out = jnp.copy(x).block_until_ready()  # stands in for the psum's output while the baseline is read
     gc.collect()
     trim()
@@ -126,7 +126,7 @@ def measure_peak(nbytes, rounds, barrier, check, server_pids=()):
     peak = read_status()
     servers_after = _servers_status(server_pids)
     extra = peak["VmHWM"] - baseline["VmRSS"]
-    check(y, "the G4 peak case")  # after reading the peak: np.asarray may copy
+    check(y, "the memory peak case")  # after reading the peak: np.asarray may copy
     del y, x, psum
     held = peak["VmRSS"] - baseline["VmRSS"]  # the last output alive, like the stand-in
     out = {
@@ -166,7 +166,7 @@ def floor_growth(readings: list[int]) -> int:
 def measure_growth(nbytes, rounds, check, server_pids=()):
     rank = jbps.rank()
     x = jnp.full((nbytes // 4,), rank + 1, jnp.float32)
-    psum = jax.jit(lambda x: jbps.psum(x, name="bench.g4.rounds"))
+    psum = jax.jit(lambda x: jbps.psum(x, name="bench.memory.rounds"))
     # Readings from the tenth of the rounds on (past any warm-up), about 50 in all, kept in
     # arrays made up front: dicts piling up would be growth of the benchmark's own.
     first, every = max(1, rounds // 10), max(1, rounds // 50)
@@ -180,7 +180,7 @@ def measure_growth(nbytes, rounds, check, server_pids=()):
         y = psum(x).block_until_ready()
         times[i - 1] = time.perf_counter() - t0
         if i == 1:
-            check(y, "the G4 rounds")
+            check(y, "the memory rounds")
         del y
         if i == at[k]:
             time.sleep(0.05)  # let frees that jax's threads finish after the call land
@@ -214,7 +214,7 @@ def measure_growth(nbytes, rounds, check, server_pids=()):
 
 
 def run(peak_bytes, peak_rounds, round_bytes, rounds, barrier, check, server_pids=()) -> dict:
-    """Both G4 measurements. barrier(): all workers meet; check(y, what): raises if y is not the
+    """Both memory measurements. barrier(): all workers meet; check(y, what): raises if y is not the
     known sum (each worker contributes rank+1); server_pids only on worker 0 (the others pass none)."""
     peak = measure_peak(peak_bytes, peak_rounds, barrier, check, server_pids)
     growth = measure_growth(round_bytes, rounds, check, server_pids)

@@ -3,7 +3,7 @@
 Run under mpiexec, e.g.
     mpiexec -n 2 python -m jbps.bench.mpi_peer --sizes 4194304,67108864 --iters 10 --warmup 2 \
         [--out-of-place] [--tree-sizes ...]
-Rank 0 prints one JSON line: {"tool": ..., "results": {"<bytes>": {...}}[, "g3": {...}]}.
+Rank 0 prints one JSON line: {"tool": ..., "results": {"<bytes>": {...}}[, "small_tensors": {...}]}.
 --out-of-place also times Allreduce(send, recv) into a receive buffer reused every call,
 calls alternating with the in-place ones (results[size]["out_of_place"]).
 """
@@ -27,7 +27,11 @@ def parse_args(argv=None):
     p.add_argument("--sizes", required=True, help="comma-separated buffer sizes in bytes")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--tree-sizes", default="", help="also G3: a tree of buffers of these sizes (comma-separated)")
+    p.add_argument(
+        "--tree-sizes",
+        default="",
+        help="also the many-small-tensors case: a tree of buffers of these sizes (comma-separated)",
+    )
     p.add_argument("--tree-iters", type=int, default=None, help="timed calls of the tree (default --iters)")
     p.add_argument(
         "--out-of-place", action="store_true", help="also time Allreduce into a separate (reused) receive buffer"
@@ -105,11 +109,13 @@ def timed_in_and_out_of_place(comm, nbytes, iters, warmup):
 
 
 def bench_tree(comm, leaf_bytes, iters, warmup):
-    """G3's tree: MPI has no call for many buffers, so one Allreduce per leaf, against one
+    """The many-small-tensors case: MPI has no call for many buffers, so one Allreduce per leaf, against one
     Allreduce of the same total bytes."""
     leaves = [np.empty(b // 4, dtype=np.float32) for b in leaf_bytes]
-    tree = timed_allreduce(comm, leaves, iters, warmup, "the G3 tree")
-    flat = timed_allreduce(comm, [np.empty(sum(leaf_bytes) // 4, dtype=np.float32)], iters, warmup, "the G3 flat")
+    tree = timed_allreduce(comm, leaves, iters, warmup, "the small tensors' tree")
+    flat = timed_allreduce(
+        comm, [np.empty(sum(leaf_bytes) // 4, dtype=np.float32)], iters, warmup, "the small tensors' flat"
+    )
     if tree is None:
         return None
     return {
@@ -133,7 +139,7 @@ def main(argv=None):
             results[str(nbytes)] = r
     report = {"tool": TOOL, "results": results}
     if args.tree_sizes:
-        report["g3"] = bench_tree(
+        report["small_tensors"] = bench_tree(
             comm, [int(s) for s in args.tree_sizes.split(",") if s], args.tree_iters or args.iters, args.warmup
         )
     if comm.Get_rank() == 0:

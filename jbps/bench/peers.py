@@ -2,7 +2,7 @@
 
 Each runner returns {"tool": str, "results": {size_bytes: {"median_s", "min_s", "iters"}}}
 so the jbps benchmark can print them next to its own numbers; given tree_sizes, also
-"g3": the many-small-tensors case (a tree of buffers against one of the same bytes).
+"small_tensors": the many-small-tensors case (a tree of buffers against one of the same bytes).
 """
 
 import importlib.util
