@@ -16,8 +16,8 @@ same update and the parameters stay identical. Prints the test accuracy.
 The servers' closing lines show uneven loads (with 2 servers, about 265 and 41
 MiB): chunks are the unit of routing, and this model's largest tensor, the
 first Dense kernel (512 KiB), is smaller than a partition (JBPS_PARTITION_BYTES,
-4 MiB), so it travels whole to one server. JBPS_PARTITION_BYTES=256K splits it
-(about 170 and 136 MiB).
+1 MiB on one host by default), so it travels whole to one server.
+JBPS_PARTITION_BYTES=256K splits it (about 136 and 170 MiB).
 """
 
 import argparse
