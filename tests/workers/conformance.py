@@ -258,7 +258,7 @@ MESH_3D = {"a": 2, "b": 2, "c": 2}
 def cases():
     sm_in = lambda shape: lambda rng, w: (ints(rng, shape),)  # noqa: E731
     out = [
-        # The reproducer: over "a" only of a 2x2 mesh, groups along "b".
+        # Over one axis of two: "a" only of a 2x2 mesh, a sum for each position along "b".
         ShardMapCase(
             "shard_map 2-D psum over a",
             MESH_2D,
@@ -456,6 +456,56 @@ def cases():
             sm_in((4, 6)),
             checked=False,
         ),  # typed, lax.psum over a vmap axis fails an assert in jax 0.10
+        # vmap inside shard_map: the vmap axis is no device axis, so each element
+        # sums apart, over the mesh axes named and the workers.
+        ShardMapCase(
+            "shard_map 2-D vmap inside over columns, psum over b",
+            MESH_2D,
+            (P("a", "b"),),
+            P("a", None),
+            lambda psum, v: jax.vmap(lambda c: psum(c, "b"), in_axes=1, out_axes=1)(v),
+            sm_in((4, 6)),
+        ),
+        ShardMapCase(
+            "shard_map 2-D vmap with jit inside, psum over a",
+            MESH_2D,
+            (P("a", "b"),),
+            P(None, "b"),
+            lambda psum, v: jax.vmap(jax.jit(lambda r: psum(r, "a")), axis_name="v")(v),
+            sm_in((4, 6)),
+        ),
+        ShardMapCase(
+            "shard_map 2-D vmap inside, axis_name=() sums each element of each device over the workers",
+            MESH_2D,
+            (P("a", "b"),),
+            P("a", "b"),
+            lambda psum, v: jax.vmap(lambda r: psum(r, ()), axis_name="v")(v),
+            sm_in((4, 6)),
+        ),
+        ShardMapCase(
+            "shard_map 2-D vmap inside, pmean over (a, b)",
+            MESH_2D,
+            (P("a", "b"),),
+            P(),
+            lambda psum, v: jax.vmap(lambda r: psum(r, ("a", "b"), average=True))(v),
+            sm_in((4, 6)),
+        ),
+        ShardMapCase(
+            "shard_map 2-D grad through vmap inside, psum over a",
+            MESH_2D,
+            (P("a", "b"),),
+            P("a", "b"),
+            lambda psum, v: jax.vmap(square_sum_grad(psum, "a"))(v),
+            sm_in((4, 6)),
+        ),
+        ShardMapCase(
+            "shard_map 3-D nested vmap inside, psum over (a, c)",
+            MESH_3D,
+            (P("a", "b", "c"),),
+            P(None, "b", None),
+            lambda psum, v: jax.vmap(jax.vmap(lambda r: psum(r, ("a", "c"))))(v),
+            sm_in((4, 4, 6)),
+        ),
         ShardMapCase(
             "shard_map 2-D pytree with empty leaves over b",
             MESH_2D,
@@ -566,6 +616,11 @@ def cases():
     devices2 = lambda job: job.devices[:2]  # noqa: E731
     mesh2d = lambda job: Mesh(np.array(job.devices[:4]).reshape(2, 2), ("a", "b"))  # noqa: E731
     no_axis = ("without axis_name", "axis_name=()")
+
+    def vmap_in_mesh2d(job, f):  # f vmapped (axis "v") over the rows of each device's block
+        g = shard_map(jax.vmap(f, axis_name="v"), mesh=mesh2d(job), in_specs=P("a", "b"), out_specs=P("a", "b"))
+        return jax.jit(g)(np.ones((4, 2)))
+
     out += [
         Refusal(
             "pmap without axis_name is refused, naming the axis",
@@ -610,6 +665,18 @@ def cases():
             )(np.ones((2, 2))),
             ValueError,
             no_axis + ("'a', 'b'",),
+        ),
+        Refusal(
+            "vmap inside shard_map without axis_name is refused, naming only the mesh axes",
+            lambda job: vmap_in_mesh2d(job, lambda r: jbps.psum(r)),
+            ValueError,
+            no_axis + ("(mapped axes: 'a', 'b')",),
+        ),
+        Refusal(
+            "vmap with jit inside shard_map without axis_name is refused",
+            lambda job: vmap_in_mesh2d(job, jax.jit(lambda r: jbps.psum(r))),
+            ValueError,
+            no_axis + ("(mapped axes: 'a', 'b')",),
         ),
         Refusal(
             "shard_map inside vmap without axis_name is refused, naming the mesh axes",
