@@ -132,67 +132,53 @@ def parse_args(argv=None, prog=None) -> argparse.Namespace:
     )
     p.add_argument("--skip-priority", action="store_true", help="do not run the priority case")
 
-    # Each case's options under the name of what it measures; the earlier --g3-*/--g4-*
-    # spellings still work, unlisted.
-    def option(name, old, **kwargs):
-        dest = name[2:].replace("-", "_")
+    # Each case's options, named after what it measures.
+    def option(name, **kwargs):
         if "action" not in kwargs:
             kwargs["metavar"] = name[2:].upper().replace("-", "_")
-        p.add_argument(name, dest=dest, **kwargs)
-        p.add_argument(
-            old, dest=dest, help=argparse.SUPPRESS, **{k: v for k, v in kwargs.items() if k not in ("help", "default")}
-        )
+        p.add_argument(name, **kwargs)
 
-    option("--skip-small-tensors", "--skip-g3", action="store_true", help="do not run the many-small-tensors case")
+    option("--skip-small-tensors", action="store_true", help="do not run the many-small-tensors case")
     option(
         "--tree-leaves",
-        "--g3-leaves",
         type=int,
         default=200,
         help="many small tensors: leaves in the tree (default 200)",
     )
     option(
         "--tree-min",
-        "--g3-min",
         type=parse_size,
         default=parse_size("4K"),
         help="many small tensors: smallest leaf (default 4K)",
     )
     option(
         "--tree-max",
-        "--g3-max",
         type=parse_size,
         default=parse_size("256K"),
         help="many small tensors: largest leaf (default 256K)",
     )
-    option(
-        "--tree-seed", "--g3-seed", type=int, default=0, help="many small tensors: seed of the leaf sizes (default 0)"
-    )
-    option("--skip-memory", "--skip-g4", action="store_true", help="do not run the memory case")
+    option("--tree-seed", type=int, default=0, help="many small tensors: seed of the leaf sizes (default 0)")
+    option("--skip-memory", action="store_true", help="do not run the memory case")
     option(
         "--memory-bytes",
-        "--g4-bytes",
         type=parse_size,
         default=None,
         help="memory: M, the psum whose peak memory is measured (default the largest of --sizes)",
     )
     option(
         "--memory-peak-rounds",
-        "--g4-peak-rounds",
         type=int,
         default=5,
         help="memory: psums of M while the peak is taken (default 5)",
     )
     option(
         "--memory-round-bytes",
-        "--g4-round-bytes",
         type=parse_size,
         default=parse_size("4M"),
         help="memory: the buffer of the growth rounds (default 4M)",
     )
     option(
         "--memory-rounds",
-        "--g4-rounds",
         type=int,
         default=1000,
         help="memory: growth rounds; RSS growth from the 10th percent of them to the last (default 1000)",
