@@ -2,6 +2,8 @@
 loopback, with 4 host devices. With one worker the sum over the job is the
 sum over local devices, so numpy gives the reference."""
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -89,6 +91,68 @@ def test_shard_map(session):
     out = np.asarray(f(x)).reshape(L, 37)
     for d in range(L):
         np.testing.assert_allclose(out[d], device_sum(x), rtol=1e-5)
+
+
+@pytest.mark.parametrize("names", [("a",), ("b",), ("b", "a"), ("a", "b"), ()])
+def test_every_device_of_a_mesh_keys_its_chunks_apart(names):
+    # Devices that differ only along an axis not summed over once shared keys, and sums mixed
+    # at random (whichever push came first). The slot must be unique among a worker's devices
+    # and be g * L + s: g the device's row-major position along the axes kept apart, s along
+    # the summed ones in the order named (partition/plan.py).
+    from jbps.ops.mapped_axes import split
+    from jbps.ops.psum_primitive import device_slot
+
+    sizes = {"a": 2, "b": 2}
+    mesh = Mesh(np.array(jax.devices()).reshape(2, 2), ("a", "b"))
+    reduced, grouped = split(names, tuple(sizes.items()), "test")
+    f = shard_map_fn()(
+        lambda _: device_slot(reduced, grouped).reshape(1, 1),
+        mesh=mesh,
+        in_specs=P("a", "b"),
+        out_specs=P("a", "b"),
+    )
+    got = np.asarray(jax.jit(f)(np.zeros((2, 2), np.float32)))
+    want = np.zeros((2, 2), np.int32)
+    for a in range(2):
+        for b in range(2):
+            pos = {"a": a, "b": b}
+            s = g = 0
+            for n in names:
+                s = s * sizes[n] + pos[n]
+            for n in ("a", "b"):
+                if n not in names:
+                    g = g * sizes[n] + pos[n]
+            want[a, b] = g * math.prod(sizes[n] for n in names) + s
+    np.testing.assert_array_equal(got, want)
+    assert sorted(got.ravel()) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("in_spec", [P("a", "b"), P("a"), P(None, "b")])
+@pytest.mark.parametrize("names", [("a",), ("b",), ("a", "b")])
+def test_a_psum_result_is_typed_replicated_as_lax_psums(session, in_spec, names):
+    # Where jax types replication in avals (shard_map's check on), jbps.psum's result varies
+    # along exactly the axes lax.psum's does; jax 0.5 checks replication by rules instead
+    # (the conformance cases with out_specs that leave the summed axes out cover both).
+    from jbps.ops import replication
+
+    mesh = Mesh(np.array(jax.devices()).reshape(2, 2), ("a", "b"))
+    seen = {}
+
+    def body(x):
+        if not replication.typed():
+            return x
+        v = x
+        seen["jbps"] = replication.varying(replication.aval_of(jbps.psum(v, names)))
+        for n in names:  # one at a time: lax refuses a psum over axes the value is partly invariant along
+            v = jax.lax.psum(v, n)
+        seen["lax"] = replication.varying(replication.aval_of(v))
+        return x
+
+    f = shard_map_fn()(body, mesh=mesh, in_specs=in_spec, out_specs=in_spec)
+    jax.jit(f).lower(np.zeros((2, 2), np.float32))
+    if not seen:
+        pytest.skip(f"jax {jax.__version__} does not type replication in avals")
+    assert seen["jbps"] == seen["lax"], seen
 
 
 def test_two_mapped_axes(session):

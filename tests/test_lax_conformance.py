@@ -1,16 +1,17 @@
 """jbps.psum agrees with lax.psum, case by case (tests/workers/conformance.py):
 meshes of 1 to 3 axes with psums over some or all of them, pmap, vmap, grads,
 scan, cond, donation, and the refusals. Once with one worker alone (a plain
-`python`, its server inside), once with 2 workers, whose sums run over both;
+`python`, its server inside), once with 2 workers under `jbps run`, whose sums run over both;
 each job runs every case once, and each case is a test of its own here."""
 
 import importlib.util
 import json
+import re
 
 import pytest
 
-from conftest import run_job, worker_script
-from test_launch import PYTHON, base_env, run
+from conftest import worker_script
+from test_launch import PYTHON, base_env, jbps_run, run
 
 SCRIPT = worker_script("conformance.py")
 _spec = importlib.util.spec_from_file_location("conformance_cases", SCRIPT)
@@ -40,10 +41,16 @@ def alone():
 
 @pytest.fixture(scope="module")
 def two_workers():
-    results = run_job(
-        [SCRIPT], workers=2, servers=2, devices=2 * DEVICES_PER_WORKER, env={"JBPS_TIMEOUT_S": "60"}, timeout_s=600
-    )
-    return [(reports(r.stdout), r.returncode, r.stderr) for r in results]
+    # As a user starts a job: jbps run, whose output carries each line's process.
+    env = base_env(JBPS_TIMEOUT_S="60")
+    args = ["-n", "2", "--servers", "2", "--local-devices", str(2 * DEVICES_PER_WORKER), PYTHON, SCRIPT]
+    proc, out, err = jbps_run(args, env, timeout=600)
+    by_rank = {0: [], 1: []}
+    for line in out.splitlines():
+        m = re.match(r"\[worker (\d)\] (.*)", line)
+        if m:
+            by_rank[int(m.group(1))].append(m.group(2))
+    return [(reports("\n".join(lines)), proc.returncode, err) for lines in by_rank.values()]
 
 
 def check(workers, case):

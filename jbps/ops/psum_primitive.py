@@ -165,6 +165,13 @@ def _axis_index(axes: mapped_axes.Axes) -> jax.Array:
     return lax.axis_index(tuple(n for n, _ in axes)).astype(jnp.int32)
 
 
+def device_slot(reduced: mapped_axes.Axes, grouped: mapped_axes.Axes) -> jax.Array:
+    """The slot the engine keys this device's chunks by (partition/plan.py: g * L + s, for
+    position g along `grouped` and s along `reduced`, which has L positions): unique among
+    the worker's devices, the same for the devices of every worker that sum together."""
+    return _axis_index(grouped) * math.prod(s for _, s in reduced) + _axis_index(reduced)
+
+
 def _reduce_on_devices(
     *args: jax.Array, spec: PsumSpec, reduced: mapped_axes.Axes, grouped: mapped_axes.Axes, kept: Sequence[bool]
 ) -> list[jax.Array]:
@@ -182,9 +189,7 @@ def _reduce_on_devices(
     live = [i for i, x in enumerate(leaves) if x.size > 0]  # empty arrays sum to themselves
     if not live:
         return out + residuals
-    # The engine keys chunks by this slot: unique among the worker's devices,
-    # the same for the devices of every worker that sum together.
-    slot = _axis_index(grouped) * num_shards + _axis_index(reduced)
+    slot = device_slot(reduced, grouped)
     ranks = spec.priorities or tuple(-i for i in range(len(leaves)))
     groups = buckets.split(
         [leaves[i].size * leaves[i].dtype.itemsize for i in live], [ranks[i] for i in live], spec.bucket_bytes
