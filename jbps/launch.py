@@ -29,6 +29,7 @@ from .config import Config, argparse_type, exit_for_environment
 from .errors import JbpsError
 from .procs import signal_group, terminate
 from .scheduler.rendezvous import Scheduler
+from .server.settings import settings_from_environment as server_settings_from_environment
 
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 log = logging.getLogger("jbps.run")
@@ -61,6 +62,7 @@ def _environment_config(timeout_s: float | None) -> Config:
     not by every server and worker as it starts. `timeout_s` (--timeout), when
     given, stands in for JBPS_TIMEOUT_S, as _env passes it on."""
     environ = {k: v for k, v in _inherited().items() if k not in _SET}
+    server_settings_from_environment(environ)
     return Config.resolve({"timeout_s": timeout_s}, environ)
 
 

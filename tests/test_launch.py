@@ -341,14 +341,18 @@ def test_jbps_run_names_a_bad_environment_variable_in_one_line():
     assert err.strip() == "jbps run: JBPS_TIMEOUT_S='-1': must be positive", err  # no --timeout, no usage
 
 
-def test_jbps_run_checks_every_setting_before_starting_the_job():
-    # A setting only servers and workers use is checked by the launcher too:
+@pytest.mark.parametrize(
+    "name, value",
+    [("JBPS_PARTITION_BYTES", "4X"), ("JBPS_SERVER_ENGINE_THREADS", "x"), ("JBPS_SERVER_ROLE", "gpu")],
+)
+def test_jbps_run_checks_every_setting_before_starting_the_job(name, value):
+    # A setting only servers or workers use is checked by the launcher too:
     # one line from it, not one from every child as it starts.
-    env = base_env(JBPS_PARTITION_BYTES="4X")
+    env = base_env(**{name: value})
     proc, out, err = jbps_run(["-n", "2", PYTHON, worker_script("launch_probe.py")], env, timeout=60)
     assert proc.returncode != 0
     lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("jbps run: JBPS_PARTITION_BYTES='4X': "), err
+    assert len(lines) == 1 and lines[0].startswith(f"jbps run: {name}='{value}': "), err
     assert "[server" not in out + err and "[worker" not in out + err, (out, err)
     assert_nothing_left(env)
 

@@ -21,34 +21,17 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import sys
 import threading
 
 from ..bootstrap.mpi import under_mpirun
-from ..config import Config, argparse_type, deterministic_sums, env_value, exit_for_environment
+from ..config import argparse_type, exit_for_environment
 from ..errors import JbpsError
-from ..partition.assign import COLOCATED, ROLES
+from ..partition.assign import ROLES
+from .settings import settings_from_environment
 
 log = logging.getLogger("jbps.server")
-
-_ENGINE_THREADS = ("JBPS_SERVER_ENGINE_THREADS", "BYTEPS_SERVER_ENGINE_THREAD")
-
-
-def _env(*names: str, default=None):
-    """Server-only variables; those shared with workers come from jbps.config."""
-    return next((os.environ[n] for n in names if os.environ.get(n, "").strip()), default)
-
-
-def _engine_threads_from_env() -> int:
-    name = next((n for n in _ENGINE_THREADS if os.environ.get(n, "").strip()), None)
-    if name is None:
-        return 0
-    value = os.environ[name].strip()
-    if not value.isdigit():
-        raise JbpsError(f"{name}={value!r}: must be a whole number of threads (0: min(4, cores))")
-    return int(value)
 
 
 def parse_args(argv=None, prog: str = "python -m jbps.server") -> argparse.Namespace:
@@ -56,20 +39,12 @@ def parse_args(argv=None, prog: str = "python -m jbps.server") -> argparse.Names
     # Settings from the environment are checked first, and a bad one is named
     # in one line: no flag was wrong, so no usage block.
     try:
-        token = env_value("job_token")
-        timeout_s = env_value("timeout_s")
-        shm = env_value("shm")
-        engine_threads = _engine_threads_from_env()
-        scheduler = Config.resolve({}).scheduler
-        env_num_workers = env_value("num_workers", default=None)
-        role = _env("JBPS_SERVER_ROLE", default=COLOCATED)
-        if role not in ROLES:
-            raise JbpsError(f"JBPS_SERVER_ROLE={role!r}: expected one of {', '.join(ROLES)}")
+        env = settings_from_environment()
     except JbpsError as exc:
         exit_for_environment(prog, exc)
     p.add_argument(
         "--bind",
-        default=_env("JBPS_SERVER_BIND", default="127.0.0.1:0"),
+        default=env["bind"],
         help="host:port to listen on (default 127.0.0.1:0, a free loopback port; env JBPS_SERVER_BIND). "
         "Under a scheduler only the port counts (e.g. :9000 for a firewall): the host is the address "
         "this machine reaches the scheduler from",
@@ -84,46 +59,46 @@ def parse_args(argv=None, prog: str = "python -m jbps.server") -> argparse.Names
     p.add_argument(
         "--engine-threads",
         type=int,
-        default=engine_threads,
+        default=env["engine_threads"],
         help="summation threads (default: min(4, cores); env JBPS_SERVER_ENGINE_THREADS / BYTEPS_SERVER_ENGINE_THREAD)",
     )
     p.add_argument(
         "--token",
         type=argparse_type("job_token"),
-        default=token,
+        default=env["token"],
         help="job token workers must present (env JBPS_JOB_TOKEN)",
     )
     p.add_argument(
         "--timeout",
         type=argparse_type("timeout_s"),
-        default=timeout_s,
+        default=env["timeout_s"],
         help="seconds a half-received message or a blocked send may stall (env JBPS_TIMEOUT_S)",
     )
     p.add_argument(
         "--role",
         choices=ROLES,
-        default=role,
+        default=env["role"],
         help="colocated: on a worker's machine (the default); dedicated: on a CPU-only machine. "
         "Workers give each role its share of the bytes by the optimal split (env JBPS_SERVER_ROLE)",
     )
     p.add_argument(
         "--deterministic",
         action="store_true",
-        default=deterministic_sums(),
+        default=env["deterministic"],
         help="add pushes in worker-rank order, so sums are bitwise identical run to run (env JBPS_DETERMINISTIC=1)",
     )
     p.add_argument(
         "--no-shm",
         dest="shm",
         action="store_false",
-        default=shm,
+        default=env["shm"],
         help="no shared memory with workers on this host: they send through TCP (env JBPS_SHM=0)",
     )
     p.add_argument(
         "--keep-alive", action="store_true", help="keep serving after every worker said goodbye (for a following job)"
     )
     args = p.parse_args(argv)
-    args.scheduler, args.env_num_workers = scheduler, env_num_workers
+    args.scheduler, args.env_num_workers = env["scheduler"], env["num_workers"]
     port = args.bind.rpartition(":")[2]
     if not port.isdigit() or int(port) > 65535:
         p.error(f"--bind {args.bind!r}: the port must be a number from 0 to 65535 (0: any free port)")
