@@ -93,7 +93,9 @@ def distributed(
     compression: as for jbps.psum ("bf16" or "fp16" halves the bytes of
     float32 gradients), or with error feedback "onebit" (a sign bit per
     value and a scale per 256 values: 1/25.6 of the bytes) or "topk" (the 10
-    largest of every 1024 values with their indices: 1/51.2); the state is
+    largest of every 1024 values with their indices: 1/51.2), or
+    "topk:FRACTION" (round(FRACTION * 1024) of every 1024, FRACTION in
+    (0, 0.5]: "topk:0.05" keeps 51, 1/10 of the bytes); the state is
     then a FeedbackState holding tx's state and the residuals. Flax params flatten in
     alphabetical module order; priority=jbps.forward_order(params) sends the
     first layers first, which the next forward pass needs first, and groups
@@ -110,7 +112,7 @@ def distributed(
         bucket_bytes=bucket_bytes,
         compression=compression,
     )
-    if compression in wire.STATEFUL:
+    if wire.stateful(compression):
         return _with_feedback(inner, **psum_args)
 
     def update_fn(updates, state, params=None, **extra_args):

@@ -27,7 +27,7 @@ import pytest
 import jbps
 from conftest import job_free_env
 from jbps.procs import terminate
-from wire import HELLO, PUSH, TREE
+from wire import HELLO, PUSH, TOPK, TREE
 from wire import frame as _frame
 
 TOKEN = 0x5EC12E7
@@ -117,6 +117,9 @@ def insider_attempts(addr):
         frame(PUSH, key=8, nbytes=8) + b"\0" * 8 + b"garbage" * 10,  # a good push, then garbage
         frame(TREE, key=10, nbytes=8) + b"\0" * 8,  # a tree check's digest, of a tree it never described
         frame(TREE, key=11, nbytes=4) + b"\0" * 4,  # a tree check too short for its digest
+        frame(PUSH, key=12, nbytes=80, dtype=TOPK) + b"\0" * 80,  # topk keeping no value (param 0)
+        frame(PUSH, key=13, nbytes=8 * 513, dtype=TOPK, param=513) + b"\0" * (8 * 513),  # more than half a block
+        frame(PUSH, key=14, nbytes=8, dtype=0, param=1) + b"\0" * 8,  # a parameter float32 does not have
     ]
     for data in attempts:
         with connect(addr) as s:

@@ -2,7 +2,7 @@
 feedback on the workers (in the optimizer state) and on the servers. Real
 processes, checked against numpy: the sums bit for bit, the residuals, the
 feedback's convergence, workers that disagree, and the errors users get.
-The job tests run "topk" too (its format: test_topk.py)."""
+The job tests run "topk" too, and "topk:0.05" (51 of 1024; its format: test_topk.py)."""
 
 import jax
 import jax.numpy as jnp
@@ -15,7 +15,7 @@ from conftest import last_json, run_job, worker_script
 from jbps.ops import onebit
 
 
-@pytest.mark.parametrize("codec", ["onebit", "topk"])
+@pytest.mark.parametrize("codec", ["onebit", "topk", "topk:0.05"])
 @pytest.mark.parametrize("mode,devices", [("jit", 1), ("pmap", 2)])
 def test_sums_and_residuals_equal_numpys_decode_sum_encode(codec, mode, devices):
     results = run_job(
@@ -29,13 +29,15 @@ def test_sums_and_residuals_equal_numpys_decode_sum_encode(codec, mode, devices)
         assert r.returncode == 0, r.stderr[-3000:]
         rep = last_json(r.stdout)
         assert rep["error"] is None and rep["rounds"] == 4, rep
+        assert rep["topk_keep"] == {"onebit": None, "topk": 10, "topk:0.05": 51}[codec], rep
 
 
 # (codec, rounds, the first round's error at least, the last's at most this
 # fraction of it, rounds between the checks that it keeps falling). Topk
 # sends 1% a round: each value about once in a hundred rounds, carried in the
 # residuals meanwhile, so its mean closes in more slowly.
-FEEDBACK = [("onebit", 32, 0.3, 1 / 5, 4), ("topk", 256, 0.8, 1 / 3, 32)]
+# Topk keeping 5% sends each value about once in twenty rounds.
+FEEDBACK = [("onebit", 32, 0.3, 1 / 5, 4), ("topk", 256, 0.8, 1 / 3, 32), ("topk:0.05", 64, 0.8, 1 / 3, 8)]
 
 
 @pytest.mark.parametrize("codec,rounds,first,shrink,every", FEEDBACK)
@@ -61,10 +63,10 @@ def test_error_feedback_makes_the_mean_of_the_sums_approach_the_true_sum(codec, 
     assert all(b < a for a, b in zip(errors[every::every], errors[2 * every :: every])), errors
 
 
-@pytest.mark.parametrize("other", [None, "topk"])
-def test_workers_that_disagree_on_compression_fail_naming_the_leaf(other):
-    # Worker 1 sends uncompressed, or through the other codec.
-    extra = ["--disagree-codec", other] if other else []
+@pytest.mark.parametrize("codec,other", [("onebit", None), ("onebit", "topk"), ("topk", "topk:0.05")])
+def test_workers_that_disagree_on_compression_fail_naming_the_leaf(codec, other):
+    # Worker 1 sends uncompressed, or through the other codec, or topk keeping another amount.
+    extra = ["--codec", codec] + (["--disagree-codec", other] if other else [])
     results = run_job(
         [worker_script("onebit_psum.py"), "--check", "exact", "--rounds", "1", "--disagree", "1"] + extra,
         workers=2,
@@ -75,9 +77,13 @@ def test_workers_that_disagree_on_compression_fail_naming_the_leaf(other):
         assert r.returncode == 0, r.stderr[-3000:]
         err = last_json(r.stdout)["error"]
         # The tree check names the first leaf that travels differently, 'big', with what each
-        # worker sent: onebit vs float32, or onebit vs topk.
+        # worker sent: onebit vs float32, onebit vs topk, or topk's 10 vs 51 of 1024.
         assert err is not None and "jbps:" in err and "['big']" in err, err
-        assert ("onebit[5000]" in err and "topk[5000]" in err) if other else "onebit" in err, err
+        if other is None:
+            assert "onebit" in err, err
+        else:
+            named = {"topk": "topk[5000]", "topk:0.05": "topk(51/1024)[5000]"}
+            assert f"{codec}[5000]" in err and named[other] in err, err
 
 
 def test_encoding_keeps_the_invariant_and_the_format():
@@ -112,11 +118,10 @@ def test_psum_refuses_onebit_pointing_at_the_optimizer(session):
         ValueError, match=r"needs optimizer state: use jbps.optax.distributed\(tx, compression='onebit'\)"
     ):
         jbps.psum(np.ones(3, np.float32), compression="onebit")
-    with pytest.raises(ValueError, match="compression must be None, 'bf16', 'fp16', 'onebit' or 'topk', got 'twobit'"):
+    choices = "None, 'bf16', 'fp16', 'onebit', 'topk' or 'topk:FRACTION'"
+    with pytest.raises(ValueError, match=f"compression must be {choices}, got 'twobit'"):
         jbps.optax.distributed(optax.sgd(0.1), compression="twobit")
-    with pytest.raises(
-        ValueError, match="MultiSteps: compression must be None, 'bf16', 'fp16', 'onebit' or 'topk', got 'x'"
-    ):
+    with pytest.raises(ValueError, match=f"MultiSteps: compression must be {choices}, got 'x'"):
         jbps.optax.MultiSteps(optax.sgd(0.1), 2, compression="x")
 
 

@@ -232,7 +232,7 @@ def test_the_plan_cuts_shards_as_the_engine_does(seed):
     import jax.numpy as jnp
 
     from jbps import _core
-    from jbps.ops import onebit
+    from jbps.ops import onebit, topk
 
     dtypes = {
         "float32": np.float32,
@@ -241,16 +241,22 @@ def test_the_plan_cuts_shards_as_the_engine_does(seed):
         "bfloat16": jnp.bfloat16,
         "int32": np.int32,
         "onebit": onebit.RECORD_DTYPE,
+        "topk": None,  # records of a random keep, which sizes them
     }
     rng = random.Random(seed)
     for _ in range(200):
         name = rng.choice(sorted(dtypes))
+        param = rng.choice([1, 10, 51, 333, 512]) if name == "topk" else 0
+        dtype = topk.codec(param).RECORD_DTYPE if name == "topk" else dtypes[name]
         partition = rng.choice([1, 3, 7, 40, 4096, 65536, 1 << 20, rng.randint(1, 1 << 22)])
         shards = rng.randint(1, 4)
         size = rng.randint(1, min(300_000, 64 * partition))  # a few chunks a shard: the plan lists each
-        plan = make_plan(
-            "c", ["['w']"], [(size,)], [dtypes[name]], shards, partition_bytes=partition, server_fractions=[1.0]
-        )
+        plan = make_plan("c", ["['w']"], [(size,)], [dtype], shards, partition_bytes=partition, server_fractions=[1.0])
         leaf = plan.leaves[0]
-        assert leaf.chunk_bytes == _core.engine_chunk_bytes(name, partition), (name, partition)
-        assert leaf.num_chunks == _core.engine_num_chunks(leaf.shard_bytes, name, partition), (name, partition, size)
+        assert leaf.chunk_bytes == _core.engine_chunk_bytes(name, partition, param), (name, partition, param)
+        assert leaf.num_chunks == _core.engine_num_chunks(leaf.shard_bytes, name, partition, param), (
+            name,
+            partition,
+            size,
+            param,
+        )

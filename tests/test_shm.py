@@ -188,7 +188,7 @@ def test_offers_and_shared_memory_pushes_are_checked():
         tcp.sendall(frame(HELLO, key=1, sender=0))
         reply = HEADER.unpack(tcp.recv(HEADER.size, socket.MSG_WAITALL))
         assert reply[2] == HELLO_OK
-        instance = (reply[5] << 32) | reply[8]  # round: high half, sender: low half
+        instance = (reply[5] << 32) | reply[9]  # round: high half, sender: low half
         assert instance != 0
 
         rejected = srv.stats()["rejected"]

@@ -7,7 +7,9 @@ namespace jbps {
 
 bool DTypeValid(uint8_t raw) { return raw < kNumDTypes; }
 
-size_t DTypeSize(DType d) {
+bool DTypeParamValid(DType d, uint32_t param) { return d == DType::kTopK ? TopKKeepValid(param) : param == 0; }
+
+size_t DTypeSize(DType d, uint16_t param) {
   switch (d) {
     case DType::kF32: return 4;
     case DType::kF64: return 8;
@@ -15,7 +17,7 @@ size_t DTypeSize(DType d) {
     case DType::kBF16: return 2;
     case DType::kI32: return 4;
     case DType::kOneBit: return kOneBitRecordBytes;
-    case DType::kTopK: return kTopKRecordBytes;
+    case DType::kTopK: return TopKRecordBytes(param);
   }
   return 0;
 }
@@ -33,10 +35,16 @@ const char* DTypeName(DType d) {
   return "invalid";
 }
 
+std::string DTypeDescription(DType d, uint16_t param) {
+  if (d == DType::kTopK)
+    return std::string(DTypeName(d)) + " keeping " + std::to_string(param) + " of " + std::to_string(kTopKBlock);
+  return DTypeName(d);
+}
+
 size_t AccumulatorSize(DType d) {
   if (d == DType::kOneBit) return kOneBitAccFloats * sizeof(float);
   if (d == DType::kTopK) return kTopKBlock * sizeof(float);
-  return (d == DType::kF16 || d == DType::kBF16) ? 4 : DTypeSize(d);
+  return (d == DType::kF16 || d == DType::kBF16) ? 4 : DTypeSize(d, 0);
 }
 
 }  // namespace jbps

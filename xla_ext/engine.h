@@ -58,6 +58,7 @@ struct Operand {
   void* out = nullptr;
   size_t nbytes = 0;
   DType dtype = DType::kF32;
+  uint16_t param = 0;     // the dtype's (dtype.h): topk's values per record, from the operand's shape
   uint64_t base_key = 0;  // identical on every worker for the same tensor
   int64_t priority = 0;   // larger is sent sooner
 };
@@ -160,9 +161,9 @@ class Engine {
   // Bytes of every chunk but an operand's last: the partition size rounded
   // down to whole elements (at least one). jbps/partition/plan.py's
   // chunk_size is the same rule; the FFI handler checks the two agree.
-  static size_t ChunkBytes(DType dtype, size_t partition_bytes);
+  static size_t ChunkBytes(DType dtype, uint16_t param, size_t partition_bytes);
   // Chunk count of an operand of `nbytes` under the call's partition size.
-  static size_t NumChunks(size_t nbytes, DType dtype, size_t partition_bytes);
+  static size_t NumChunks(size_t nbytes, DType dtype, uint16_t param, size_t partition_bytes);
 
   // Never blocks on the network; `done` runs on a completion thread (one
   // per local device: XLA may go on with the device's program in it). With

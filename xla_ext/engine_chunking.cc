@@ -23,13 +23,13 @@ uint64_t ChunkKey(uint64_t base_key, uint32_t shard, uint32_t chunk) {
   return k == 0 ? 1 : k;  // key 0 marks connection-level errors on the wire
 }
 
-size_t Engine::ChunkBytes(DType dtype, size_t partition_bytes) {
-  size_t elem = DTypeSize(dtype);
+size_t Engine::ChunkBytes(DType dtype, uint16_t param, size_t partition_bytes) {
+  size_t elem = DTypeSize(dtype, param);
   return std::max(elem, partition_bytes - partition_bytes % elem);
 }
 
-size_t Engine::NumChunks(size_t nbytes, DType dtype, size_t partition_bytes) {
-  size_t part = ChunkBytes(dtype, partition_bytes);
+size_t Engine::NumChunks(size_t nbytes, DType dtype, uint16_t param, size_t partition_bytes) {
+  size_t part = ChunkBytes(dtype, param, partition_bytes);
   return (nbytes + part - 1) / part;
 }
 
@@ -37,7 +37,7 @@ size_t Engine::NumChunks(size_t nbytes, DType dtype, size_t partition_bytes) {
 // header, an ack, a sum and a wake-up on each side would otherwise dominate
 // a tree of many small tensors. Chunks are taken in dispatch order (priority,
 // then position); each server has one open group, which takes a small chunk
-// of its dtype while the group stays within a partition. Every worker runs
+// of its dtype (and parameter) while the group stays within a partition. Every worker runs
 // the same plan, so every worker fuses the same chunks under the same key.
 std::vector<ChunkPtr> FuseSmallChunks(std::vector<ChunkPtr> chunks, size_t partition, uint32_t shard,
                                       uint64_t* fused_out) {
@@ -55,7 +55,8 @@ std::vector<ChunkPtr> FuseSmallChunks(std::vector<ChunkPtr> chunks, size_t parti
     auto it = open.find(ch->server);
     if (it != open.end()) {
       ChunkPtr& g = it->second;
-      if (g->dtype == ch->dtype && g->nbytes + ch->nbytes <= partition && g->parts.size() < kMaxFusedParts) {
+      if (g->dtype == ch->dtype && g->param == ch->param && g->nbytes + ch->nbytes <= partition &&
+          g->parts.size() < kMaxFusedParts) {
         g->parts.insert(g->parts.end(), ch->parts.begin(), ch->parts.end());
         g->nbytes += ch->nbytes;
         // A fused chunk's own key names every member, in order (0 marks connection-level errors).

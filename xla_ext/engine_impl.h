@@ -152,6 +152,7 @@ struct Chunk {
   CallPtr call;
   int op = 0;                 // the (first) operand it carries: its dtype, its name in errors
   DType dtype = DType::kF32;  // its operand's (fused chunks share one)
+  uint16_t param = 0;         // its operand's dtype parameter (fused chunks share one)
   std::vector<Part> parts;    // one, or several small ones fused into one message
   size_t nbytes = 0;          // of all parts
   int slot = -1;              // the shared-memory push slot it occupies until acknowledged

@@ -56,6 +56,7 @@ bool Engine::Impl::WriteChunks(ServerConn* sc, std::vector<ChunkPtr>& batch) {
     if (call->timed) o.h.flags |= kFlagTimed;
     if (ch->tree) continue;
     o.h.dtype = static_cast<uint8_t>(call->spec.operands[ch->op].dtype);
+    o.h.param = call->spec.operands[ch->op].param;
     o.h.aux = static_cast<uint32_t>(call->spec.tree_digest);
     if (ch->slot >= 0) {
       // The transport's one copy in: XLA's buffer is not in shared memory.
@@ -257,7 +258,7 @@ bool Engine::Impl::OnSum(ServerConn* sc, const Frame& f, FrameReader* reader, st
   bool wanted = ch && ch->call->TryAcquire();
   if (wanted) {
     const Operand& op = ch->call->spec.operands[ch->op];
-    if (sum_bytes != ch->nbytes || f.header.dtype != static_cast<uint8_t>(op.dtype)) {
+    if (sum_bytes != ch->nbytes || f.header.dtype != static_cast<uint8_t>(op.dtype) || f.header.param != op.param) {
       FailCall(ch->call, "jbps: server " + sc->addr.ToString() + " returned " + std::to_string(sum_bytes) +
                              " bytes for tensor '" + ch->call->TensorName(ch->op) + "', expected " +
                              std::to_string(ch->nbytes));

@@ -66,7 +66,7 @@ ffi::Future PsumCpu(ffi::Buffer<ffi::S32> shard_index, ffi::RemainingArgs args, 
                                       priorities[i], &op, &op.in, &op.out);
     if (!err.empty()) return Failed(err);
     if (op.out != op.in && Engine::Get().huge_pages()) PrepareFreshOutput(op.out, op.nbytes);  // a fresh buffer
-    chunks_per_shard += Engine::NumChunks(op.nbytes, op.dtype, spec.partition_bytes);
+    chunks_per_shard += Engine::NumChunks(op.nbytes, op.dtype, op.param, spec.partition_bytes);
   }
   const size_t first = static_cast<size_t>(spec.shard) * chunks_per_shard;
   if (first + chunks_per_shard > chunk_servers.size())

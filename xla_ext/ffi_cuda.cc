@@ -229,7 +229,7 @@ ffi::Error PsumCuda(cudaStream_t stream, ffi::Buffer<ffi::S32> shard_index, ffi:
                                       priorities[i], &t->op, &device_in[i], &device_out[i]);
     if (!err.empty()) return ffi::Error::InvalidArgument(err);
     t->first_chunk = call->chunks_per_shard;
-    t->num_chunks = Engine::NumChunks(t->op.nbytes, t->op.dtype, call->partition_bytes);
+    t->num_chunks = Engine::NumChunks(t->op.nbytes, t->op.dtype, t->op.param, call->partition_bytes);
     call->chunks_per_shard += t->num_chunks;
     if (t->op.nbytes > 0) ++call->pending;
     if (t->op.nbytes > 0 && call->tree_carrier == nullptr) call->tree_carrier = t.get();

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "engine.h"
+#include "topk.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jbps {
@@ -38,6 +39,16 @@ inline std::string DescribeOperand(size_t i, const xla::ffi::ErrorOr<xla::ffi::A
     return "jbps_psum: operand " + std::to_string(i) + " has a dtype jbps cannot sum";
   if ((*out)->size_bytes() != in->size_bytes())
     return "jbps_psum: result " + std::to_string(i) + " differs in size from its operand";
+  op->param = 0;
+  if (op->dtype == DType::kTopK) {
+    // Topk records are uint32[n, 2 * keep] (ops/topk.py): the last dimension gives the keep.
+    auto dims = in->dimensions();
+    const int64_t words = dims.size() == 2 ? dims[1] : 0;
+    if (words % 2 != 0 || !TopKKeepValid(static_cast<size_t>(words / 2)))
+      return "jbps_psum: operand " + std::to_string(i) + " holds topk records as uint32[n, 2 * keep] with keep 1 to " +
+             std::to_string(kTopKMaxKeep) + ", got another shape";
+    op->param = static_cast<uint16_t>(words / 2);
+  }
   *in_data = in->untyped_data();
   *out_data = (*out)->untyped_data();
   op->nbytes = in->size_bytes();

@@ -40,6 +40,14 @@ jbps::DType ParseDType(const std::string& name) {
   throw std::invalid_argument("jbps kernels: unknown dtype '" + name + "' (one of " + known + ")");
 }
 
+// A dtype by name, with a parameter it can travel with (topk: its keep; else 0).
+jbps::DType ParseDTypeWith(const std::string& name, uint16_t param) {
+  jbps::DType d = ParseDType(name);
+  if (!jbps::DTypeParamValid(d, param))
+    throw std::invalid_argument("jbps: parameter " + std::to_string(param) + " out of range for " + name);
+  return d;
+}
+
 // What a kernel array must hold: a DLPack type, or for 16-bit wire words any
 // 2-byte type (numpy has no bfloat16 of its own).
 struct KernelDType {
@@ -65,7 +73,7 @@ KernelDType AccumulatorDType(jbps::DType d) {
   return jbps::AccumulatorIsWire(d) ? WireDType(d) : KernelDType{nb::dtype<float>(), false, "float32"};
 }
 
-using Kernel = void (*)(jbps::DType, void*, const void*, size_t);
+using Kernel = void (*)(jbps::DType, uint16_t, void*, const void*, size_t);
 
 // Checks the arrays, then runs one of the server's kernels without the GIL.
 // init and add write acc (the accumulator type) from src (the wire type);
@@ -92,7 +100,7 @@ void RunKernel(const char* fn, Kernel kernel, bool finish, const std::string& dt
   if (o < i + in.nbytes() && i < o + out.nbytes() && !in_place_ok)
     throw std::invalid_argument(where + out_name + " and " + in_name + " overlap in memory");
   nb::gil_scoped_release release;
-  kernel(d, out.data(), in.data(), out.size());
+  kernel(d, 0, out.data(), in.data(), out.size());  // no parameter: onebit and topk are not bound
 }
 
 class PyServer {
@@ -391,11 +399,11 @@ NB_MODULE(_core, m) {
       "accumulator_init_sum",
       [](const std::string& dtype, KernelArray acc, KernelSource a, KernelSource b) {
         // The checks of init, for each source (the sources may overlap each other: both are only read).
-        Kernel check_only = [](jbps::DType, void*, const void*, size_t) {};
+        Kernel check_only = [](jbps::DType, uint16_t, void*, const void*, size_t) {};
         RunKernel("accumulator_init_sum", check_only, false, dtype, acc, a);
         RunKernel("accumulator_init_sum", check_only, false, dtype, acc, b);
         nb::gil_scoped_release release;
-        jbps::AccumulatorInitSum(ParseDType(dtype), acc.data(), a.data(), b.data(), acc.size());
+        jbps::AccumulatorInitSum(ParseDType(dtype), 0, acc.data(), a.data(), b.data(), acc.size());
       },
       nb::arg("dtype"), nb::arg("acc"), nb::arg("a"), nb::arg("b"),
       "acc = widen(a) + widen(b): the server's AccumulatorInitSum (its first two pushes in one pass).");
@@ -414,16 +422,16 @@ NB_MODULE(_core, m) {
   // (jbps/partition/plan.py) cuts it the same way.
   m.def(
       "engine_chunk_bytes",
-      [](const std::string& dtype, size_t partition_bytes) {
-        return jbps::Engine::ChunkBytes(ParseDType(dtype), partition_bytes);
+      [](const std::string& dtype, size_t partition_bytes, uint16_t param) {
+        return jbps::Engine::ChunkBytes(ParseDTypeWith(dtype, param), param, partition_bytes);
       },
-      nb::arg("dtype"), nb::arg("partition_bytes"));
+      nb::arg("dtype"), nb::arg("partition_bytes"), nb::arg("param") = 0);
   m.def(
       "engine_num_chunks",
-      [](size_t nbytes, const std::string& dtype, size_t partition_bytes) {
-        return jbps::Engine::NumChunks(nbytes, ParseDType(dtype), partition_bytes);
+      [](size_t nbytes, const std::string& dtype, size_t partition_bytes, uint16_t param) {
+        return jbps::Engine::NumChunks(nbytes, ParseDTypeWith(dtype, param), param, partition_bytes);
       },
-      nb::arg("nbytes"), nb::arg("dtype"), nb::arg("partition_bytes"));
+      nb::arg("nbytes"), nb::arg("dtype"), nb::arg("partition_bytes"), nb::arg("param") = 0);
 
   nb::class_<PyChunkQueue>(m, "ChunkQueue")
       .def(nb::init<int>(), nb::arg("credit"))

@@ -6,9 +6,9 @@
 //
 //   worker -> server  kHello    sender=rank, key=num_workers     (first message)
 //   server -> worker  kHelloOk  key=role (ServerRole)            (or kError + close)
-//   worker -> server  kPush     key, round, dtype, aux = tree digest, payload (a chunk of a shard)
+//   worker -> server  kPush     key, round, dtype, param, aux = tree digest, payload (a chunk of a shard)
 //   server -> worker  kPushAck  key, round                       (payload received: frees a credit)
-//   server -> worker  kSum      key, round, dtype, payload       (all workers pushed: the sum)
+//   server -> worker  kSum      key, round, dtype, param, payload (all workers pushed: the sum)
 //   server -> worker  kError    key, round, payload = message    (this key/round failed)
 //   worker -> server  kBye      payload = why the worker leaves:  empty for a clean end; else (an
 //                               uncaught exception) the server ends the job naming the worker
@@ -25,11 +25,11 @@
 //                                region's fd attached; sender=rank, key=slot bytes
 //   server -> worker  kShmAccept on that socket, with the server's sum arena fd attached
 //                                (or kError + message)
-//   worker -> server  kPushShm   key, round, dtype, aux, payload = ShmRef into the worker's region;
+//   worker -> server  kPushShm   key, round, dtype, param, aux, payload = ShmRef into the worker's region;
 //                                answered by kPushAck once taken into its round (a credit);
 //                                the slot stays the server's, read in place, until that
 //                                round's kSum/kSumShm or kError reaches the worker
-//   server -> worker  kSumShm    key, round, dtype, payload = ShmRef into the server's arena
+//   server -> worker  kSumShm    key, round, dtype, param, payload = ShmRef into the server's arena
 //   worker -> server  kRelease   key, round: the worker has copied that sum out
 #pragma once
 
@@ -42,9 +42,10 @@
 namespace jbps {
 
 constexpr uint32_t kMagic = 0x5350424a;  // "JBPS" in little-endian bytes
-// 2: the onebit dtype (5) on the wire; 3: the topk dtype (6). A peer of
-// another version is refused at the hello, naming both.
-constexpr uint16_t kProtocolVersion = 3;
+// 2: the onebit dtype (5) on the wire; 3: the topk dtype (6); 4: a dtype's
+// parameter (`param`: topk's values per record). A peer of another version is
+// refused at the hello, naming both.
+constexpr uint16_t kProtocolVersion = 4;
 // Largest payload a header may announce. Chunks are at most the partition size
 // (default 4 MiB); this bound only stops a hostile length from being trusted.
 constexpr uint64_t kMaxPayloadBytes = uint64_t{1} << 31;
@@ -96,7 +97,11 @@ struct FrameHeader {
   uint32_t round = 0;
   uint8_t dtype = 0;
   uint8_t flags = 0;  // kFlag* bits
-  uint8_t reserved[2] = {0, 0};
+  // The dtype's parameter on data messages (dtype.h): for topk the values each
+  // record keeps, 1 to kTopKMaxKeep, which sizes its records (the workers'
+  // choice, compression="topk:FRACTION"); 0 for other dtypes and messages. A
+  // round whose pushes differ in it fails as one whose dtypes differ.
+  uint16_t param = 0;
   uint32_t sender = 0;  // worker rank; on a timed sum, see kFlagTimed
   uint32_t aux = 0;     // see kFlagTimed
   uint64_t nbytes = 0;  // payload bytes that follow
@@ -146,11 +151,17 @@ inline std::string ValidateHeader(const FrameHeader& h, uint64_t token) {
       h.type == static_cast<uint16_t>(MsgType::kPush) || h.type == static_cast<uint16_t>(MsgType::kSum);
   if (carries_data) {
     if (!DTypeValid(h.dtype)) return "unknown dtype code " + std::to_string(h.dtype);
+    if (!DTypeParamValid(static_cast<DType>(h.dtype), h.param))
+      return "parameter " + std::to_string(h.param) + " out of range for dtype " +
+             DTypeName(static_cast<DType>(h.dtype));
     if (h.nbytes > kMaxPayloadBytes) return "payload length " + std::to_string(h.nbytes) + " too large";
-    if (h.nbytes % DTypeSize(static_cast<DType>(h.dtype)) != 0)
+    if (h.nbytes % DTypeSize(static_cast<DType>(h.dtype), h.param) != 0)
       return "payload length not a multiple of the element size";
   } else if (h.type == static_cast<uint16_t>(MsgType::kPushShm) || h.type == static_cast<uint16_t>(MsgType::kSumShm)) {
     if (!DTypeValid(h.dtype)) return "unknown dtype code " + std::to_string(h.dtype);
+    if (!DTypeParamValid(static_cast<DType>(h.dtype), h.param))
+      return "parameter " + std::to_string(h.param) + " out of range for dtype " +
+             DTypeName(static_cast<DType>(h.dtype));
     if (h.nbytes != sizeof(ShmRef)) return "shared-memory reference of the wrong length";
   } else if (h.type == static_cast<uint16_t>(MsgType::kError) || h.type == static_cast<uint16_t>(MsgType::kAbort) ||
              h.type == static_cast<uint16_t>(MsgType::kBye)) {

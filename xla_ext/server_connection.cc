@@ -61,7 +61,7 @@ Payload SummationServer::Impl::ShmPush(const ConnPtr& c, const Frame& f, std::st
   if (!region) {
     *why = "a shared-memory push without a shared region";
   } else if (!region->Contains(f.shm.offset, f.shm.nbytes) || f.shm.nbytes > opt.max_payload_bytes ||
-             f.shm.nbytes % DTypeSize(static_cast<DType>(f.header.dtype)) != 0) {
+             f.shm.nbytes % DTypeSize(static_cast<DType>(f.header.dtype), f.header.param) != 0) {
     *why = "a shared-memory push outside its region or not whole elements";
   } else {
     return std::make_shared<PushView>(region, f.shm.offset, f.shm.nbytes);
@@ -144,6 +144,7 @@ void SummationServer::Impl::ReaderLoop(ConnPtr c) {
       continue;
     }
     Task t{h.key, h.round, static_cast<DType>(h.dtype), c->rank, std::move(data), c, h.aux, shm_push};
+    t.param = h.param;
     t.read_ns = f.read_ns;  // 0 unless the push is timed
     {
       // Nothing queued: add it here, sparing the summing thread's wake-up,

@@ -245,6 +245,7 @@ struct Task {
   uint32_t digest = 0;     // of the call's tree (a push's aux)
   bool ack_after = false;  // a shared-memory push: acknowledged once added, which frees its slot
   int64_t read_ns = 0;     // a timed push (kFlagTimed): when its header was read
+  uint16_t param = 0;      // the dtype's parameter (topk's values per record)
 };
 
 // A key's round in one job (keep-alive servers serve several).
@@ -278,6 +279,7 @@ struct Hold {
 // The sum of one key in one round, until every worker has pushed it.
 struct RoundState {
   DType dtype = DType::kF32;
+  uint16_t param = 0;  // the dtype's (dtype.h): every push of the round must carry the same
   uint64_t nbytes = 0;
   uint32_t first_rank = 0;
   int pushes = 0;
@@ -374,7 +376,7 @@ struct SummationServer::Impl {
   Payload RecvPayload(FrameReader* reader, uint64_t nbytes, std::string* why);
   Payload ShmPush(const ConnPtr& c, const Frame& f, std::string* why);
   void Process(Task& t, EngineThread* e);
-  void Fold(RoundState& st, DType dtype);
+  void Fold(RoundState& st);
   Payload FinishSum(RoundState& st, EngineThread* e, uint64_t key);
   EngineThread* ThreadFor(uint64_t key, uint64_t nbytes);
   void SendError(const ConnPtr& c, uint64_t key, uint32_t round, const std::string& msg, uint8_t flags = 0);

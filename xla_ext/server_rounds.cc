@@ -75,8 +75,9 @@ void SummationServer::Impl::RunTask(EngineThread* e, Task& t) {
 // pass (AccumulatorInitSum) into a new block, so a push is never copied
 // before it is added; a lone first push waits for a partner. Rank order when
 // deterministic ((a + b) + c, whatever the arrival order), else arrival order.
-void SummationServer::Impl::Fold(RoundState& st, DType dtype) {
-  const size_t count = st.nbytes / DTypeSize(dtype);
+void SummationServer::Impl::Fold(RoundState& st) {
+  const DType dtype = st.dtype;
+  const size_t count = st.nbytes / DTypeSize(dtype, st.param);
   auto ready = [&]() -> size_t {
     if (!opt.deterministic) return st.held.size();
     size_t n = 0;
@@ -99,18 +100,18 @@ void SummationServer::Impl::Fold(RoundState& st, DType dtype) {
     if (st.acc) {
       if (n == 0) return;
       Payload p = take();
-      AccumulatorAdd(dtype, st.acc->data(), p->data(), count);
+      AccumulatorAdd(dtype, st.param, st.acc->data(), p->data(), count);
     } else if (opt.num_workers == 1) {
       if (n == 0) return;
       Payload p = take();
       st.acc = NewBlock(count * AccumulatorSize(dtype));
-      AccumulatorInit(dtype, st.acc->data(), p->data(), count);
+      AccumulatorInit(dtype, st.param, st.acc->data(), p->data(), count);
     } else {
       if (n < 2) return;
       Payload a = take();
       Payload b = take();
       st.acc = NewBlock(count * AccumulatorSize(dtype));
-      AccumulatorInitSum(dtype, st.acc->data(), a->data(), b->data(), count);
+      AccumulatorInitSum(dtype, st.param, st.acc->data(), a->data(), b->data(), count);
     }
   }
 }
@@ -124,7 +125,7 @@ Payload SummationServer::Impl::FinishSum(RoundState& st, EngineThread* e, uint64
   Payload result = NewBlock(st.nbytes);
   if (st.dtype == DType::kOneBit || st.dtype == DType::kTopK) {
     const bool onebit = st.dtype == DType::kOneBit;
-    const size_t records = st.nbytes / DTypeSize(st.dtype);
+    const size_t records = st.nbytes / DTypeSize(st.dtype, st.param);
     const size_t values = records * (onebit ? kOneBitBlock : kTopKBlock);
     std::vector<float>& residual = e->residuals[key];
     if (residual.size() != values) residual.assign(values, 0.0f);
@@ -133,10 +134,10 @@ Payload SummationServer::Impl::FinishSum(RoundState& st, EngineThread* e, uint64
     if (onebit) {
       OneBitEncodeWithFeedback(dst, acc, residual.data(), records);
     } else {
-      TopKEncodeWithFeedback(dst, acc, residual.data(), records);
+      TopKEncodeWithFeedback(dst, acc, residual.data(), records, st.param);
     }
   } else {
-    AccumulatorFinish(st.dtype, result->data(), st.acc->data(), st.nbytes / DTypeSize(st.dtype));
+    AccumulatorFinish(st.dtype, st.param, result->data(), st.acc->data(), st.nbytes / DTypeSize(st.dtype, st.param));
   }
   return result;
 }
@@ -148,6 +149,7 @@ void SummationServer::Impl::Process(Task& t, EngineThread* e) {
   if (st.pushed.empty()) {
     st.pushed.assign(opt.num_workers, false);
     st.dtype = t.dtype;
+    st.param = t.param;
     st.nbytes = nbytes;
     st.first_rank = t.rank;
     st.digest = t.digest;
@@ -170,11 +172,13 @@ void SummationServer::Impl::Process(Task& t, EngineThread* e) {
   if (st.error.empty() && t.digest != st.digest) {
     st.error = "workers disagree on the tree of this psum: worker " + std::to_string(st.first_rank) + " and worker " +
                std::to_string(t.rank) + " called it with different trees (round " + std::to_string(t.round) + ")";
-  } else if (st.error.empty() && (t.dtype != st.dtype || nbytes != st.nbytes)) {
+  } else if (st.error.empty() && (t.dtype != st.dtype || t.param != st.param || nbytes != st.nbytes)) {
+    // Elements of topk are records of its workers' keep: different keeps never add up.
     st.error = "workers disagree on this tensor: worker " + std::to_string(st.first_rank) + " pushed " +
-               std::to_string(st.nbytes / DTypeSize(st.dtype)) + " elements of " + DTypeName(st.dtype) + ", worker " +
-               std::to_string(t.rank) + " pushed " + std::to_string(nbytes / DTypeSize(t.dtype)) + " elements of " +
-               DTypeName(t.dtype) + " (round " + std::to_string(t.round) + ")";
+               std::to_string(st.nbytes / DTypeSize(st.dtype, st.param)) + " elements of " +
+               DTypeDescription(st.dtype, st.param) + ", worker " + std::to_string(t.rank) + " pushed " +
+               std::to_string(nbytes / DTypeSize(t.dtype, t.param)) + " elements of " +
+               DTypeDescription(t.dtype, t.param) + " (round " + std::to_string(t.round) + ")";
   } else if (!st.error.empty()) {
     SendError(t.conn, t.key, t.round, st.error, st.error_flags);
   }
@@ -190,7 +194,7 @@ void SummationServer::Impl::Process(Task& t, EngineThread* e) {
       if (st.held.empty()) st.held.resize(opt.num_workers);
       st.held[t.rank] = std::move(t.data);
     }
-    Fold(st, t.dtype);
+    Fold(st);
   }
 
   // Taken: acknowledged, unless the round's sum or error goes to this worker
@@ -213,6 +217,7 @@ void SummationServer::Impl::Process(Task& t, EngineThread* e) {
     }
     FrameHeader h = RoundFrame(MsgType::kSum, opt.token, t.key, t.round);
     h.dtype = static_cast<uint8_t>(st.dtype);
+    h.param = st.param;
     h.nbytes = st.nbytes;
     FrameHeader hs = h;
     hs.type = static_cast<uint16_t>(MsgType::kSumShm);

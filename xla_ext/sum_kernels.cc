@@ -180,19 +180,19 @@ void FinishF16(void* dst, const float* acc, size_t n) {
 
 }  // namespace
 
-void AccumulatorInit(DType d, void* acc, const void* src, size_t count) {
+void AccumulatorInit(DType d, uint16_t param, void* acc, const void* src, size_t count) {
   switch (d) {
     case DType::kF32:
     case DType::kF64:
-    case DType::kI32: std::memcpy(acc, src, count * DTypeSize(d)); return;
+    case DType::kI32: std::memcpy(acc, src, count * DTypeSize(d, param)); return;
     case DType::kBF16: InitBf16(static_cast<float*>(acc), static_cast<const uint16_t*>(src), count); return;
     case DType::kF16: InitF16(static_cast<float*>(acc), src, count); return;
     case DType::kOneBit: OneBitDecode(static_cast<float*>(acc), static_cast<const uint8_t*>(src), count); return;
-    case DType::kTopK: TopKDecode(static_cast<float*>(acc), static_cast<const uint8_t*>(src), count); return;
+    case DType::kTopK: TopKDecode(static_cast<float*>(acc), static_cast<const uint8_t*>(src), count, param); return;
   }
 }
 
-void AccumulatorAdd(DType d, void* acc, const void* src, size_t count) {
+void AccumulatorAdd(DType d, uint16_t param, void* acc, const void* src, size_t count) {
   switch (d) {
     case DType::kF32: AddF32(static_cast<float*>(acc), static_cast<const float*>(src), count); return;
     case DType::kF64: AddF64(static_cast<double*>(acc), static_cast<const double*>(src), count); return;
@@ -200,11 +200,11 @@ void AccumulatorAdd(DType d, void* acc, const void* src, size_t count) {
     case DType::kBF16: AddBf16(static_cast<float*>(acc), static_cast<const uint16_t*>(src), count); return;
     case DType::kF16: AddF16(static_cast<float*>(acc), src, count); return;
     case DType::kOneBit: OneBitDecodeAdd(static_cast<float*>(acc), static_cast<const uint8_t*>(src), count); return;
-    case DType::kTopK: TopKDecodeAdd(static_cast<float*>(acc), static_cast<const uint8_t*>(src), count); return;
+    case DType::kTopK: TopKDecodeAdd(static_cast<float*>(acc), static_cast<const uint8_t*>(src), count, param); return;
   }
 }
 
-void AccumulatorInitSum(DType d, void* acc, const void* a, const void* b, size_t count) {
+void AccumulatorInitSum(DType d, uint16_t param, void* acc, const void* a, const void* b, size_t count) {
   switch (d) {
     case DType::kF32:
       SumF32(static_cast<float*>(acc), static_cast<const float*>(a), static_cast<const float*>(b), count);
@@ -219,23 +219,23 @@ void AccumulatorInitSum(DType d, void* acc, const void* a, const void* b, size_t
     case DType::kF16:
     case DType::kOneBit:
     case DType::kTopK:
-      AccumulatorInit(d, acc, a, count);
-      AccumulatorAdd(d, acc, b, count);
+      AccumulatorInit(d, param, acc, a, count);
+      AccumulatorAdd(d, param, acc, b, count);
       return;
   }
 }
 
-void AccumulatorFinish(DType d, void* dst, const void* acc, size_t count) {
+void AccumulatorFinish(DType d, uint16_t param, void* dst, const void* acc, size_t count) {
   switch (d) {
     case DType::kF32:
     case DType::kF64:
     case DType::kI32:
-      if (dst != acc) std::memcpy(dst, acc, count * DTypeSize(d));
+      if (dst != acc) std::memcpy(dst, acc, count * DTypeSize(d, param));
       return;
     case DType::kBF16: FinishBf16(static_cast<uint16_t*>(dst), static_cast<const float*>(acc), count); return;
     case DType::kF16: FinishF16(dst, static_cast<const float*>(acc), count); return;
     case DType::kOneBit: OneBitEncode(static_cast<uint8_t*>(dst), static_cast<const float*>(acc), count); return;
-    case DType::kTopK: TopKEncode(static_cast<uint8_t*>(dst), static_cast<const float*>(acc), count); return;
+    case DType::kTopK: TopKEncode(static_cast<uint8_t*>(dst), static_cast<const float*>(acc), count, param); return;
   }
 }
 

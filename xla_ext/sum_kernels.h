@@ -3,7 +3,7 @@
 // An accumulator holds `count` elements of AccumulatorType(d): float for
 // float32/float16/bfloat16, double for float64, int32 for int32; for onebit
 // and topk, `count` records, each a block of floats (decoded on init and add,
-// encoded by finish).
+// encoded by finish). `param` is the dtype's (dtype.h): topk's values per record.
 #pragma once
 
 #include <cstddef>
@@ -13,14 +13,14 @@
 namespace jbps {
 
 // acc[i] = widen(src[i])
-void AccumulatorInit(DType d, void* acc, const void* src, size_t count);
+void AccumulatorInit(DType d, uint16_t param, void* acc, const void* src, size_t count);
 // acc[i] += widen(src[i])   (int32 wraps around, as two's complement adds do)
-void AccumulatorAdd(DType d, void* acc, const void* src, size_t count);
+void AccumulatorAdd(DType d, uint16_t param, void* acc, const void* src, size_t count);
 // acc[i] = widen(a[i]) + widen(b[i]): the first two pushes in one pass,
 // instead of a copy and then an add.
-void AccumulatorInitSum(DType d, void* acc, const void* a, const void* b, size_t count);
+void AccumulatorInitSum(DType d, uint16_t param, void* acc, const void* a, const void* b, size_t count);
 // dst[i] = narrow(acc[i])   (round to nearest even for the 16-bit floats)
-void AccumulatorFinish(DType d, void* dst, const void* acc, size_t count);
+void AccumulatorFinish(DType d, uint16_t param, void* dst, const void* acc, size_t count);
 
 // True when the accumulator has the wire layout, so a pushed buffer can become
 // the accumulator and the accumulator can be sent back, with no conversion.

@@ -1,9 +1,12 @@
 // Top-k compression (as BytePS's topk): of every kTopKBlock float32 values,
-// the kTopKKeep largest in magnitude travel, as (index in the block, value)
+// the `keep` largest in magnitude travel, as (index in the block, value)
 // pairs in index order; a record decodes to those values at those indices
-// and zeros elsewhere. Ties go to the lower index. Workers encode on the
-// device (jbps/ops/topk.py, the same format); a server decodes each push into
-// a float32 accumulator of the block, adds, and encodes the sum the same way
+// and zeros elsewhere. Ties go to the lower index. `keep` is the user's
+// choice (1 to kTopKMaxKeep; compression="topk:FRACTION", jbps/ops/topk.py)
+// and travels with every push (FrameHeader::param), so a server sizes and
+// encodes records as its workers do. Workers encode on the device
+// (jbps/ops/topk.py, the same format); a server decodes each push into a
+// float32 accumulator of the block, adds, and encodes the sum the same way
 // for the pull, keeping what the encoding dropped as its residual (error
 // feedback).
 #pragma once
@@ -14,16 +17,20 @@
 namespace jbps {
 
 constexpr size_t kTopKBlock = 1024;  // values per record
-constexpr size_t kTopKKeep = 10;     // values a record keeps: about 1%
-constexpr size_t kTopKRecordBytes = kTopKKeep * 2 * sizeof(uint32_t);
+// More than half a block would take more bytes than the float32 values.
+constexpr size_t kTopKMaxKeep = kTopKBlock / 2;
+constexpr size_t kTopKPairBytes = 2 * sizeof(uint32_t);  // uint32 index, float32 value
 
-// acc = decode(src): `records` records into as many blocks of kTopKBlock floats.
-void TopKDecode(float* acc, const uint8_t* src, size_t records);
+inline bool TopKKeepValid(size_t keep) { return keep >= 1 && keep <= kTopKMaxKeep; }
+inline size_t TopKRecordBytes(size_t keep) { return keep * kTopKPairBytes; }
+
+// acc = decode(src): `records` records of `keep` pairs into as many blocks of kTopKBlock floats.
+void TopKDecode(float* acc, const uint8_t* src, size_t records, size_t keep);
 // acc += decode(src)
-void TopKDecodeAdd(float* acc, const uint8_t* src, size_t records);
+void TopKDecodeAdd(float* acc, const uint8_t* src, size_t records, size_t keep);
 // dst = encode(acc)
-void TopKEncode(uint8_t* dst, const float* acc, size_t records);
+void TopKEncode(uint8_t* dst, const float* acc, size_t records, size_t keep);
 // Error feedback: acc += residual; dst = encode(acc); residual = acc - decode(dst).
-void TopKEncodeWithFeedback(uint8_t* dst, float* acc, float* residual, size_t records);
+void TopKEncodeWithFeedback(uint8_t* dst, float* acc, float* residual, size_t records, size_t keep);
 
 }  // namespace jbps

@@ -31,11 +31,20 @@ from jbps import _core  # noqa: E402
 from jbps.bench import memory  # noqa: E402
 from jbps.bench.report import summarize  # noqa: E402
 from jbps.bench.stages import call_stages, typical_stages  # noqa: E402
-from jbps.ops import topk  # noqa: E402
+from jbps.ops import compression, topk  # noqa: E402
 from jbps.ops.psum import psum_with_feedback  # noqa: E402
 from jbps.optax import zero_residuals  # noqa: E402
 
 TOOL = "jbps psum"
+
+
+def _compression_arg(text: str) -> str:
+    """--compression: bf16, fp16, onebit, topk or topk:FRACTION (compression.py's check)."""
+    try:
+        compression.check(text, "--compression", stateful_ok=True)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
 
 
 def parse_args(argv=None):
@@ -63,9 +72,10 @@ def parse_args(argv=None):
     p.add_argument("--stages", action="store_true", help="also report the latency breakdown (stages.py)")
     p.add_argument(
         "--compression",
-        choices=("bf16", "fp16", "onebit", "topk"),
+        type=_compression_arg,
         default=None,
-        help="the timed psums' compression (jbps.psum's compression=; onebit with its residuals)",
+        help="the timed psums' compression: bf16, fp16, onebit, topk or topk:FRACTION "
+        "(jbps.psum's compression=; onebit and topk with their residuals)",
     )
     args = p.parse_args(argv)
     args.tree_sizes = [int(s) for s in args.tree_sizes.split(",") if s]
@@ -103,14 +113,15 @@ def gather_times(times, tag):
 
 def check_sum(out, what):
     """Every worker contributed rank+1 to every element: the sum is known without communication.
-    With topk, of each block of equal values the first KEEP travel (ties go to the lower index)."""
+    With topk, of each block of equal values the first `keep` travel (ties go to the lower index)."""
     world = jbps.size()
     expected = world * (world + 1) / 2
     for i, y in enumerate(jax.tree_util.tree_leaves(out)):
         y = np.asarray(y)
         want = np.full(y.shape, expected, np.float32)
-        if _compression == "topk" and topk.compressed(y.shape, y.dtype):
-            want = np.where(np.arange(y.size).reshape(y.shape) % topk.BLOCK < topk.KEEP, want, np.float32(0))
+        codec = compression.feedback_codec(_compression)
+        if isinstance(codec, topk.TopK) and codec.compressed(y.shape, y.dtype):
+            want = np.where(np.arange(y.size).reshape(y.shape) % topk.BLOCK < codec.keep, want, np.float32(0))
         if not np.array_equal(y, want):
             bad = np.flatnonzero(y != want)
             raise RuntimeError(
@@ -128,14 +139,14 @@ def in_place(name):
 
 
 # --compression: the timed psums send 16-bit floats, onebit or topk records (the
-# values, the same small integer throughout a leaf, stay exact; topk keeps KEEP of each block).
+# values, the same small integer throughout a leaf, stay exact; topk keeps `keep` of each block).
 _compression = None
 
 
 def _summed(name):
     """The timed psum of a tree. Onebit takes its residuals (zeros here, and
     zeros they stay for these values) as a training step's optimizer would."""
-    if _compression not in ("onebit", "topk"):
+    if not compression.stateful(_compression):
         return lambda t: jbps.psum(t, name=name, compression=_compression)
     return lambda t: psum_with_feedback(t, zero_residuals(t), name=name, compression=_compression)[0]
 

@@ -132,7 +132,7 @@ def parse_args(argv=None, prog=None) -> argparse.Namespace:
     p.add_argument(
         "--compression",
         default="",
-        help="comma list of compressions (bf16, fp16, onebit): extra jbps runs beside the defaults",
+        help="comma list of compressions (bf16, fp16, onebit, topk, topk:FRACTION): extra jbps runs beside the defaults",
     )
     p.add_argument("--skip-peers", action="store_true", help="do not run gloo and MPI")
     p.add_argument("--timeout", type=float, default=600, help="seconds any one job may take (default 600)")
@@ -157,9 +157,10 @@ def parse_args(argv=None, prog=None) -> argparse.Namespace:
     if any(c < 1 for c in credits):
         p.error("--credit values must be at least 1")
     compressions = [c.strip() for c in args.compression.split(",") if c.strip()]
-    bad = [c for c in compressions if c not in ("bf16", "fp16", "onebit", "topk")]
+    # topk:FRACTION's fraction is checked by the workers (jbps/ops/compression.py: no jax here).
+    bad = [c for c in compressions if c not in ("bf16", "fp16", "onebit", "topk") and not c.startswith("topk:")]
     if bad:
-        p.error(f"--compression: {bad[0]!r} is not bf16, fp16, onebit or topk")
+        p.error(f"--compression: {bad[0]!r} is not bf16, fp16, onebit, topk or topk:FRACTION")
     args.variants = variants(partitions, credits, compressions)
     if args.plot:
         import importlib.util

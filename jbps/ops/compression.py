@@ -11,7 +11,9 @@ must use the same choice: a psum whose workers disagree fails with the tree
 check's error naming the first leaf whose dtype differs.
 
 `compression="onebit"` and `"topk"` (onebit.py, topk.py) need a residual per leaf, so only the
-optax wrappers offer it, keeping the residual in their state.
+optax wrappers offer it, keeping the residual in their state. `"topk"` keeps 10
+of every 1024 values; `"topk:FRACTION"` keeps round(FRACTION * 1024) of them,
+FRACTION in (0, 0.5] (`"topk:0.05"`: 51).
 """
 
 from __future__ import annotations
@@ -29,20 +31,44 @@ _COMPRESSIBLE = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 # The codecs with error feedback, by name: they keep a residual, so only the
-# optax wrappers (which have the state) offer them.
-FEEDBACK = {"onebit": onebit, "topk": topk}
+# optax wrappers (which have the state) offer them. "topk:FRACTION" names a
+# topk codec that keeps another amount (feedback_codec).
+FEEDBACK = {"onebit": onebit, "topk": topk.codec()}
 STATEFUL = tuple(FEEDBACK)
 
 
+def feedback_codec(compression: str | None, what: str = "jbps"):
+    """The codec with error feedback that `compression` names (onebit.py's
+    module or a topk.TopK), or None for the others. A ValueError naming
+    `what` for "topk:FRACTION" with a FRACTION topk cannot keep."""
+    if not isinstance(compression, str):
+        return None
+    if compression in FEEDBACK:
+        return FEEDBACK[compression]
+    if compression.startswith(topk.PREFIX):
+        try:
+            return topk.codec(topk.keep_of(compression[len(topk.PREFIX) :]))
+        except ValueError as e:
+            raise ValueError(f"{what}: compression={compression!r}: {e}") from None
+    return None
+
+
+def stateful(compression: str | None) -> bool:
+    """Whether `compression` keeps an error-feedback residual (checked: check())."""
+    return feedback_codec(compression) is not None
+
+
 def check(compression: str | None, what: str, *, stateful_ok: bool = False) -> None:
-    if compression is None or compression in WIRE_TYPES or (stateful_ok and compression in STATEFUL):
+    if compression is None or (isinstance(compression, str) and compression in WIRE_TYPES):
         return
-    if compression in STATEFUL:
+    if feedback_codec(compression, what) is not None:
+        if stateful_ok:
+            return
         raise ValueError(
             f"{what}: compression={compression!r} keeps an error-feedback residual, which needs "
             f"optimizer state: use jbps.optax.distributed(tx, compression={compression!r})"
         )
-    choices = "None, 'bf16', 'fp16', 'onebit' or 'topk'" if stateful_ok else "None, 'bf16' or 'fp16'"
+    choices = "None, 'bf16', 'fp16', 'onebit', 'topk' or 'topk:FRACTION'" if stateful_ok else "None, 'bf16' or 'fp16'"
     raise ValueError(f"{what}: compression must be {choices}, got {compression!r}")
 
 

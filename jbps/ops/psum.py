@@ -104,14 +104,16 @@ def psum_with_feedback(
     bucket_bytes: int | None = None,
     compression: str = "onebit",
 ) -> tuple[Any, Any]:
-    """psum with onebit or topk compression and error feedback (onebit.py,
+    """psum with onebit or topk ("topk:FRACTION" too) compression and error feedback (onebit.py,
     topk.py): returns (the sums, the new residuals). `residuals` has the
     tree's structure, a float32 array of the shape of each leaf that travels
     compressed (onebit.compressed; zeros at first), anything for the other
     leaves, which travel as they are; the optax wrappers keep it in their
     state."""
-    if compression not in wire.STATEFUL:
-        raise ValueError(f"jbps.psum_with_feedback: compression must be 'onebit' or 'topk', got {compression!r}")
+    if wire.feedback_codec(compression, "jbps.psum_with_feedback") is None:
+        raise ValueError(
+            f"jbps.psum_with_feedback: compression must be 'onebit', 'topk' or 'topk:FRACTION', got {compression!r}"
+        )
     return _psum(
         tree,
         residuals,
@@ -146,7 +148,7 @@ def _psum(tree, residuals, axis_name, *, average, name, priority, bucket_bytes, 
         paths=paths,
         priorities=None if priorities is None else tuple(priorities),
         bucket_bytes=bucket_bytes,
-        feedback=compression if compression in wire.STATEFUL else None,
+        feedback=compression if wire.stateful(compression) else None,
     )
     new_residuals = residuals
     if spec.feedback:

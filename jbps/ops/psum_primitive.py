@@ -32,7 +32,7 @@ from jax._src.interpreters import ad, batching, mlir
 from .. import runtime
 from ..partition import make_plan
 from . import buckets, kept_operands, mapped_axes, replication
-from .compression import FEEDBACK
+from .compression import feedback_codec
 from .ffi import join, push_pull, tree_description
 
 AxisName = Hashable
@@ -48,7 +48,7 @@ class PsumSpec:
     paths: tuple[str, ...]
     priorities: tuple[int, ...] | None  # one per leaf; None: pytree order
     bucket_bytes: int = 0  # 0: one custom call; else buckets of about this many bytes (buckets.py)
-    # A codec with error feedback, "onebit" or "topk" (onebit.py, topk.py): the
+    # A codec with error feedback, "onebit", "topk" or "topk:FRACTION" (onebit.py, topk.py): the
     # operands are the leaves then one residual per leaf, the results their
     # sums then the new residuals.
     feedback: str | None = None
@@ -222,7 +222,7 @@ class _Wire:
     def __init__(self, spec, leaves, residuals, names, num_shards, shard_index):
         self.leaves, self.residuals, self.names = leaves, residuals, names
         self.num_shards, self.shard_index = num_shards, shard_index
-        codec = FEEDBACK.get(spec.feedback)
+        codec = feedback_codec(spec.feedback)
         self.codec = [codec if codec and codec.compressed(x.shape, x.dtype) else None for x in leaves]
 
     def padded(self, i: int) -> int:

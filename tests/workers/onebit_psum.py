@@ -12,9 +12,10 @@ good), reported for the test to compare with the first round's error.
 --mode pmap: two local devices, each with its own tree (summed on the device
 first, then each device sends its shard).
 --disagree R: worker R sends uncompressed (a plain jbps.psum of the same name),
-or with --disagree-codec C through the other codec C.
+or with --disagree-codec C through the other codec C (or topk keeping another amount).
 --codec topk: the 10 largest magnitudes of each 1024 values travel (ties: the
-lower index); grid values keep every sum exact there too.
+lower index); grid values keep every sum exact there too. --codec topk:FRACTION:
+the round(FRACTION * 1024) largest.
 """
 
 import argparse
@@ -30,8 +31,15 @@ from jbps.ops.psum import psum_with_feedback
 # The formats', restated: the reference must not borrow the code under test.
 MIN_ELEMENTS = 1024
 BLOCKS = {"onebit": 256, "topk": 1024}
-TOPK_KEEP = 10
-CODEC = "onebit"  # --codec
+TOPK_KEEP = 10  # --codec topk; topk:FRACTION keeps round(FRACTION * 1024)
+CODEC = "onebit"  # --codec, without a topk fraction
+
+
+def codec_arg(text):
+    """--codec: onebit, topk or topk:FRACTION (the fraction as given, for jbps to read)."""
+    if text in BLOCKS or text.startswith("topk:"):
+        return text
+    raise argparse.ArgumentTypeError(f"unknown codec {text!r}")
 
 
 def tree(rank: int, rnd: int, device: int = 0):
@@ -114,11 +122,13 @@ def main():
     p.add_argument("--mode", choices=["jit", "pmap"], default="jit")
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--disagree", type=int, default=-1)
-    p.add_argument("--disagree-codec", choices=sorted(BLOCKS), default=None)
-    p.add_argument("--codec", choices=sorted(BLOCKS), default="onebit")
+    p.add_argument("--disagree-codec", type=codec_arg, default=None)
+    p.add_argument("--codec", type=codec_arg, default="onebit")
     args = p.parse_args()
-    global CODEC
-    CODEC = args.codec
+    global CODEC, TOPK_KEEP
+    CODEC, _, fraction = args.codec.partition(":")
+    if fraction:
+        TOPK_KEEP = round(float(fraction) * 1024)
     jbps.init()
     rank, size = jbps.rank(), jbps.size()
     devices = jax.local_device_count() if args.mode == "pmap" else 1
@@ -132,9 +142,11 @@ def main():
     elif rank == args.disagree:
         step = jax.jit(lambda t, r: (jbps.psum(t, name="onebit"), r))
     elif args.mode == "jit":
-        step = jax.jit(lambda t, r: psum_with_feedback(t, r, name="onebit", compression=CODEC))
+        step = jax.jit(lambda t, r: psum_with_feedback(t, r, name="onebit", compression=args.codec))
     else:
-        pmapped = jax.pmap(lambda t, r: psum_with_feedback(t, r, "d", name="onebit", compression=CODEC), axis_name="d")
+        pmapped = jax.pmap(
+            lambda t, r: psum_with_feedback(t, r, "d", name="onebit", compression=args.codec), axis_name="d"
+        )
         step = lambda t, r: jax.tree_util.tree_map(lambda a: a[0], pmapped(t, r))  # noqa: E731
 
     def mine(rnd):
@@ -157,7 +169,7 @@ def main():
             for k in ts[0]
         }
 
-    with reported({"rank": rank, "rounds": 0}) as report:
+    with reported({"rank": rank, "rounds": 0, "topk_keep": TOPK_KEEP if CODEC == "topk" else None}) as report:
         if args.check == "exact":
             ref = Reference()
             for rnd in range(args.rounds):
