@@ -34,7 +34,6 @@ _COMPRESSIBLE = (np.dtype(np.float32), np.dtype(np.float64))
 # optax wrappers (which have the state) offer them. "topk:FRACTION" names a
 # topk codec that keeps another amount (feedback_codec).
 FEEDBACK = {"onebit": onebit, "topk": topk.codec()}
-STATEFUL = tuple(FEEDBACK)
 
 
 def feedback_codec(compression: str | None, what: str = "jbps"):
