@@ -149,20 +149,19 @@ inline std::string ValidateHeader(const FrameHeader& h, uint64_t token) {
     return "unknown message type " + std::to_string(h.type);
   const bool carries_data =
       h.type == static_cast<uint16_t>(MsgType::kPush) || h.type == static_cast<uint16_t>(MsgType::kSum);
-  if (carries_data) {
+  const bool refers_to_shm =
+      h.type == static_cast<uint16_t>(MsgType::kPushShm) || h.type == static_cast<uint16_t>(MsgType::kSumShm);
+  if (carries_data || refers_to_shm) {
     if (!DTypeValid(h.dtype)) return "unknown dtype code " + std::to_string(h.dtype);
-    if (!DTypeParamValid(static_cast<DType>(h.dtype), h.param))
-      return "parameter " + std::to_string(h.param) + " out of range for dtype " +
-             DTypeName(static_cast<DType>(h.dtype));
-    if (h.nbytes > kMaxPayloadBytes) return "payload length " + std::to_string(h.nbytes) + " too large";
-    if (h.nbytes % DTypeSize(static_cast<DType>(h.dtype), h.param) != 0)
-      return "payload length not a multiple of the element size";
-  } else if (h.type == static_cast<uint16_t>(MsgType::kPushShm) || h.type == static_cast<uint16_t>(MsgType::kSumShm)) {
-    if (!DTypeValid(h.dtype)) return "unknown dtype code " + std::to_string(h.dtype);
-    if (!DTypeParamValid(static_cast<DType>(h.dtype), h.param))
-      return "parameter " + std::to_string(h.param) + " out of range for dtype " +
-             DTypeName(static_cast<DType>(h.dtype));
-    if (h.nbytes != sizeof(ShmRef)) return "shared-memory reference of the wrong length";
+    const DType dtype = static_cast<DType>(h.dtype);
+    if (!DTypeParamValid(dtype, h.param))
+      return "parameter " + std::to_string(h.param) + " out of range for dtype " + DTypeName(dtype);
+    if (refers_to_shm) {
+      if (h.nbytes != sizeof(ShmRef)) return "shared-memory reference of the wrong length";
+    } else {
+      if (h.nbytes > kMaxPayloadBytes) return "payload length " + std::to_string(h.nbytes) + " too large";
+      if (h.nbytes % DTypeSize(dtype, h.param) != 0) return "payload length not a multiple of the element size";
+    }
   } else if (h.type == static_cast<uint16_t>(MsgType::kError) || h.type == static_cast<uint16_t>(MsgType::kAbort) ||
              h.type == static_cast<uint16_t>(MsgType::kBye)) {
     if (h.nbytes > kMaxErrorBytes) return "error message too long";

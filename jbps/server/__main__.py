@@ -29,7 +29,7 @@ from ..bootstrap.mpi import under_mpirun
 from ..config import argparse_type, exit_for_environment
 from ..errors import JbpsError
 from ..partition.assign import ROLES
-from .settings import settings_from_environment
+from .settings import check_port, settings_from_environment
 
 log = logging.getLogger("jbps.server")
 
@@ -99,9 +99,10 @@ def parse_args(argv=None, prog: str = "python -m jbps.server") -> argparse.Names
     )
     args = p.parse_args(argv)
     args.scheduler, args.env_num_workers = env["scheduler"], env["num_workers"]
-    port = args.bind.rpartition(":")[2]
-    if not port.isdigit() or int(port) > 65535:
-        p.error(f"--bind {args.bind!r}: the port must be a number from 0 to 65535 (0: any free port)")
+    try:
+        check_port(args.bind, "--bind ")
+    except JbpsError as exc:
+        p.error(str(exc))
     if args.num_workers is None and not args.scheduler and not under_mpirun() and args.env_num_workers is None:
         p.error("--num-workers is required (or set JBPS_NUM_WORKERS, or start under a scheduler or mpirun)")
     return args

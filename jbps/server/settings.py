@@ -18,27 +18,32 @@ def _env(environ: Mapping[str, str], *names: str, default=None):
     return next((environ[n] for n in names if environ.get(n, "").strip()), default)
 
 
+def check_port(bind: str, what: str) -> None:
+    """JbpsError unless `bind` (host:port) ends in a port number; `what` names where it came from."""
+    port = bind.rpartition(":")[2]
+    if not port.isdigit() or int(port) > 65535:
+        raise JbpsError(f"{what}{bind!r}: the port must be a number from 0 to 65535 (0: any free port)")
+
+
 def settings_from_environment(environ: Mapping[str, str] | None = None) -> dict:
     """The server's settings from the environment, each checked: a bad one
     raises JbpsError naming the variable. jbps run calls this before it starts
     anything, so a bad server setting is named once, by the launcher."""
     environ = os.environ if environ is None else environ
-    threads = _env(environ, *_ENGINE_THREADS)
     name = next((n for n in _ENGINE_THREADS if environ.get(n, "").strip()), None)
-    if threads is not None and not threads.strip().isdigit():
-        raise JbpsError(f"{name}={threads!r}: must be a whole number of threads (0: min(4, cores))")
+    threads = environ[name].strip() if name else "0"
+    if not threads.isdigit():
+        raise JbpsError(f"{name}={environ[name]!r}: must be a whole number of threads (0: min(4, cores))")
     role = _env(environ, "JBPS_SERVER_ROLE", default=COLOCATED)
     if role not in ROLES:
         raise JbpsError(f"JBPS_SERVER_ROLE={role!r}: expected one of {', '.join(ROLES)}")
     bind = _env(environ, "JBPS_SERVER_BIND", default="127.0.0.1:0")
-    port = bind.rpartition(":")[2]
-    if not port.isdigit() or int(port) > 65535:
-        raise JbpsError(f"JBPS_SERVER_BIND={bind!r}: the port must be a number from 0 to 65535 (0: any free port)")
+    check_port(bind, "JBPS_SERVER_BIND=")
     return {
         "token": env_value("job_token", environ),
         "timeout_s": env_value("timeout_s", environ),
         "shm": env_value("shm", environ),
-        "engine_threads": int(threads.strip()) if threads is not None else 0,
+        "engine_threads": int(threads),
         "scheduler": Config.resolve({}, environ).scheduler,
         "num_workers": env_value("num_workers", environ, default=None),
         "role": role,
