@@ -23,11 +23,13 @@ from .partition import server_fractions as _fractions_for_roles  # noqa: E402
 
 FFI_TARGET = "jbps_psum"
 JOIN_TARGET = "jbps_join"  # releases a bucketed psum's sums together (ops/ffi.py)
+TOPK_ENCODE_TARGET, TOPK_DECODE_TARGET = "jbps_topk_encode", "jbps_topk_decode"  # XLA:CPU only (ops/topk.py)
 # The start of an uncaught exception's message that a goodbye carries to the servers.
 _REASON_CHARS = 300
 _EXIT_GRACE_S = 0.5  # at exit, for threads woken by the psums the stop failed
 
 _lock = threading.Lock()
+_ffi_lock = threading.Lock()  # apart from _lock: init() registers while holding it
 _config: Config | None = None
 _requested: Config | None = None  # what init() was asked, before a bootstrap filled it in
 _hosted: list = []  # summation servers this process runs (mpirun's colocated servers)
@@ -61,17 +63,20 @@ def has_cuda_support() -> bool:
     return bool(_core.has_cuda())
 
 
-def _register_ffi() -> None:
+def register_ffi_targets() -> None:
+    """Registers jbps's custom call targets with jax (once; init() does, and
+    so do the ops that lower to them without a session, topk's codec)."""
     # ffi_call looks its target up per platform, so with both registered
     # jbps.psum runs on whichever backend the computation is placed on.
     # Registering for "CUDA" needs no GPU: jax keeps it for a CUDA backend.
     global _ffi_registered
-    if not _ffi_registered:
-        for name, capsule in _core.ffi_targets().items():
-            jax.ffi.register_ffi_target(name, capsule, platform="cpu")
-        for name, capsule in _core.ffi_targets_cuda().items():
-            jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
-        _ffi_registered = True
+    with _ffi_lock:
+        if not _ffi_registered:
+            for name, capsule in _core.ffi_targets().items():
+                jax.ffi.register_ffi_target(name, capsule, platform="cpu")
+            for name, capsule in _core.ffi_targets_cuda().items():
+                jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
+            _ffi_registered = True
 
 
 def init(**overrides) -> Session:
@@ -89,7 +94,7 @@ def init(**overrides) -> Session:
                 raise JbpsError("jbps is already initialized with different settings; call jbps.shutdown() first")
             _raise_fault()
             return Session(_config)
-        _register_ffi()
+        register_ffi_targets()
         config, hosted = bootstrap.complete(requested)
         across = defaults.spans_hosts(config.servers)
         # Until the servers' roles are known, the window as if every server got bytes (the most).

@@ -45,6 +45,58 @@ def test_encoding_keeps_the_largest_and_the_invariant(keep):
     assert np.array_equal(sent, np.where(kept, x, 0))  # what was sent plus the residual is the input
 
 
+@pytest.mark.parametrize("keep", [10, 51, 1, 16, 17, 512])
+def test_the_cpu_encoder_writes_the_records_of_the_xla_one(keep):
+    # On XLA:CPU the codec runs the servers' C++ (a custom call); on other
+    # platforms XLA ops. Both must send the same records: the same values
+    # kept, ties to the lower index, NaN above infinity (as lax.top_k ranks
+    # it), -0.0 and 0.0 as equals; batched too (vmap).
+    codec = topk.codec(keep)
+    rng = np.random.default_rng(keep)
+    x = (rng.normal(size=(4, 8 * topk.BLOCK)) * 10.0 ** rng.uniform(-3, 3, size=(4, 1))).astype(np.float32)
+    x[0, : 3 * topk.BLOCK] = np.round(x[0, : 3 * topk.BLOCK])  # many ties
+    x[1, 5 : 3 * topk.BLOCK : 97] = np.inf
+    x[1, 7 : 2 * topk.BLOCK : 301] = np.nan
+    x[2, topk.BLOCK : 3 * topk.BLOCK] = np.where(rng.random(2 * topk.BLOCK) < 0.5, -0.0, 0.0)  # all zeros
+    x[3, 4 * topk.BLOCK :] = 1e-39 * rng.normal(size=4 * topk.BLOCK)  # subnormals
+    xs = jnp.asarray(x)
+    cpu = jax.jit(jax.vmap(codec._encode_cpu))(xs)
+    xla = jax.jit(jax.vmap(codec._encode_xla))(xs)
+    assert cpu[0].shape == xla[0].shape == (4, 8, 2 * keep)
+    assert np.array_equal(np.asarray(cpu[0]), np.asarray(xla[0]))
+    assert np.array_equal(np.asarray(cpu[1]).view(np.uint32), np.asarray(xla[1]).view(np.uint32))
+    # What the encoding leaves (the new residual): the values, the kept ones zeroed.
+    left_cpu = jax.jit(jax.vmap(codec._extract_cpu))(xs)
+    left_xla = jax.jit(jax.vmap(codec._extract_xla))(xs)
+    assert np.array_equal(np.asarray(left_cpu[0]), np.asarray(xla[0]))
+    assert np.array_equal(np.asarray(left_cpu[1]).view(np.uint32), np.asarray(left_xla[1]).view(np.uint32))
+    index = np.asarray(xla[0])[:, :, 0::2]  # each block's kept indices
+    kept = np.zeros(x.shape, bool)
+    kept[np.arange(4)[:, None, None], np.arange(8)[None, :, None] * topk.BLOCK + index] = True
+    assert np.array_equal(np.asarray(left_cpu[1])[~kept].view(np.uint32), x[~kept].view(np.uint32))
+    assert not np.asarray(left_cpu[1])[kept].any()
+    for row in range(4):  # one at a time, and the decoders
+        records, sent = jax.jit(codec.encode)(xs[row])
+        assert np.array_equal(np.asarray(records), np.asarray(xla[0][row]))
+        for decode in (codec._decode_cpu, codec._decode_xla):
+            assert np.array_equal(
+                np.asarray(jax.jit(decode)(records)).view(np.uint32), np.asarray(sent).view(np.uint32)
+            )
+
+
+def test_the_cpu_encoder_refuses_records_that_do_not_fit():
+    codec = topk.codec(10)
+    call = jax.ffi.ffi_call(
+        "jbps_topk_encode",
+        (jax.ShapeDtypeStruct((2, 21), jnp.uint32), jax.ShapeDtypeStruct((2 * topk.BLOCK,), jnp.float32)),
+    )
+    with pytest.raises(Exception, match="jbps_topk_encode: 2048 values and 42 record words are not whole blocks"):
+        jax.block_until_ready(call(jnp.zeros(2 * topk.BLOCK, jnp.float32), keep=np.int64(codec.keep)))
+    decode = jax.ffi.ffi_call("jbps_topk_decode", jax.ShapeDtypeStruct((topk.BLOCK,), jnp.float32))
+    with pytest.raises(Exception, match="jbps_topk_decode: keep must be 1 to 512, got 513"):
+        jax.block_until_ready(decode(jnp.zeros((1, 1026), jnp.uint32), keep=np.int64(513)))
+
+
 def test_optimizer_state_holds_a_residual_per_compressed_leaf(session):
     params = {"kernel": jnp.ones((64, 32)), "bias": jnp.ones(32)}
     grads = {"kernel": jnp.linspace(-1, 1, 64 * 32).reshape(64, 32), "bias": jnp.full(32, 0.5)}

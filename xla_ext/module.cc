@@ -12,6 +12,7 @@
 #include "engine.h"
 #include "engine_impl.h"  // the scheduler and fusion, driven by the tests
 #include "ffi_cpu.h"
+#include "ffi_topk_cpu.h"
 #ifdef JBPS_HAVE_CUDA
 #include "cuda_copy_bench.h"
 #include "ffi_cuda.h"
@@ -219,6 +220,8 @@ NB_MODULE(_core, m) {
     nb::dict d;
     d["jbps_psum"] = FfiCapsule(reinterpret_cast<void*>(jbps::JbpsPsumCpu));
     d["jbps_join"] = FfiCapsule(reinterpret_cast<void*>(jbps::JbpsJoinCpu));
+    d["jbps_topk_encode"] = FfiCapsule(reinterpret_cast<void*>(jbps::JbpsTopKEncodeCpu));
+    d["jbps_topk_decode"] = FfiCapsule(reinterpret_cast<void*>(jbps::JbpsTopKDecodeCpu));
     return d;
   });
   // The same target for platform "CUDA"; empty when built without CUDA.

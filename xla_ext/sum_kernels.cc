@@ -30,18 +30,13 @@
 #include <cstdint>
 #include <cstring>
 
+#include "multiversion.h"
 #include "onebit.h"
 #include "topk.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define JBPS_F16C_KERNELS 1
-#endif
-
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define JBPS_MULTIVERSION __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))
-#else
-#define JBPS_MULTIVERSION
 #endif
 
 namespace jbps {

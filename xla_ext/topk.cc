@@ -1,8 +1,10 @@
 #include "topk.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
+#include <functional>
+
+#include "multiversion.h"
 
 namespace jbps {
 namespace {
@@ -19,24 +21,67 @@ void DecodeRecord(float* out, const uint8_t* record, size_t keep) {
   for (size_t k = 0; k < keep; ++k) {
     Pair p;
     std::memcpy(&p, record + k * sizeof(Pair), sizeof(Pair));
-    if (p.index < kTopKBlock) out[p.index] += p.value;  // a hostile index writes nowhere
+    if (p.index >= kTopKBlock) continue;                     // a hostile index writes nowhere
+    out[p.index] = kAdd ? out[p.index] + p.value : p.value;  // -0.0 stays -0.0 (as XLA's scatter)
   }
 }
 
-// The `keep` largest |values| (ties: the lower index), in index order;
-// their indices are the first `keep` of *order on return.
-void EncodeRecord(uint8_t* record, const float* values, uint32_t (&order)[kTopKBlock], size_t keep) {
-  for (uint32_t i = 0; i < kTopKBlock; ++i) order[i] = i;
-  auto larger = [values](uint32_t a, uint32_t b) {
-    const float x = std::fabs(values[a]), y = std::fabs(values[b]);
-    return x != y ? x > y : a < b;
-  };
-  std::nth_element(order, order + keep - 1, order + kTopKBlock, larger);
-  std::sort(order, order + keep);
-  for (size_t k = 0; k < keep; ++k) {
-    const Pair p{order[k], values[order[k]]};
-    std::memcpy(record + k * sizeof(Pair), &p, sizeof(Pair));
+// A block's magnitudes as the bits of |value| (their unsigned order is the
+// order of |value|, with NaN above infinity, as lax.top_k ranks them on the
+// device), and the largest of each of `groups` equal groups. One pass that
+// vectorises; the selection below then looks at a few candidates only.
+JBPS_MULTIVERSION void Magnitudes(uint32_t* __restrict mag, uint32_t* __restrict group_max,
+                                  const float* __restrict values, size_t groups) {
+  for (size_t i = 0; i < kTopKBlock; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, values + i, sizeof(bits));
+    mag[i] = bits & 0x7fffffffu;
   }
+  const size_t width = kTopKBlock / groups;
+  for (size_t g = 0; g < groups; ++g) {
+    uint32_t m = 0;
+    for (size_t i = 0; i < width; ++i) m = std::max(m, mag[g * width + i]);
+    group_max[g] = m;
+  }
+}
+
+// The `keep` largest magnitudes (ties: the lower index), in index order.
+// The keep-th largest of the groups' maxima is a floor: those keep maxima
+// are distinct values at least that large, so every value kept is at or
+// above it. Only the values at or above the floor are candidates for the
+// threshold t (the keep-th largest); a last pass in index order takes every
+// value above t and the first of those equal to t. 7x faster than sorting
+// indices by magnitude (std::nth_element) for 10 of 1024, 2x for 512.
+void EncodeRecord(uint8_t* record, const float* values, size_t keep) {
+  uint32_t mag[kTopKBlock], group_max[kTopKBlock], candidates[kTopKBlock];
+  size_t groups = 16;
+  while (groups < keep) groups *= 2;
+  Magnitudes(mag, group_max, values, groups);
+  std::nth_element(group_max, group_max + keep - 1, group_max + groups, std::greater<uint32_t>());
+  const uint32_t low = group_max[keep - 1];
+  size_t n = 0;
+  for (size_t i = 0; i < kTopKBlock; ++i) {
+    candidates[n] = mag[i];
+    n += mag[i] >= low;
+  }
+  std::nth_element(candidates, candidates + keep - 1, candidates + n, std::greater<uint32_t>());
+  const uint32_t t = candidates[keep - 1];
+  size_t ties = keep;
+  for (size_t i = 0; i < n; ++i) ties -= candidates[i] > t;
+  size_t k = 0;
+  for (uint32_t i = 0; i < kTopKBlock && k < keep; ++i) {
+    if (mag[i] > t || (mag[i] == t && ties > 0)) {
+      if (mag[i] == t) --ties;
+      const Pair p{i, values[i]};
+      std::memcpy(record + k++ * sizeof(Pair), &p, sizeof(Pair));
+    }
+  }
+}
+
+uint32_t RecordIndex(const uint8_t* record, size_t k) {
+  Pair p;
+  std::memcpy(&p, record + k * sizeof(Pair), sizeof(Pair));
+  return p.index;
 }
 
 }  // namespace
@@ -53,20 +98,29 @@ void TopKDecodeAdd(float* acc, const uint8_t* src, size_t records, size_t keep) 
 
 void TopKEncode(uint8_t* dst, const float* acc, size_t records, size_t keep) {
   const size_t bytes = TopKRecordBytes(keep);
-  uint32_t order[kTopKBlock];
-  for (size_t r = 0; r < records; ++r) EncodeRecord(dst + r * bytes, acc + r * kTopKBlock, order, keep);
+  for (size_t r = 0; r < records; ++r) EncodeRecord(dst + r * bytes, acc + r * kTopKBlock, keep);
 }
 
 void TopKEncodeWithFeedback(uint8_t* dst, float* acc, float* residual, size_t records, size_t keep) {
   const size_t bytes = TopKRecordBytes(keep);
-  uint32_t order[kTopKBlock];
   for (size_t r = 0; r < records; ++r) {
     float* a = acc + r * kTopKBlock;
     float* res = residual + r * kTopKBlock;
     for (size_t i = 0; i < kTopKBlock; ++i) a[i] += res[i];
-    EncodeRecord(dst + r * bytes, a, order, keep);
+    uint8_t* record = dst + r * bytes;
+    EncodeRecord(record, a, keep);
     std::memcpy(res, a, kTopKBlock * sizeof(float));
-    for (size_t k = 0; k < keep; ++k) res[order[k]] = 0.0f;  // what was sent leaves no residual
+    for (size_t k = 0; k < keep; ++k) res[RecordIndex(record, k)] = 0.0f;  // what was sent leaves no residual
+  }
+}
+
+void TopKEncodeExtract(uint8_t* dst, float* values, size_t records, size_t keep) {
+  const size_t bytes = TopKRecordBytes(keep);
+  for (size_t r = 0; r < records; ++r) {
+    uint8_t* record = dst + r * bytes;
+    float* v = values + r * kTopKBlock;
+    EncodeRecord(record, v, keep);
+    for (size_t k = 0; k < keep; ++k) v[RecordIndex(record, k)] = 0.0f;
   }
 }
 

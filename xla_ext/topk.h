@@ -8,7 +8,7 @@
 // (jbps/ops/topk.py, the same format); a server decodes each push into a
 // float32 accumulator of the block, adds, and encodes the sum the same way
 // for the pull, keeping what the encoding dropped as its residual (error
-// feedback).
+// feedback). On XLA:CPU the workers run this encoder too (ffi_topk_cpu.cc).
 #pragma once
 
 #include <cstddef>
@@ -30,6 +30,9 @@ void TopKDecode(float* acc, const uint8_t* src, size_t records, size_t keep);
 void TopKDecodeAdd(float* acc, const uint8_t* src, size_t records, size_t keep);
 // dst = encode(acc)
 void TopKEncode(uint8_t* dst, const float* acc, size_t records, size_t keep);
+// A worker's encode with error feedback: dst = encode(values), and the values
+// records carry become zeros in `values`, which then hold what is left.
+void TopKEncodeExtract(uint8_t* dst, float* values, size_t records, size_t keep);
 // Error feedback: acc += residual; dst = encode(acc); residual = acc - decode(dst).
 void TopKEncodeWithFeedback(uint8_t* dst, float* acc, float* residual, size_t records, size_t keep);
 

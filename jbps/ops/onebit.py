@@ -79,6 +79,8 @@ def block_counts(size: int, start: jax.Array, num_blocks: int) -> jax.Array:
 
 
 def encode_shard(values: jax.Array, size: int, start: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """encode() of a device's padded shard of a leaf of `size` values, from
-    element `start` of the leaf on: the codecs' common entry (topk.py has one too)."""
-    return encode(values, block_counts(size, start, values.shape[0] // BLOCK))
+    """A device's padded shard of a leaf of `size` values, from element `start`
+    of the leaf on -> (records, what they leave of the values: the new
+    residual), the codecs' common entry (topk.py has one too)."""
+    records, sent = encode(values, block_counts(size, start, values.shape[0] // BLOCK))
+    return records, values - sent

@@ -261,8 +261,7 @@ class _Wire:
         residual = jnp.pad(jnp.ravel(self.residuals[i]).astype(jnp.float32), (0, padded - x.size))
         start = self.shard_index * n
         corrected = flat + lax.dynamic_slice(residual, (start,), (n,))
-        records, sent = codec.encode_shard(corrected, x.size, start)
-        left = corrected - sent
+        records, left = codec.encode_shard(corrected, x.size, start)
         if self.num_shards > 1:
             left = lax.all_gather(left, self.names, axis=0, tiled=True)
         old = self.residuals[i]

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from .. import runtime
 from .onebit import MIN_ELEMENTS, compressed, zero_residual  # noqa: F401 (the same leaves travel compressed)
 
 BLOCK = 1024
@@ -60,28 +61,74 @@ class TopK:
         """float32[n * BLOCK] (padding is zeros; counts are not needed) ->
         (records uint32[n, RECORD_WORDS], what they decode to)."""
         del counts
+        return lax.platform_dependent(values, cpu=self._encode_cpu, default=self._encode_xla)
+
+    def decode(self, records: jax.Array) -> jax.Array:
+        """uint32[n, RECORD_WORDS] -> float32[n * BLOCK]."""
+        return lax.platform_dependent(records, cpu=self._decode_cpu, default=self._decode_xla)
+
+    def encode_shard(self, values: jax.Array, size: int, start: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """A device's padded shard of a leaf -> (records, what they leave of the
+        values: the new residual), the codecs' common entry (as onebit.py's).
+        Padding is zeros, so neither size nor start matter here. On XLA:CPU the
+        servers' C++ encoder, in place (a custom call; 3x faster there than
+        lax.top_k); elsewhere XLA ops. Both send the same records."""
+        del size, start
+        return lax.platform_dependent(values, cpu=self._extract_cpu, default=self._extract_xla)
+
+    def _select_xla(self, values: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """(records, rows, the indices kept in each row, their values) of the values as blocks."""
         blocks = values.reshape(-1, BLOCK)
         _, index = lax.top_k(jnp.abs(blocks), self.keep)  # ties: the lower index first
         index = jnp.sort(index, axis=1)
         kept = jnp.take_along_axis(blocks, index, axis=1)
         records = jnp.stack([index.astype(jnp.uint32), lax.bitcast_convert_type(kept, jnp.uint32)], axis=-1)
         rows = jnp.arange(blocks.shape[0])[:, None]
-        sent = jnp.zeros_like(blocks).at[rows, index].set(kept)
-        return records.reshape(-1, self.RECORD_WORDS), sent.reshape(-1)
+        return records.reshape(-1, self.RECORD_WORDS), rows, index, kept
 
-    def decode(self, records: jax.Array) -> jax.Array:
-        """uint32[n, RECORD_WORDS] -> float32[n * BLOCK]."""
+    def _encode_xla(self, values: jax.Array) -> tuple[jax.Array, jax.Array]:
+        records, rows, index, kept = self._select_xla(values)
+        sent = jnp.zeros((rows.shape[0], BLOCK), jnp.float32).at[rows, index].set(kept)
+        return records, sent.reshape(-1)
+
+    def _extract_xla(self, values: jax.Array) -> tuple[jax.Array, jax.Array]:
+        records, rows, index, _ = self._select_xla(values)
+        # The values sent leave zeros (a kept infinity too), as on the servers.
+        left = values.reshape(-1, BLOCK).at[rows, index].set(0.0)
+        return records, left.reshape(-1)
+
+    def _decode_xla(self, records: jax.Array) -> jax.Array:
         pairs = records.reshape(-1, self.keep, 2)
         index = pairs[:, :, 0].astype(jnp.int32)
         kept = lax.bitcast_convert_type(pairs[:, :, 1], jnp.float32)
         rows = jnp.arange(pairs.shape[0])[:, None]
         return jnp.zeros((pairs.shape[0], BLOCK), jnp.float32).at[rows, index].set(kept).reshape(-1)
 
-    def encode_shard(self, values: jax.Array, size: int, start: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """encode() of a device's padded shard of a leaf (the codecs' common entry,
-        as onebit.py's): padding is zeros, so neither size nor start matter here."""
-        del size, start
-        return self.encode(values)
+    def _extract_cpu(self, values: jax.Array) -> tuple[jax.Array, jax.Array]:
+        runtime.register_ffi_targets()
+        call = jax.ffi.ffi_call(
+            runtime.TOPK_ENCODE_TARGET,
+            (
+                jax.ShapeDtypeStruct((values.size // BLOCK, self.RECORD_WORDS), jnp.uint32),
+                jax.ShapeDtypeStruct(values.shape, jnp.float32),
+            ),
+            vmap_method="broadcast_all",  # blockwise: a batch is more blocks
+            input_output_aliases={0: 1},  # what is left, in the values' buffer
+        )
+        return tuple(call(values, keep=np.int64(self.keep)))
+
+    def _encode_cpu(self, values: jax.Array) -> tuple[jax.Array, jax.Array]:
+        records, _ = self._extract_cpu(values)
+        return records, self._decode_cpu(records)
+
+    def _decode_cpu(self, records: jax.Array) -> jax.Array:
+        runtime.register_ffi_targets()
+        call = jax.ffi.ffi_call(
+            runtime.TOPK_DECODE_TARGET,
+            jax.ShapeDtypeStruct((records.shape[0] * BLOCK,), jnp.float32),
+            vmap_method="broadcast_all",
+        )
+        return call(records, keep=np.int64(self.keep))
 
 
 @functools.lru_cache(maxsize=None)
