@@ -23,7 +23,9 @@ from .partition import server_fractions as _fractions_for_roles  # noqa: E402
 
 FFI_TARGET = "jbps_psum"
 JOIN_TARGET = "jbps_join"  # releases a bucketed psum's sums together (ops/ffi.py)
-TOPK_ENCODE_TARGET, TOPK_DECODE_TARGET = "jbps_topk_encode", "jbps_topk_decode"  # XLA:CPU only (ops/topk.py)
+# The codecs' workers' half on XLA:CPU only (ops/onebit.py, ops/topk.py).
+TOPK_ENCODE_TARGET, TOPK_DECODE_TARGET = "jbps_topk_encode", "jbps_topk_decode"
+ONEBIT_ENCODE_TARGET, ONEBIT_DECODE_TARGET = "jbps_onebit_encode", "jbps_onebit_decode"
 # The start of an uncaught exception's message that a goodbye carries to the servers.
 _REASON_CHARS = 300
 _EXIT_GRACE_S = 0.5  # at exit, for threads woken by the psums the stop failed

@@ -113,6 +113,40 @@ def test_encoding_keeps_the_invariant_and_the_format():
         assert np.array_equal(sent.reshape(3, -1)[b, n:], np.zeros(onebit.BLOCK - n, np.float32))
 
 
+def test_the_cpu_encoder_writes_the_records_of_the_xla_one():
+    # On XLA:CPU the workers run the servers' encoder (a custom call, in
+    # place), elsewhere XLA ops. Where a block's mean |value| is exact (values
+    # on a grid) the records are the same bit for bit; elsewhere only the
+    # scale's last bit may differ (summed in double, not float32). What is
+    # left is the values less what the records decode to, on both; batched too.
+    rng = np.random.default_rng(5)
+    grid = (rng.integers(-511, 512, size=(3, 8 * onebit.BLOCK)) / 1024 * 2.0**-3).astype(np.float32)
+    grid[1, 100:300] = -0.0
+    noisy = (rng.normal(size=(3, 8 * onebit.BLOCK)) * 10.0 ** rng.uniform(-3, 3, size=(3, 1))).astype(np.float32)
+    counts = np.array([[onebit.BLOCK] * 7 + [100]] * 3, np.int32)
+    for x in (grid, noisy):  # a partial last block holds padding (zeros) after its count
+        x[:, 7 * onebit.BLOCK + 100 :] = 0
+    for x, exact in ((grid, True), (noisy, False)):
+        xs, cs = jnp.asarray(x), jnp.asarray(counts)
+        cpu = [np.asarray(a) for a in jax.jit(jax.vmap(onebit._extract_cpu))(xs, cs)]
+        xla = [np.asarray(a) for a in jax.jit(jax.vmap(onebit._extract_xla))(xs, cs)]
+        assert cpu[0].shape == xla[0].shape == (3, 8, onebit.RECORD_BYTES)
+        assert np.array_equal(cpu[0][:, :, 4:], xla[0][:, :, 4:])  # counts and signs
+        scale_cpu, scale_xla = cpu[0][:, :, :4].copy().view(np.float32), xla[0][:, :, :4].copy().view(np.float32)
+        if exact:
+            assert np.array_equal(cpu[0], xla[0])
+        else:
+            np.testing.assert_allclose(scale_cpu, scale_xla, rtol=3e-7)
+        for row in range(3):
+            sent = np.asarray(jax.jit(onebit._decode_cpu)(jnp.asarray(cpu[0][row])))
+            assert np.array_equal(
+                sent.view(np.uint32), np.asarray(onebit._decode_xla(jnp.asarray(cpu[0][row]))).view(np.uint32)
+            )
+            assert np.array_equal(cpu[1][row], x[row] - sent)
+            records, decoded = jax.jit(onebit.encode)(xs[row], cs[row])
+            assert np.array_equal(np.asarray(records), cpu[0][row]) and np.array_equal(np.asarray(decoded), sent)
+
+
 def test_psum_refuses_onebit_pointing_at_the_optimizer(session):
     with pytest.raises(
         ValueError, match=r"needs optimizer state: use jbps.optax.distributed\(tx, compression='onebit'\)"

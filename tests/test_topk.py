@@ -90,7 +90,10 @@ def test_the_cpu_encoder_refuses_records_that_do_not_fit():
         "jbps_topk_encode",
         (jax.ShapeDtypeStruct((2, 21), jnp.uint32), jax.ShapeDtypeStruct((2 * topk.BLOCK,), jnp.float32)),
     )
-    with pytest.raises(Exception, match="jbps_topk_encode: 2048 values and 42 record words are not whole blocks"):
+    with pytest.raises(
+        Exception,
+        match="jbps_topk_encode: 2048 values and 168 bytes of records are not whole blocks of 1024 in records of 80",
+    ):
         jax.block_until_ready(call(jnp.zeros(2 * topk.BLOCK, jnp.float32), keep=np.int64(codec.keep)))
     decode = jax.ffi.ffi_call("jbps_topk_decode", jax.ShapeDtypeStruct((topk.BLOCK,), jnp.float32))
     with pytest.raises(Exception, match="jbps_topk_decode: keep must be 1 to 512, got 513"):

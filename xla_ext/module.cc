@@ -11,8 +11,8 @@
 
 #include "engine.h"
 #include "engine_impl.h"  // the scheduler and fusion, driven by the tests
+#include "ffi_codecs_cpu.h"
 #include "ffi_cpu.h"
-#include "ffi_topk_cpu.h"
 #ifdef JBPS_HAVE_CUDA
 #include "cuda_copy_bench.h"
 #include "ffi_cuda.h"
@@ -222,6 +222,8 @@ NB_MODULE(_core, m) {
     d["jbps_join"] = FfiCapsule(reinterpret_cast<void*>(jbps::JbpsJoinCpu));
     d["jbps_topk_encode"] = FfiCapsule(reinterpret_cast<void*>(jbps::JbpsTopKEncodeCpu));
     d["jbps_topk_decode"] = FfiCapsule(reinterpret_cast<void*>(jbps::JbpsTopKDecodeCpu));
+    d["jbps_onebit_encode"] = FfiCapsule(reinterpret_cast<void*>(jbps::JbpsOneBitEncodeCpu));
+    d["jbps_onebit_decode"] = FfiCapsule(reinterpret_cast<void*>(jbps::JbpsOneBitDecodeCpu));
     return d;
   });
   // The same target for platform "CUDA"; empty when built without CUDA.

@@ -8,7 +8,7 @@
 // (jbps/ops/topk.py, the same format); a server decodes each push into a
 // float32 accumulator of the block, adds, and encodes the sum the same way
 // for the pull, keeping what the encoding dropped as its residual (error
-// feedback). On XLA:CPU the workers run this encoder too (ffi_topk_cpu.cc).
+// feedback). On XLA:CPU the workers run this encoder too (ffi_codecs_cpu.cc).
 #pragma once
 
 #include <cstddef>

@@ -27,6 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from .. import runtime
+
 BLOCK = 256
 RECORD_BYTES = 8 + BLOCK // 8
 MIN_ELEMENTS = 1024
@@ -49,6 +51,15 @@ def zero_residual(shape, dtype) -> jax.Array:
 def encode(values: jax.Array, counts: jax.Array) -> tuple[jax.Array, jax.Array]:
     """float32[n * BLOCK], each block's count of values (the rest is
     padding, zeros) -> (records uint8[n, RECORD_BYTES], what they decode to)."""
+    return lax.platform_dependent(values, counts, cpu=_encode_cpu, default=_encode_xla)
+
+
+def decode(records: jax.Array) -> jax.Array:
+    """uint8[n, RECORD_BYTES] -> float32[n * BLOCK]."""
+    return lax.platform_dependent(records, cpu=_decode_cpu, default=_decode_xla)
+
+
+def _encode_xla(values: jax.Array, counts: jax.Array) -> tuple[jax.Array, jax.Array]:
     blocks = values.reshape(-1, BLOCK)
     counts = counts.astype(jnp.uint32)
     scale = jnp.sum(jnp.abs(blocks), axis=1) / jnp.maximum(counts, 1).astype(jnp.float32)
@@ -62,13 +73,48 @@ def encode(values: jax.Array, counts: jax.Array) -> tuple[jax.Array, jax.Array]:
     return records, sent.reshape(-1)
 
 
-def decode(records: jax.Array) -> jax.Array:
-    """uint8[n, RECORD_BYTES] -> float32[n * BLOCK]."""
+def _extract_xla(values: jax.Array, counts: jax.Array) -> tuple[jax.Array, jax.Array]:
+    records, sent = _encode_xla(values, counts)
+    return records, values - sent
+
+
+def _decode_xla(records: jax.Array) -> jax.Array:
     scale = lax.bitcast_convert_type(records[:, :4], jnp.float32)
     counts = lax.bitcast_convert_type(records[:, 4:8], jnp.uint32)
     held = jnp.arange(BLOCK, dtype=jnp.uint32)[None, :] < counts[:, None]
     negative = jnp.unpackbits(records[:, 8:], axis=1, bitorder="little").astype(bool)
     return jnp.where(held, jnp.where(negative, -scale[:, None], scale[:, None]), 0.0).reshape(-1)
+
+
+def _extract_cpu(values: jax.Array, counts: jax.Array) -> tuple[jax.Array, jax.Array]:
+    # The servers' encoder (xla_ext/onebit.cc), in the values' buffer; its
+    # scale is summed in double, so its last bit can differ from _encode_xla's.
+    runtime.register_ffi_targets()
+    call = jax.ffi.ffi_call(
+        runtime.ONEBIT_ENCODE_TARGET,
+        (
+            jax.ShapeDtypeStruct((values.size // BLOCK, RECORD_BYTES), jnp.uint8),
+            jax.ShapeDtypeStruct(values.shape, jnp.float32),
+        ),
+        vmap_method="broadcast_all",  # blockwise: a batch is more blocks
+        input_output_aliases={0: 1},  # what is left, in the values' buffer
+    )
+    return tuple(call(values, counts.astype(jnp.int32)))
+
+
+def _encode_cpu(values: jax.Array, counts: jax.Array) -> tuple[jax.Array, jax.Array]:
+    records, _ = _extract_cpu(values, counts)
+    return records, _decode_cpu(records)
+
+
+def _decode_cpu(records: jax.Array) -> jax.Array:
+    runtime.register_ffi_targets()
+    call = jax.ffi.ffi_call(
+        runtime.ONEBIT_DECODE_TARGET,
+        jax.ShapeDtypeStruct((records.shape[0] * BLOCK,), jnp.float32),
+        vmap_method="broadcast_all",
+    )
+    return call(records)
 
 
 def block_counts(size: int, start: jax.Array, num_blocks: int) -> jax.Array:
@@ -82,5 +128,5 @@ def encode_shard(values: jax.Array, size: int, start: jax.Array) -> tuple[jax.Ar
     """A device's padded shard of a leaf of `size` values, from element `start`
     of the leaf on -> (records, what they leave of the values: the new
     residual), the codecs' common entry (topk.py has one too)."""
-    records, sent = encode(values, block_counts(size, start, values.shape[0] // BLOCK))
-    return records, values - sent
+    counts = block_counts(size, start, values.shape[0] // BLOCK)
+    return lax.platform_dependent(values, counts, cpu=_extract_cpu, default=_extract_xla)
