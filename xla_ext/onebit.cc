@@ -46,21 +46,9 @@ inline uint32_t SignedScale(uint32_t scale, const uint32_t* signs, uint32_t i, u
   return (scale ^ signs[i % 8]) & (i < count ? 0xffffffffu : 0u);
 }
 
-JBPS_MULTIVERSION void DecodeValues(float* __restrict out, const uint8_t* __restrict record) {
-  const Header h = HeaderOf(record);
-  uint32_t scale;
-  std::memcpy(&scale, &h.scale, sizeof(scale));
-  const uint8_t* bits = record + sizeof(Header);
-  for (uint32_t k = 0; k < kOneBitBlock / 8; ++k) {
-    const uint32_t* signs = kSigns.bits[bits[k]];
-    for (uint32_t j = 0; j < 8; ++j) {
-      const uint32_t v = SignedScale(scale, signs, 8 * k + j, h.count);
-      std::memcpy(out + 8 * k + j, &v, sizeof(v));
-    }
-  }
-}
-
-JBPS_MULTIVERSION void DecodeAddValues(float* __restrict out, const uint8_t* __restrict record) {
+// out = decode(record), or out += decode(record) with `add` (a loop per case
+// once GCC unswitches it).
+JBPS_MULTIVERSION void DecodeValues(float* __restrict out, const uint8_t* __restrict record, bool add) {
   const Header h = HeaderOf(record);
   uint32_t scale;
   std::memcpy(&scale, &h.scale, sizeof(scale));
@@ -71,7 +59,7 @@ JBPS_MULTIVERSION void DecodeAddValues(float* __restrict out, const uint8_t* __r
       const uint32_t v = SignedScale(scale, signs, 8 * k + j, h.count);
       float f;
       std::memcpy(&f, &v, sizeof(f));
-      out[8 * k + j] += f;
+      out[8 * k + j] = add ? out[8 * k + j] + f : f;
     }
   }
 }
@@ -79,12 +67,10 @@ JBPS_MULTIVERSION void DecodeAddValues(float* __restrict out, const uint8_t* __r
 // An accumulator (kAdd, or kCount: a server's) keeps the count after its block.
 template <bool kAdd, bool kCount = true>
 void DecodeRecord(float* out, const uint8_t* record) {
-  if (kAdd) {
-    DecodeAddValues(out, record);
-  } else {
-    DecodeValues(out, record);
+  DecodeValues(out, record, kAdd);
+  if (!kAdd && kCount) {
     const uint32_t count = HeaderOf(record).count;
-    if (kCount) std::memcpy(out + kOneBitBlock, &count, sizeof(count));
+    std::memcpy(out + kOneBitBlock, &count, sizeof(count));
   }
 }
 
