@@ -4,8 +4,10 @@
 // at the end of a tensor), then one sign bit per value (set: negative; bit j
 // of byte k is value 8k + j). A value decodes to +scale or -scale, the rest
 // of the block to 0. Workers encode on the device (jbps/ops/onebit.py, the
-// same format; on XLA:CPU with this code, ffi_codecs_cpu.cc); a server decodes each push into a float32 accumulator,
-// adds, and encodes the sum for the pull, keeping what the encoding lost as its residual (error feedback).
+// same format; on XLA:CPU with this code, ffi_codecs_cpu.cc); a server
+// decodes each push into a float32 accumulator, adds, and encodes the sum
+// for the pull, keeping what the encoding lost as its residual (error
+// feedback).
 #pragma once
 
 #include <cstddef>

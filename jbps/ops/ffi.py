@@ -1,4 +1,5 @@
-"""The jbps_psum XLA custom call: one variadic call per device for a whole tree."""
+"""The custom calls: jbps_psum (one variadic call per device for a whole tree),
+jbps_join, and the codecs' encoders and decoders on XLA:CPU."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 
 from ..partition import CallPlan
 from ..partition.plan import leaf_key
+from .. import runtime
 from ..runtime import FFI_TARGET, JOIN_TARGET
 
 
@@ -95,3 +97,24 @@ def join(values: Sequence[jax.Array]) -> list[jax.Array]:
         input_output_aliases={i: i for i in range(len(values))},
     )
     return list(call(*values))
+
+
+def encode_in_place(target: str, values: jax.Array, records: jax.ShapeDtypeStruct, *operands, **attributes):
+    """(records, what they leave of `values`) from a codec's XLA:CPU encoder
+    (xla_ext/ffi_codecs_cpu.cc), which writes what is left into the values'
+    own buffer. Blockwise, so a batch (vmap) is more blocks."""
+    runtime.register_ffi_targets()  # no session needed to encode
+    call = jax.ffi.ffi_call(
+        target,
+        (records, jax.ShapeDtypeStruct(values.shape, values.dtype)),
+        vmap_method="broadcast_all",
+        input_output_aliases={0: 1},
+    )
+    return tuple(call(values, *operands, **attributes))
+
+
+def decode(target: str, records: jax.Array, num_values: int, **attributes) -> jax.Array:
+    """float32[num_values] from a codec's XLA:CPU decoder (ffi_codecs_cpu.cc)."""
+    runtime.register_ffi_targets()
+    call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((num_values,), np.float32), vmap_method="broadcast_all")
+    return call(records, **attributes)

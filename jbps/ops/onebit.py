@@ -28,6 +28,7 @@ import numpy as np
 from jax import lax
 
 from .. import runtime
+from . import ffi
 
 BLOCK = 256
 RECORD_BYTES = 8 + BLOCK // 8
@@ -87,19 +88,10 @@ def _decode_xla(records: jax.Array) -> jax.Array:
 
 
 def _extract_cpu(values: jax.Array, counts: jax.Array) -> tuple[jax.Array, jax.Array]:
-    # The servers' encoder (xla_ext/onebit.cc), in the values' buffer; its
-    # scale is summed in double, so its last bit can differ from _encode_xla's.
-    runtime.register_ffi_targets()
-    call = jax.ffi.ffi_call(
-        runtime.ONEBIT_ENCODE_TARGET,
-        (
-            jax.ShapeDtypeStruct((values.size // BLOCK, RECORD_BYTES), jnp.uint8),
-            jax.ShapeDtypeStruct(values.shape, jnp.float32),
-        ),
-        vmap_method="broadcast_all",  # blockwise: a batch is more blocks
-        input_output_aliases={0: 1},  # what is left, in the values' buffer
-    )
-    return tuple(call(values, counts.astype(jnp.int32)))
+    # The servers' encoder (xla_ext/onebit.cc); its scale is summed in
+    # double, so its last bit can differ from _encode_xla's.
+    records = jax.ShapeDtypeStruct((values.size // BLOCK, RECORD_BYTES), jnp.uint8)
+    return ffi.encode_in_place(runtime.ONEBIT_ENCODE_TARGET, values, records, counts.astype(jnp.int32))
 
 
 def _encode_cpu(values: jax.Array, counts: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -108,13 +100,7 @@ def _encode_cpu(values: jax.Array, counts: jax.Array) -> tuple[jax.Array, jax.Ar
 
 
 def _decode_cpu(records: jax.Array) -> jax.Array:
-    runtime.register_ffi_targets()
-    call = jax.ffi.ffi_call(
-        runtime.ONEBIT_DECODE_TARGET,
-        jax.ShapeDtypeStruct((records.shape[0] * BLOCK,), jnp.float32),
-        vmap_method="broadcast_all",
-    )
-    return call(records)
+    return ffi.decode(runtime.ONEBIT_DECODE_TARGET, records, records.shape[0] * BLOCK)
 
 
 def block_counts(size: int, start: jax.Array, num_blocks: int) -> jax.Array:

@@ -25,6 +25,7 @@ import numpy as np
 from jax import lax
 
 from .. import runtime
+from . import ffi
 from .onebit import MIN_ELEMENTS, compressed, zero_residual  # noqa: F401 (the same leaves travel compressed)
 
 BLOCK = 1024
@@ -105,30 +106,15 @@ class TopK:
         return jnp.zeros((pairs.shape[0], BLOCK), jnp.float32).at[rows, index].set(kept).reshape(-1)
 
     def _extract_cpu(self, values: jax.Array) -> tuple[jax.Array, jax.Array]:
-        runtime.register_ffi_targets()
-        call = jax.ffi.ffi_call(
-            runtime.TOPK_ENCODE_TARGET,
-            (
-                jax.ShapeDtypeStruct((values.size // BLOCK, self.RECORD_WORDS), jnp.uint32),
-                jax.ShapeDtypeStruct(values.shape, jnp.float32),
-            ),
-            vmap_method="broadcast_all",  # blockwise: a batch is more blocks
-            input_output_aliases={0: 1},  # what is left, in the values' buffer
-        )
-        return tuple(call(values, keep=np.int64(self.keep)))
+        records = jax.ShapeDtypeStruct((values.size // BLOCK, self.RECORD_WORDS), jnp.uint32)
+        return ffi.encode_in_place(runtime.TOPK_ENCODE_TARGET, values, records, keep=np.int64(self.keep))
 
     def _encode_cpu(self, values: jax.Array) -> tuple[jax.Array, jax.Array]:
         records, _ = self._extract_cpu(values)
         return records, self._decode_cpu(records)
 
     def _decode_cpu(self, records: jax.Array) -> jax.Array:
-        runtime.register_ffi_targets()
-        call = jax.ffi.ffi_call(
-            runtime.TOPK_DECODE_TARGET,
-            jax.ShapeDtypeStruct((records.shape[0] * BLOCK,), jnp.float32),
-            vmap_method="broadcast_all",
-        )
-        return call(records, keep=np.int64(self.keep))
+        return ffi.decode(runtime.TOPK_DECODE_TARGET, records, records.shape[0] * BLOCK, keep=np.int64(self.keep))
 
 
 @functools.lru_cache(maxsize=None)
