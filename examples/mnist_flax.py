@@ -8,6 +8,8 @@ broadcast to every worker.
     mpirun -np 2 python examples/mnist_flax.py     # the same under MPI
     jbps run -n 2 python examples/mnist_flax.py --compression onebit --optimizer sgd
                                                    # gradients at 1/25.6 of their bytes
+    jbps run -n 2 python examples/mnist_flax.py --compression onebit
+                                                   # Adam: jbps.optax.onebit_adam (1-bit Adam)
 
 Every worker trains on its share of each global batch; the gradients are
 averaged over the job by the summation servers, so each worker applies the
@@ -103,14 +105,16 @@ def main():
     params = model.init(jax.random.PRNGKey(args.seed), x_train[:1])["params"]
     order = jbps.forward_order(params)  # from init's insertion order: first layers are sent first
     params = jbps.broadcast_parameters(params)  # every worker starts from rank 0's parameters
-    if args.optimizer == "adam":
-        opt = optax.adam(args.lr or 2e-3)
+    steps_per_epoch = len(x_train) // args.batch_size
+    if args.optimizer == "adam" and args.compression not in (None, "bf16", "fp16"):
+        # onebit, topk: Adam's first moment travels compressed after a warm-up of a fifth of the steps
+        warmup = max(1, round(args.epochs * steps_per_epoch * 0.2))
+        tx = jbps.optax.onebit_adam(args.lr or 2e-3, warmup_steps=warmup, priority=order, compression=args.compression)
     else:
-        opt = optax.sgd(args.lr or 0.05, momentum=0.9)
-    tx = jbps.optax.distributed(opt, priority=order, compression=args.compression)
+        opt = optax.adam(args.lr or 2e-3) if args.optimizer == "adam" else optax.sgd(args.lr or 0.05, momentum=0.9)
+        tx = jbps.optax.distributed(opt, priority=order, compression=args.compression)
     state = train_state.TrainState.create(apply_fn=model.apply, params=params, tx=tx)
 
-    steps_per_epoch = len(x_train) // args.batch_size
     # A bar on a terminal only (disable=None: tqdm's test for one); piped, as
     # under jbps run, its redraws would pile up into one long line, so rank 0
     # prints a line per epoch instead.

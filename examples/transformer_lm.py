@@ -1,7 +1,8 @@
 """A small decoder-only transformer (flax.nnx) learning the characters of
 Python's own standard library sources (a corpus every Python install ships),
 trained data-parallel with jbps: nnx.Optimizer around
-jbps.optax.distributed(optax.adamw(...)), rank 0's parameters broadcast.
+jbps.optax.distributed(optax.adamw(...)), rank 0's parameters broadcast;
+with --compression onebit or topk, jbps.optax.onebit_adam (1-bit Adam).
 
     python examples/transformer_lm.py
     jbps run -n 2 python examples/transformer_lm.py
@@ -105,6 +106,13 @@ def main():
         help="gradients on the wire (default: float32 as computed); topk:0.05 keeps 51 of every 1024 "
         "values, where topk keeps 10 (jbps.optax.distributed checks the value)",
     )
+    p.add_argument(
+        "--warmup-steps",
+        type=int,
+        default=None,
+        help="with onebit or topk: uncompressed steps before Adam's first moment travels compressed "
+        "(jbps.optax.onebit_adam; default a fifth of --steps)",
+    )
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--corpus-bytes", type=int, default=2_000_000)
     p.add_argument("--log-every", type=int, default=25)
@@ -116,7 +124,11 @@ def main():
     model = LM(args.seq_len + 1, args.dim, args.heads, args.layers, rngs=nnx.Rngs(0))
     graphdef, params = nnx.split(model)
     nnx.update(model, jbps.broadcast_parameters(params))  # every worker starts from rank 0's
-    tx = jbps.optax.distributed(optax.adamw(args.lr, weight_decay=0.01), compression=args.compression)
+    if args.compression in (None, "bf16", "fp16"):
+        tx = jbps.optax.distributed(optax.adamw(args.lr, weight_decay=0.01), compression=args.compression)
+    else:  # onebit, topk: Adam's first moment travels compressed after a warm-up (1-bit Adam)
+        warmup = args.warmup_steps if args.warmup_steps is not None else max(1, round(args.steps * 0.2))
+        tx = jbps.optax.onebit_adam(args.lr, weight_decay=0.01, warmup_steps=warmup, compression=args.compression)
     optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
     if rank == 0:
         count = sum(x.size for x in jax.tree_util.tree_leaves(nnx.state(model, nnx.Param)))

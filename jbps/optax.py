@@ -30,13 +30,16 @@ from .ops import compression as wire
 from .ops import onebit, psum
 from .ops.psum import psum_with_feedback
 from .partition.priority import Priority
+from .onebit_adam import OneBitAdamState, onebit_adam
 
 __all__ = [
     "DistributedOptimizer",
     "FeedbackState",
     "MultiSteps",
     "MultiStepsState",
+    "OneBitAdamState",
     "distributed",
+    "onebit_adam",
     "psum_gradients",
     "zero_residuals",
 ]
