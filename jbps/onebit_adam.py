@@ -45,12 +45,12 @@ DEFAULT_WARMUP_FRACTION = 0.2
 
 
 class OneBitAdamState(NamedTuple):
-    """onebit_adam's state (the first of its optax.chain's): steps taken, the job's first and second
-    moments (float32, every worker the same), and this worker's residuals of
-    the first moment's compression (float32 per compressed leaf, an empty
-    array for leaves that travel as they are). It lives on the device and
-    checkpoints with the rest (the servers' residuals start from zero in a
-    new job)."""
+    """onebit_adam's state (the first of its optax.chain's): steps taken, the
+    job's first and second moments (float32, every worker the same), and this
+    worker's residuals of the step direction's compression (float32 per
+    compressed leaf, an empty array for leaves that travel as they are). It
+    lives on the device and checkpoints with the rest (the servers'
+    residuals start from zero in a new job)."""
 
     count: jax.Array
     mu: Any
