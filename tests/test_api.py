@@ -273,6 +273,7 @@ def test_defaults_follow_where_the_job_runs(server):
     assert defaults.credit(cpu_only, True) == 6
     assert defaults.partition_bytes(32 << 20, cpu_only, True) == 128 << 10
     assert defaults.partition_bytes(1 << 20, cpu_only, True) == 32 << 10  # the floor
+    assert defaults.partition_bytes(16 << 20, cpu_only, True) == 48 << 10  # not 64 KiB, which stalls
     assert defaults.partition_bytes(8 << 30, cpu_only, True) == 4 << 20  # the ceiling
     with jbps.init(servers=[server], num_workers=1, worker_rank=0) as s:
         assert (s.config.scheduling_credit, s.config.partition_bytes) == (4, None)
