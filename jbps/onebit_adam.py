@@ -34,14 +34,11 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
+from . import runtime
 from .ops import compression as wire
 from .ops import psum
 from .ops.psum import psum_with_feedback
 from .partition.priority import Priority
-
-# DeepSpeed's guidance: the warm-up takes 15-25% of training; the variance
-# must have settled before it freezes.
-DEFAULT_WARMUP_FRACTION = 0.2
 
 
 class OneBitAdamState(NamedTuple):
@@ -65,7 +62,10 @@ def _scale_by_onebit_adam(
     docstring): the updates it returns are already the job's, so nothing
     else in the chain psums them. reduce_args: axis_name, priority and
     bucket_bytes for jbps.psum."""
-    base = name if name is not None else "onebit_adam"
+    # Unnamed, each optimizer built gets a name of its own (the n-th built in
+    # this process: workers build theirs in the same order), so two of them
+    # in one program never share the servers' keys.
+    base = name if name is not None else runtime.next_auto_name("onebit_adam")
     # The largest step Adam itself takes on a coordinate, |mu_hat| / sqrt(nu_hat)
     # for one gradient after a history of zeros: a coordinate whose gradient
     # outgrew the frozen nu is held there (see compressed()).
@@ -143,8 +143,9 @@ def onebit_adam(
     steps and whose first moment travels compressed after (the module's
     docstring). Give it the gradients of this worker, as to
     jbps.optax.distributed: it averages them itself. warmup_steps:
-    uncompressed steps first (at least 1; about a fifth of the steps,
-    DEFAULT_WARMUP_FRACTION, is a start); compression: "onebit", or
+    uncompressed steps first (at least 1; about a fifth of the steps is a
+    start, as DeepSpeed's 15-25%: nu must have settled before it freezes);
+    compression: "onebit", or
     "topk"/"topk:FRACTION", for the step direction; axis_name, name,
     priority, bucket_bytes: as for jbps.psum. Bad values are refused here,
     as it is built."""
