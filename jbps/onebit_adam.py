@@ -78,26 +78,26 @@ def _scale_by_onebit_adam(
         zeros = jax.tree_util.tree_map(lambda p: jnp.zeros(jnp.shape(p), jnp.float32), params)
         return OneBitAdamState(jnp.zeros([], jnp.int32), zeros, zeros, zero_residuals(params))
 
-    def warm(grads, state):
+    # Each branch returns the new (mu, nu, residuals) and the step:
+    # mu_hat / (sqrt(nu_hat) + eps), with nu_hat's correction frozen at the
+    # warm-up's last step.
+    def warm(grads, state, count):
         g = psum(grads, name=f"{base}.warmup", **reduce_args)
         g = jax.tree_util.tree_map(lambda x: x.astype(jnp.float32), g)
         mu = jax.tree_util.tree_map(lambda m, x: b1 * m + (1 - b1) * x, state.mu, g)
         nu = jax.tree_util.tree_map(lambda v, x: b2 * v + (1 - b2) * x * x, state.nu, g)
-        return mu, nu, state.residuals
+        t = count.astype(jnp.float32)
+        step = jax.tree_util.tree_map(lambda m, v: (m / (1 - b1**t)) / (jnp.sqrt(v / (1 - b2**t)) + eps), mu, nu)
+        return (mu, nu, state.residuals), step
 
-    def denominators(nu):
-        # Adam's sqrt(nu_hat) + eps, fixed once the warm-up is over.
-        correction = 1 - b2**warmup_steps
-        return jax.tree_util.tree_map(lambda v: jnp.sqrt(v / correction) + eps, nu)
-
-    def compressed(grads, state):
+    def compressed(grads, state, count):
         # What travels is this worker's momentum divided by the frozen
         # denominators: Adam's step direction. With nu fixed the division
         # commutes with the average, so uncompressed it would be the same
         # sum; compressed, a block's error is in units of the step, where a
         # coordinate of near-zero nu (a weight whose gradient is always zero)
         # divided afterwards would turn the block's scale into a huge step.
-        denom = denominators(state.nu)
+        denom = jax.tree_util.tree_map(lambda v: jnp.sqrt(v / (1 - b2**warmup_steps)) + eps, state.nu)
         local = jax.tree_util.tree_map(
             lambda m, x, d: jnp.clip((b1 * m + (1 - b1) * x.astype(jnp.float32)) / d, -bound, bound),
             state.mu,
@@ -107,18 +107,15 @@ def _scale_by_onebit_adam(
         steps, residuals = psum_with_feedback(
             local, state.residuals, name=f"{base}.momentum", compression=compression, **reduce_args
         )
-        return jax.tree_util.tree_map(jnp.multiply, steps, denom), state.nu, residuals
+        mu = jax.tree_util.tree_map(jnp.multiply, steps, denom)
+        correction = 1 - b1 ** count.astype(jnp.float32)
+        return (mu, state.nu, residuals), jax.tree_util.tree_map(lambda x: x / correction, steps)
 
     def update_fn(updates, state, params=None):
         del params
         count = state.count + 1
-        mu, nu, residuals = lax.cond(count <= warmup_steps, warm, compressed, updates, state)
-        t = count.astype(jnp.float32)
-        mu_hat = 1 - b1**t
-        nu_hat = 1 - b2 ** jnp.minimum(t, float(warmup_steps))
-        scaled = jax.tree_util.tree_map(
-            lambda m, v, u: ((m / mu_hat) / (jnp.sqrt(v / nu_hat) + eps)).astype(u.dtype), mu, nu, updates
-        )
+        (mu, nu, residuals), step = lax.cond(count <= warmup_steps, warm, compressed, updates, state, count)
+        scaled = jax.tree_util.tree_map(lambda x, u: x.astype(u.dtype), step, updates)
         return scaled, OneBitAdamState(count, mu, nu, residuals)
 
     return optax.GradientTransformation(init_fn, update_fn)

@@ -60,8 +60,12 @@ def test_the_cpu_encoder_writes_the_records_of_the_xla_one(keep):
     x[2, topk.BLOCK : 3 * topk.BLOCK] = np.where(rng.random(2 * topk.BLOCK) < 0.5, -0.0, 0.0)  # all zeros
     x[3, 4 * topk.BLOCK :] = 1e-39 * rng.normal(size=4 * topk.BLOCK)  # subnormals
     xs = jnp.asarray(x)
-    cpu = jax.jit(jax.vmap(codec._encode_cpu))(xs)
-    xla = jax.jit(jax.vmap(codec._encode_xla))(xs)
+
+    def encoder(extract, decode):  # (records, what they decode to)
+        return lambda v: (lambda records: (records, decode(records)))(extract(v)[0])
+
+    cpu = jax.jit(jax.vmap(encoder(codec._extract_cpu, codec._decode_cpu)))(xs)
+    xla = jax.jit(jax.vmap(encoder(codec._extract_xla, codec._decode_xla)))(xs)
     assert cpu[0].shape == xla[0].shape == (4, 8, 2 * keep)
     assert np.array_equal(np.asarray(cpu[0]), np.asarray(xla[0]))
     assert np.array_equal(np.asarray(cpu[1]).view(np.uint32), np.asarray(xla[1]).view(np.uint32))

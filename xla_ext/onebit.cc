@@ -95,6 +95,15 @@ JBPS_MULTIVERSION void EncodeRecord(uint8_t* __restrict record, const float* __r
   }
 }
 
+// record = encode(values), and values -= decode(record): what is left, the
+// residual of a worker (OneBitEncodeExtract) or a server (...WithFeedback).
+void EncodeLeaving(uint8_t* record, float* values, uint32_t count) {
+  EncodeRecord(record, values, count);
+  float sent[kOneBitBlock];
+  DecodeRecord<false, false>(sent, record);
+  for (size_t i = 0; i < kOneBitBlock; ++i) values[i] -= sent[i];  // padding: 0 - 0
+}
+
 }  // namespace
 
 void OneBitDecode(float* acc, const uint8_t* src, size_t records) {
@@ -116,12 +125,9 @@ void OneBitEncodeWithFeedback(uint8_t* dst, float* acc, float* residual, size_t 
   for (size_t r = 0; r < records; ++r) {
     float* a = acc + r * kOneBitAccFloats;
     float* res = residual + r * kOneBitBlock;
-    uint8_t* record = dst + r * kOneBitRecordBytes;
     for (size_t i = 0; i < kOneBitBlock; ++i) a[i] += res[i];
-    EncodeRecord(record, a, CountOf(a));
-    float sent[kOneBitBlock];
-    DecodeRecord<false, false>(sent, record);
-    for (size_t i = 0; i < kOneBitBlock; ++i) res[i] = a[i] - sent[i];
+    std::memcpy(res, a, kOneBitBlock * sizeof(float));
+    EncodeLeaving(dst + r * kOneBitRecordBytes, res, CountOf(a));
   }
 }
 
@@ -131,13 +137,8 @@ void OneBitDecodeValues(float* out, const uint8_t* src, size_t records) {
 
 void OneBitEncodeExtract(uint8_t* dst, float* values, const int32_t* counts, size_t records) {
   for (size_t r = 0; r < records; ++r) {
-    float* v = values + r * kOneBitBlock;
-    uint8_t* record = dst + r * kOneBitRecordBytes;
-    const int32_t count = counts[r];
-    EncodeRecord(record, v, static_cast<uint32_t>(std::clamp<int32_t>(count, 0, kOneBitBlock)));
-    float sent[kOneBitBlock];
-    DecodeRecord<false, false>(sent, record);
-    for (size_t i = 0; i < kOneBitBlock; ++i) v[i] -= sent[i];  // padding: 0 - 0
+    const uint32_t count = static_cast<uint32_t>(std::clamp<int32_t>(counts[r], 0, kOneBitBlock));
+    EncodeLeaving(dst + r * kOneBitRecordBytes, values + r * kOneBitBlock, count);
   }
 }
 

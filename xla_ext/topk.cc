@@ -78,10 +78,16 @@ void EncodeRecord(uint8_t* record, const float* values, size_t keep) {
   }
 }
 
-uint32_t RecordIndex(const uint8_t* record, size_t k) {
-  Pair p;
-  std::memcpy(&p, record + k * sizeof(Pair), sizeof(Pair));
-  return p.index;
+// record = encode(values), and the values it carries become zeros in
+// `values`: what is left, the residual of a worker (TopKEncodeExtract) or a
+// server (TopKEncodeWithFeedback).
+void EncodeLeaving(uint8_t* record, float* values, size_t keep) {
+  EncodeRecord(record, values, keep);
+  for (size_t k = 0; k < keep; ++k) {
+    Pair p;
+    std::memcpy(&p, record + k * sizeof(Pair), sizeof(Pair));
+    values[p.index] = 0.0f;
+  }
 }
 
 }  // namespace
@@ -107,21 +113,14 @@ void TopKEncodeWithFeedback(uint8_t* dst, float* acc, float* residual, size_t re
     float* a = acc + r * kTopKBlock;
     float* res = residual + r * kTopKBlock;
     for (size_t i = 0; i < kTopKBlock; ++i) a[i] += res[i];
-    uint8_t* record = dst + r * bytes;
-    EncodeRecord(record, a, keep);
     std::memcpy(res, a, kTopKBlock * sizeof(float));
-    for (size_t k = 0; k < keep; ++k) res[RecordIndex(record, k)] = 0.0f;  // what was sent leaves no residual
+    EncodeLeaving(dst + r * bytes, res, keep);
   }
 }
 
 void TopKEncodeExtract(uint8_t* dst, float* values, size_t records, size_t keep) {
   const size_t bytes = TopKRecordBytes(keep);
-  for (size_t r = 0; r < records; ++r) {
-    uint8_t* record = dst + r * bytes;
-    float* v = values + r * kTopKBlock;
-    EncodeRecord(record, v, keep);
-    for (size_t k = 0; k < keep; ++k) v[RecordIndex(record, k)] = 0.0f;
-  }
+  for (size_t r = 0; r < records; ++r) EncodeLeaving(dst + r * bytes, values + r * kTopKBlock, keep);
 }
 
 }  // namespace jbps

@@ -52,7 +52,8 @@ def zero_residual(shape, dtype) -> jax.Array:
 def encode(values: jax.Array, counts: jax.Array) -> tuple[jax.Array, jax.Array]:
     """float32[n * BLOCK], each block's count of values (the rest is
     padding, zeros) -> (records uint8[n, RECORD_BYTES], what they decode to)."""
-    return lax.platform_dependent(values, counts, cpu=_encode_cpu, default=_encode_xla)
+    records, _ = _extract(values, counts)
+    return records, decode(records)
 
 
 def decode(records: jax.Array) -> jax.Array:
@@ -94,11 +95,6 @@ def _extract_cpu(values: jax.Array, counts: jax.Array) -> tuple[jax.Array, jax.A
     return ffi.encode_in_place(runtime.ONEBIT_ENCODE_TARGET, values, records, counts.astype(jnp.int32))
 
 
-def _encode_cpu(values: jax.Array, counts: jax.Array) -> tuple[jax.Array, jax.Array]:
-    records, _ = _extract_cpu(values, counts)
-    return records, _decode_cpu(records)
-
-
 def _decode_cpu(records: jax.Array) -> jax.Array:
     return ffi.decode(runtime.ONEBIT_DECODE_TARGET, records, records.shape[0] * BLOCK)
 
@@ -114,5 +110,9 @@ def encode_shard(values: jax.Array, size: int, start: jax.Array) -> tuple[jax.Ar
     """A device's padded shard of a leaf of `size` values, from element `start`
     of the leaf on -> (records, what they leave of the values: the new
     residual), the codecs' common entry (topk.py has one too)."""
-    counts = block_counts(size, start, values.shape[0] // BLOCK)
+    return _extract(values, block_counts(size, start, values.shape[0] // BLOCK))
+
+
+def _extract(values: jax.Array, counts: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(records, what they leave of the values): the servers' C++ on XLA:CPU, XLA ops elsewhere."""
     return lax.platform_dependent(values, counts, cpu=_extract_cpu, default=_extract_xla)

@@ -62,7 +62,8 @@ class TopK:
         """float32[n * BLOCK] (padding is zeros; counts are not needed) ->
         (records uint32[n, RECORD_WORDS], what they decode to)."""
         del counts
-        return lax.platform_dependent(values, cpu=self._encode_cpu, default=self._encode_xla)
+        records, _ = self._extract(values)
+        return records, self.decode(records)
 
     def decode(self, records: jax.Array) -> jax.Array:
         """uint32[n, RECORD_WORDS] -> float32[n * BLOCK]."""
@@ -75,28 +76,21 @@ class TopK:
         servers' C++ encoder, in place (a custom call; 3x faster there than
         lax.top_k); elsewhere XLA ops. Both send the same records."""
         del size, start
+        return self._extract(values)
+
+    def _extract(self, values: jax.Array) -> tuple[jax.Array, jax.Array]:
         return lax.platform_dependent(values, cpu=self._extract_cpu, default=self._extract_xla)
 
-    def _select_xla(self, values: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """(records, rows, the indices kept in each row, their values) of the values as blocks."""
+    def _extract_xla(self, values: jax.Array) -> tuple[jax.Array, jax.Array]:
         blocks = values.reshape(-1, BLOCK)
         _, index = lax.top_k(jnp.abs(blocks), self.keep)  # ties: the lower index first
         index = jnp.sort(index, axis=1)
         kept = jnp.take_along_axis(blocks, index, axis=1)
         records = jnp.stack([index.astype(jnp.uint32), lax.bitcast_convert_type(kept, jnp.uint32)], axis=-1)
         rows = jnp.arange(blocks.shape[0])[:, None]
-        return records.reshape(-1, self.RECORD_WORDS), rows, index, kept
-
-    def _encode_xla(self, values: jax.Array) -> tuple[jax.Array, jax.Array]:
-        records, rows, index, kept = self._select_xla(values)
-        sent = jnp.zeros((rows.shape[0], BLOCK), jnp.float32).at[rows, index].set(kept)
-        return records, sent.reshape(-1)
-
-    def _extract_xla(self, values: jax.Array) -> tuple[jax.Array, jax.Array]:
-        records, rows, index, _ = self._select_xla(values)
         # The values sent leave zeros (a kept infinity too), as on the servers.
-        left = values.reshape(-1, BLOCK).at[rows, index].set(0.0)
-        return records, left.reshape(-1)
+        left = blocks.at[rows, index].set(0.0)
+        return records.reshape(-1, self.RECORD_WORDS), left.reshape(-1)
 
     def _decode_xla(self, records: jax.Array) -> jax.Array:
         pairs = records.reshape(-1, self.keep, 2)
@@ -108,10 +102,6 @@ class TopK:
     def _extract_cpu(self, values: jax.Array) -> tuple[jax.Array, jax.Array]:
         records = jax.ShapeDtypeStruct((values.size // BLOCK, self.RECORD_WORDS), jnp.uint32)
         return ffi.encode_in_place(runtime.TOPK_ENCODE_TARGET, values, records, keep=np.int64(self.keep))
-
-    def _encode_cpu(self, values: jax.Array) -> tuple[jax.Array, jax.Array]:
-        records, _ = self._extract_cpu(values)
-        return records, self._decode_cpu(records)
 
     def _decode_cpu(self, records: jax.Array) -> jax.Array:
         return ffi.decode(runtime.TOPK_DECODE_TARGET, records, records.shape[0] * BLOCK, keep=np.int64(self.keep))
