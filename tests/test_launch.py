@@ -9,6 +9,7 @@ import random
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -19,6 +20,7 @@ import pytest
 from conftest import job_free_env, last_json, worker_script
 from leftovers import MpichSegments, assert_nothing_left, listening, processes_with
 from jbps.procs import terminate
+from jbps.scheduler import Registration
 
 PYTHON = sys.executable
 MPIEXEC = os.path.join(os.path.dirname(PYTHON), "mpiexec")
@@ -156,7 +158,9 @@ def start_member(role, env, argv, worker_id=None):
 
 
 def scheduler_env(timeout_s):
-    port = 20000 + random.Random().randrange(20000)
+    # Below the ephemeral range (32768 up), so no connection's own port takes
+    # this port or the next (a fixed server port).
+    port = 20000 + random.Random().randrange(12000)
     return base_env(
         DMLC_NUM_WORKER="2",
         DMLC_NUM_SERVER="2",
@@ -167,12 +171,23 @@ def scheduler_env(timeout_s):
 
 
 def finish(procs, timeout):
+    """Each process's (exit code, stdout, stderr) once all have exited; fails
+    the test naming every one still running at the deadline."""
     deadline = time.monotonic() + timeout
     outputs = []
     try:
         for p in procs:
             out, err = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
             outputs.append((p.returncode, out, err))
+    except subprocess.TimeoutExpired:
+        hung = [p for p in procs if p.poll() is None]
+        terminate(procs, grace_s=2)
+        report = []
+        for p in procs:
+            out, err = p.communicate()
+            state = "still running" if p in hung else f"exited {p.returncode}"
+            report.append(f"{' '.join(p.args[-3:])}: {state}\n{out[-500:]}{err[-1500:]}")
+        pytest.fail(f"not every member ended within {timeout} s:\n" + "\n".join(report))
     finally:
         terminate(procs, grace_s=2)
     return outputs
@@ -201,6 +216,63 @@ def test_environment_bootstrap_in_any_start_order(seed):
     reports = [last_json(out) for (role, _, _), (_, out, _) in zip(members, outputs) if role == "worker"]
     check_reports(sorted(reports, key=lambda r: r["rank"]), 2, 3)
     assert all(f"127.0.0.1:{fixed_port}" in r["servers"] for r in reports), reports[0]["servers"]
+    assert_nothing_left(env)
+
+
+def test_a_server_that_cannot_start_fails_every_member():
+    # The port of the second server is taken. The first server registered
+    # first, so the scheduler has its address before the second one fails: it
+    # must hear of the failure too, not wait for workers that never come.
+    env = scheduler_env(20)
+    fixed_port = int(env["DMLC_PS_ROOT_PORT"]) + 1
+    with socket.create_server(("127.0.0.1", fixed_port)):
+        procs = [
+            start_member("scheduler", env, [PYTHON, "-m", "jbps.scheduler"]),
+            start_member("server", env, [PYTHON, "-m", "jbps.server"]),
+        ]
+        time.sleep(1.0)  # the first server registers first, so it starts first
+        procs += [
+            start_member("server", env, [PYTHON, "-m", "jbps.server", "--bind", f":{fixed_port}"]),
+            start_member("worker", env, [PYTHON, worker_script("launch_probe.py")], worker_id=0),
+            start_member("worker", env, [PYTHON, worker_script("launch_probe.py")], worker_id=1),
+        ]
+        outputs = finish(procs, 60)
+    for code, out, err in outputs:
+        assert code != 0, err[-2000:]
+        assert f"cannot listen on 127.0.0.1:{fixed_port}" in err, err[-2000:]
+    assert_nothing_left(env)
+
+
+def test_a_worker_that_never_connects_ends_the_servers_naming_it():
+    # Both workers register and learn the job, then die before connecting (a
+    # crash between the rendezvous and the engine): the servers, which have
+    # their job, must not wait for them forever.
+    env = scheduler_env(4)
+    address = f"127.0.0.1:{env['DMLC_PS_ROOT_PORT']}"
+    procs = [
+        start_member("scheduler", env, [PYTHON, "-m", "jbps.scheduler"]),
+        start_member("server", env, [PYTHON, "-m", "jbps.server"]),
+        start_member("server", env, [PYTHON, "-m", "jbps.server"]),
+    ]
+    try:
+        registrations = [Registration(address, "worker", 30, worker_id=i) for i in range(2)]
+        jobs = [r.receive() for r in registrations]
+        for r in registrations:
+            r.close()
+    except BaseException:
+        terminate(procs, grace_s=2)
+        raise
+    t0 = time.monotonic()
+    outputs = finish(procs, 60)
+    assert time.monotonic() - t0 < 30
+    assert [outputs[0][0]] == [0], outputs[0][2][-2000:]  # the scheduler's part went well
+    named = set()
+    for code, out, err in outputs[1:]:
+        assert code == 0, err[-2000:]
+        found = re.search(r"worker rank\(s\) 0, 1 never connected to summation server (\S+) within 4 s", err)
+        assert found, err[-2000:]
+        named.add(found[1])
+    assert named == set(jobs[0]["servers"])
     assert_nothing_left(env)
 
 

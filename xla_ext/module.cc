@@ -107,7 +107,7 @@ void RunKernel(const char* fn, Kernel kernel, bool finish, const std::string& dt
 class PyServer {
  public:
   PyServer(std::string bind, int num_workers, uint64_t token, int engine_threads, double timeout_s, bool keep_alive,
-           const std::string& role, bool deterministic, bool shm) {
+           const std::string& role, bool deterministic, bool shm, double join_timeout_s) {
     jbps::ServerOptions o;
     o.bind = std::move(bind);
     o.num_workers = num_workers;
@@ -115,6 +115,7 @@ class PyServer {
     o.engine_threads = engine_threads;
     o.timeout_s = timeout_s;
     o.keep_alive = keep_alive;
+    o.join_timeout_s = join_timeout_s;
     if (role == "dedicated") {
       o.role = jbps::ServerRole::kDedicated;
     } else if (role != "colocated") {
@@ -449,10 +450,10 @@ NB_MODULE(_core, m) {
         nb::arg("priorities"), nb::arg("partition"));
 
   nb::class_<PyServer>(m, "Server")
-      .def(nb::init<std::string, int, uint64_t, int, double, bool, const std::string&, bool, bool>(), nb::arg("bind"),
-           nb::arg("num_workers"), nb::arg("token") = 0, nb::arg("engine_threads") = 0, nb::arg("timeout_s") = 60.0,
-           nb::arg("keep_alive") = false, nb::arg("role") = "colocated", nb::arg("deterministic") = false,
-           nb::arg("shm") = true)
+      .def(nb::init<std::string, int, uint64_t, int, double, bool, const std::string&, bool, bool, double>(),
+           nb::arg("bind"), nb::arg("num_workers"), nb::arg("token") = 0, nb::arg("engine_threads") = 0,
+           nb::arg("timeout_s") = 60.0, nb::arg("keep_alive") = false, nb::arg("role") = "colocated",
+           nb::arg("deterministic") = false, nb::arg("shm") = true, nb::arg("join_timeout_s") = 0.0)
       .def_prop_ro("port", &PyServer::port)
       .def("wait", &PyServer::wait, nb::arg("seconds"))
       .def("stop", &PyServer::stop)

@@ -28,6 +28,10 @@ bool SummationServer::Start(std::string* err) {
   }
   s.stall_ms = static_cast<int>(std::min(s.opt.timeout_s * 1000, 2e9));
   s.connected.assign(s.opt.num_workers, false);
+  s.joined.assign(s.opt.num_workers, false);
+  if (s.opt.join_timeout_s > 0 && !s.opt.keep_alive)
+    s.join_deadline =
+        Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s.opt.join_timeout_s));
   s.said_bye.assign(s.opt.num_workers, false);
   int n = s.opt.engine_threads;
   if (n <= 0) n = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 4u));

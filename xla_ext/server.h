@@ -25,6 +25,11 @@ struct ServerOptions {
   int engine_threads = 0;   // 0: sized to the machine
   double timeout_s = 60;    // bound on a stalled frame or send
   bool keep_alive = false;  // keep serving after every worker said goodbye
+  // Seconds from Start by which every worker must have connected, else the
+  // job fails naming the absent ranks (a worker that died before connecting
+  // would leave the server waiting forever). 0: no bound, for a server started
+  // by hand that waits for its job; ignored when keep_alive.
+  double join_timeout_s = 0;
   // Declared to workers in the hello reply; decides this server's byte share.
   ServerRole role = ServerRole::kColocated;
   // Add pushes in worker-rank order whatever their arrival order, so sums are

@@ -32,6 +32,7 @@ void SummationServer::Impl::AcceptLoop() {
     int rc = ::poll(fds.data(), fds.size(), wait_ms + 1);
     if (rc < 0 && errno != EINTR) break;
     if (stopping || (rc > 0 && fds[0].revents)) break;
+    if (Clock::now() >= join_deadline) CheckJoined();
     // Hellos first (their fds are in `fds` in list order), then new connections.
     size_t i = 3;
     const auto now = Clock::now();
@@ -83,6 +84,26 @@ void SummationServer::Impl::AcceptLoop() {
   for (auto& p : pending) CloseFd(p.fd);
 }
 
+// The join deadline has passed: every worker must have connected by now, or
+// the job fails naming who never did (the acceptor wakes at least once a second).
+void SummationServer::Impl::CheckJoined() {
+  join_deadline = Clock::time_point::max();
+  std::string absent, msg;
+  std::vector<ConnPtr> others;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (int r = 0; r < opt.num_workers; ++r)
+      if (!joined[r]) absent += (absent.empty() ? "" : ", ") + std::to_string(r);
+    if (absent.empty() || finished) return;
+    msg = "jbps: worker rank(s) " + absent + " never connected to summation server " + Name() + " within " +
+          std::to_string(static_cast<int>(opt.join_timeout_s)) + " s (JBPS_TIMEOUT_S): did they fail to start?";
+    if (failure.empty()) failure = msg;
+    others.assign(conns.begin(), conns.end());
+  }
+  LogWarning("%s", msg.c_str());
+  FailJob(std::move(others), msg);
+}
+
 void SummationServer::Impl::ReadHello(Pending& p, bool* done) {
   ssize_t r = ::recv(p.fd, reinterpret_cast<char*>(&p.hello) + p.got, sizeof(p.hello) - p.got, 0);
   if (r < 0 && (errno == EAGAIN || errno == EINTR)) return;
@@ -132,6 +153,7 @@ bool SummationServer::Impl::AdmitHello(Pending& p, bool last_try) {
       why = "this server's job has ended";
     } else {
       connected[h.sender] = true;
+      joined[h.sender] = true;
       // A worker that already said goodbye in this job is early for the next one.
       conn_epoch = opt.keep_alive && said_bye[h.sender] ? epoch + 1 : epoch;
     }

@@ -228,11 +228,24 @@ void SummationServer::Impl::WorkerLost(const ConnPtr& c, const std::string& what
     }
     new_epoch = epoch;
   }
-  if (opt.keep_alive) DropEndedJobs(new_epoch);
+  if (opt.keep_alive) {
+    DropEndedJobs(new_epoch);
+    Abort(others, msg);
+    return;
+  }
+  FailJob(std::move(others), msg);
+}
+
+// Tells `others` why the job ended (each is disconnected after the news).
+void SummationServer::Impl::Abort(const std::vector<ConnPtr>& others, const std::string& msg) {
   FrameHeader h = MakeHeader(MsgType::kAbort, opt.token);
   h.nbytes = std::min<uint64_t>(msg.size(), kMaxErrorBytes);
   for (auto& o : others) o->Finish(OutMsg{h, nullptr, msg.substr(0, h.nbytes)});
-  if (opt.keep_alive) return;
+}
+
+// Ends a job that cannot go on (failure says why): `others` hear it, and the server is finished.
+void SummationServer::Impl::FailJob(std::vector<ConnPtr> others, const std::string& msg) {
+  Abort(others, msg);
   // Give the writers a moment to deliver the news before the process may exit.
   auto deadline = Clock::now() + std::chrono::seconds(1);
   for (auto& o : others)

@@ -324,6 +324,8 @@ struct SummationServer::Impl {
   int wake_pipe[2] = {-1, -1};  // Stop() wakes the acceptor's poll through it
   int port = 0;
   int stall_ms = 60000;
+  // When every worker must have connected (join_timeout_s); max(): none, or all have.
+  Clock::time_point join_deadline = Clock::time_point::max();
   std::thread acceptor;
   std::vector<std::unique_ptr<EngineThread>> engines;
   RateLimitedLog refusals;
@@ -336,6 +338,7 @@ struct SummationServer::Impl {
   std::condition_variable finished_cv;
   std::list<ConnPtr> conns;
   std::vector<bool> connected;
+  std::vector<bool> joined;  // connected at least once: the join deadline's record
   std::vector<bool> said_bye;
   int byes = 0;
   uint64_t epoch = 0;
@@ -373,6 +376,9 @@ struct SummationServer::Impl {
   void EngineLoop(EngineThread* e);
   void Refuse(const std::string& peer, const std::string& why);
   void WorkerLost(const ConnPtr& c, const std::string& what);
+  void CheckJoined();
+  void Abort(const std::vector<ConnPtr>& others, const std::string& msg);
+  void FailJob(std::vector<ConnPtr> others, const std::string& msg);
   Payload RecvPayload(FrameReader* reader, uint64_t nbytes, std::string* why);
   Payload ShmPush(const ConnPtr& c, const Frame& f, std::string* why);
   void Process(Task& t, EngineThread* e);

@@ -28,8 +28,10 @@ def join_as_worker(requested: Config) -> Config:
 def join_as_server(scheduler: str, timeout_s: float, start_server, port: int = 0):
     """Registers, learns the job, starts the server with
     start_server(bind, num_workers, token, role) on the address this host
-    reaches the scheduler from (at `port`; 0: any free one) and reports it.
-    Returns (server, job)."""
+    reaches the scheduler from (at `port`; 0: any free one), reports it and
+    waits for the scheduler to say the job has assembled. Returns (server,
+    job); raises JbpsError, the server stopped, if the job fails first (a
+    server that went on would wait for workers that never come)."""
     reg = Registration(scheduler, "server", timeout_s)
     try:
         job = reg.receive()
@@ -38,7 +40,12 @@ def join_as_server(scheduler: str, timeout_s: float, start_server, port: int = 0
         except Exception as exc:
             reg.send({"error": str(exc)})
             raise
-        reg.send({"address": f"{reg.local_host}:{server.port}"})
+        try:
+            reg.send({"address": f"{reg.local_host}:{server.port}"})
+            reg.receive()
+        except BaseException:
+            server.stop()
+            raise
     finally:
         reg.close()
     return server, {**job, "host": reg.local_host}

@@ -10,7 +10,9 @@ is, and waits. Once everyone has registered, the scheduler:
  2. tells each server the job token, the worker count and its role (dedicated
     when no worker shares its host, colocated otherwise),
  3. collects each server's listening address,
- 4. tells each worker the server list, the token, its rank and its local rank.
+ 4. tells each server the job has assembled (a server serves only then: had a
+    later server failed to start, it would wait for workers that never come),
+ 5. tells each worker the server list, the token, its rank and its local rank.
 
 If someone is missing after the timeout, every member that did register gets
 an error naming who is missing, and the scheduler exits with an error. The
@@ -179,6 +181,11 @@ class Scheduler:
             if "error" in reply:
                 self._fail(f"jbps scheduler: server at {m.host} failed to start: {reply['error']}")
             addresses.append(reply["address"])
+        for m in servers:
+            try:
+                _send(m.conn, {"assembled": True})
+            except OSError as exc:
+                self._fail(f"jbps scheduler: server at {m.host} left before the job assembled: {exc}")
         for m in workers:
             same_host = [w for w in workers if w.host == m.host]
             _send(
@@ -237,7 +244,10 @@ class Registration:
         return message
 
     def send(self, message: dict) -> None:
-        _send(self.conn, message)
+        try:
+            _send(self.conn, message)
+        except OSError as exc:
+            raise JbpsError(f"lost the jbps scheduler at {self.address}: {exc}") from None
 
     def close(self) -> None:
         self.reader.close()

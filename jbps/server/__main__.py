@@ -14,7 +14,11 @@ Prints "jbps.server listening on HOST:PORT" once ready (port 0 picks a free
 port, and this line says which). Exits (status 0) when every worker has said
 goodbye, or when a worker is lost (its connection ends without a goodbye: the
 other workers are told, naming it), unless --keep-alive, which then waits for a
-new job instead; also on SIGINT/SIGTERM.
+new job instead; also on SIGINT/SIGTERM. A server that joined through the
+scheduler or mpirun also ends the job when a worker has not connected within
+the timeout (JBPS_TIMEOUT_S), naming it; one given --num-workers waits for its
+workers however late they come. If the job fails before it assembles (another
+server could not start), the server exits with status 1, saying why.
 """
 
 from __future__ import annotations
@@ -113,7 +117,9 @@ def start(args):
     returns (server, host it listens on, worker count, role)."""
     from .. import _core
 
-    def make(bind, num_workers, token, role):
+    def make(bind, num_workers, token, role, join_timeout_s=args.timeout):
+        # A bootstrapped server's workers are known to exist: if one has not
+        # connected within the timeout, it failed, and the job ends naming it.
         return _core.Server(
             bind,
             num_workers,
@@ -124,6 +130,7 @@ def start(args):
             role,
             args.deterministic,
             args.shm,
+            join_timeout_s,
         )
 
     if args.num_workers is None and args.scheduler:
@@ -137,8 +144,10 @@ def start(args):
 
         job = exchange("server", args.token, 0, make, args.timeout)
         return job["hosted"][0], job["host"], job["num_workers"], job["role"]
+    # Started by hand: it waits for its workers, however late they come.
     num_workers = args.num_workers or args.env_num_workers
-    return make(args.bind, num_workers, args.token, args.role), args.bind.rpartition(":")[0], num_workers, args.role
+    server = make(args.bind, num_workers, args.token, args.role, join_timeout_s=0)
+    return server, args.bind.rpartition(":")[0], num_workers, args.role
 
 
 def main(argv=None, prog: str = "python -m jbps.server") -> int:
