@@ -95,8 +95,10 @@ void SummationServer::Impl::CheckJoined() {
     for (int r = 0; r < opt.num_workers; ++r)
       if (!joined[r]) absent += (absent.empty() ? "" : ", ") + std::to_string(r);
     if (absent.empty() || finished) return;
-    msg = "jbps: worker rank(s) " + absent + " never connected to summation server " + Name() + " within " +
-          std::to_string(static_cast<int>(opt.join_timeout_s)) + " s (JBPS_TIMEOUT_S): did they fail to start?";
+    char seconds[32];
+    std::snprintf(seconds, sizeof(seconds), "%g", opt.join_timeout_s);
+    msg = "jbps: worker rank(s) " + absent + " never connected to summation server " + Name() + " within " + seconds +
+          " s (JBPS_TIMEOUT_S): did they fail to start?";
     if (failure.empty()) failure = msg;
     others.assign(conns.begin(), conns.end());
   }

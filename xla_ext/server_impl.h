@@ -324,7 +324,7 @@ struct SummationServer::Impl {
   int wake_pipe[2] = {-1, -1};  // Stop() wakes the acceptor's poll through it
   int port = 0;
   int stall_ms = 60000;
-  // When every worker must have connected (join_timeout_s); max(): none, or all have.
+  // When every worker must have connected (join_timeout_s); max(): no bound, or checked already.
   Clock::time_point join_deadline = Clock::time_point::max();
   std::thread acceptor;
   std::vector<std::unique_ptr<EngineThread>> engines;
