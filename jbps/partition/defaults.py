@@ -42,9 +42,13 @@ CHUNKS_PER_SERVER = 48
 # and every worker's window waits on it. Measured on the emulated cluster
 # (4 worker hosts, 16 MiB at 1 Gbit/s): 1.8-2.1x the formula with 2 or 4 CPU
 # hosts at 64 KiB (and at 65,472 bytes, 1.5x), 1.07-1.11x at 32, 48, 60, 72
-# and 96 KiB, the same 1.08x with none. The cause is not found (not the
+# and 96 KiB, the same 1.08x with none. The cause is not fully found (not the
 # receive threshold, the direct writes or the receive buffer: each changed
-# alone left it), so that size is not chosen: 48 KiB instead.
+# alone left it; no packet is dropped in any qdisc or veth, yet senders
+# retransmit and send loss probes, so ACKs come late): delayed ACKs are part
+# of it, since TCP_QUICKACK after every read took 32 MiB with 4 CPU hosts
+# from 0.45 s to 0.35 s at 64 KiB (0.30-0.32 s at 128 KiB, unchanged by it).
+# So that size is not chosen: 48 KiB instead.
 STALLING_PARTITION_BYTES = 64 << 10
 INSTEAD_OF_STALLING_BYTES = 48 << 10
 MIN_CREDIT = 4
