@@ -61,8 +61,12 @@ def test_the_cpu_encoder_writes_the_records_of_the_xla_one(keep):
     x[3, 4 * topk.BLOCK :] = 1e-39 * rng.normal(size=4 * topk.BLOCK)  # subnormals
     xs = jnp.asarray(x)
 
-    def encoder(extract, decode):  # (records, what they decode to)
-        return lambda v: (lambda records: (records, decode(records)))(extract(v)[0])
+    def encoder(extract, decode):
+        def encode(v):  # (records, what they decode to)
+            records, _ = extract(v)
+            return records, decode(records)
+
+        return encode
 
     cpu = jax.jit(jax.vmap(encoder(codec._extract_cpu, codec._decode_cpu)))(xs)
     xla = jax.jit(jax.vmap(encoder(codec._extract_xla, codec._decode_xla)))(xs)

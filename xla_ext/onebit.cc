@@ -121,12 +121,11 @@ void OneBitEncode(uint8_t* dst, const float* acc, size_t records) {
   }
 }
 
-void OneBitEncodeWithFeedback(uint8_t* dst, float* acc, float* residual, size_t records) {
+void OneBitEncodeWithFeedback(uint8_t* dst, const float* acc, float* residual, size_t records) {
   for (size_t r = 0; r < records; ++r) {
-    float* a = acc + r * kOneBitAccFloats;
+    const float* a = acc + r * kOneBitAccFloats;
     float* res = residual + r * kOneBitBlock;
-    for (size_t i = 0; i < kOneBitBlock; ++i) a[i] += res[i];
-    std::memcpy(res, a, kOneBitBlock * sizeof(float));
+    for (size_t i = 0; i < kOneBitBlock; ++i) res[i] += a[i];
     EncodeLeaving(dst + r * kOneBitRecordBytes, res, CountOf(a));
   }
 }

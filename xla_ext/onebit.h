@@ -33,8 +33,8 @@ void OneBitDecodeValues(float* out, const uint8_t* src, size_t records);
 // holding counts[r] values (the rest is padding), and values -= decode(dst):
 // what is left, the worker's new residual.
 void OneBitEncodeExtract(uint8_t* dst, float* values, const int32_t* counts, size_t records);
-// Error feedback: acc += residual; dst = encode(acc); residual = acc - decode(dst).
+// Error feedback: residual += acc; dst = encode(residual); residual -= decode(dst).
 // residual holds kOneBitBlock floats per record (zeros at first).
-void OneBitEncodeWithFeedback(uint8_t* dst, float* acc, float* residual, size_t records);
+void OneBitEncodeWithFeedback(uint8_t* dst, const float* acc, float* residual, size_t records);
 
 }  // namespace jbps

@@ -32,10 +32,10 @@ void SummationServer::Impl::AcceptLoop() {
     int rc = ::poll(fds.data(), fds.size(), wait_ms + 1);
     if (rc < 0 && errno != EINTR) break;
     if (stopping || (rc > 0 && fds[0].revents)) break;
-    if (Clock::now() >= join_deadline) CheckJoined();
+    const auto now = Clock::now();
+    if (now >= join_deadline) CheckJoined();
     // Hellos first (their fds are in `fds` in list order), then new connections.
     size_t i = 3;
-    const auto now = Clock::now();
     for (auto it = pending.begin(); it != pending.end(); ++i) {
       bool done = false;
       if (it->parked && fds[i].revents) {  // closed (or erred) while parked

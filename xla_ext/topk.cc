@@ -107,13 +107,12 @@ void TopKEncode(uint8_t* dst, const float* acc, size_t records, size_t keep) {
   for (size_t r = 0; r < records; ++r) EncodeRecord(dst + r * bytes, acc + r * kTopKBlock, keep);
 }
 
-void TopKEncodeWithFeedback(uint8_t* dst, float* acc, float* residual, size_t records, size_t keep) {
+void TopKEncodeWithFeedback(uint8_t* dst, const float* acc, float* residual, size_t records, size_t keep) {
   const size_t bytes = TopKRecordBytes(keep);
   for (size_t r = 0; r < records; ++r) {
-    float* a = acc + r * kTopKBlock;
+    const float* a = acc + r * kTopKBlock;
     float* res = residual + r * kTopKBlock;
-    for (size_t i = 0; i < kTopKBlock; ++i) a[i] += res[i];
-    std::memcpy(res, a, kTopKBlock * sizeof(float));
+    for (size_t i = 0; i < kTopKBlock; ++i) res[i] += a[i];
     EncodeLeaving(dst + r * bytes, res, keep);
   }
 }

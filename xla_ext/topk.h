@@ -33,7 +33,7 @@ void TopKEncode(uint8_t* dst, const float* acc, size_t records, size_t keep);
 // A worker's encode with error feedback: dst = encode(values), and the values
 // records carry become zeros in `values`, which then hold what is left.
 void TopKEncodeExtract(uint8_t* dst, float* values, size_t records, size_t keep);
-// Error feedback: acc += residual; dst = encode(acc); residual = acc - decode(dst).
-void TopKEncodeWithFeedback(uint8_t* dst, float* acc, float* residual, size_t records, size_t keep);
+// Error feedback: residual += acc; dst = encode(residual); residual -= decode(dst).
+void TopKEncodeWithFeedback(uint8_t* dst, const float* acc, float* residual, size_t records, size_t keep);
 
 }  // namespace jbps

@@ -18,9 +18,10 @@ the chunks in flight, the two together cost about 2·W·c/(M/S) of the call
 (W chunks of c bytes in flight per worker, S servers sharing M bytes). This
 holds whatever the link's rate, so the defaults follow the call and the job,
 not the network: chunks of about M/(48·S) (the nearest power of two, between
-32 KiB and 4 MiB, 48 KiB for 64 KiB, which stalls: STALLING_PARTITION_BYTES), and a window of one chunk per server that gets bytes plus
-two, which keeps every server's link fed and the pipeline's ends a few
-percent of the call.
+32 KiB and 4 MiB; 48 KiB instead of 64 KiB, which stalls:
+STALLING_PARTITION_BYTES), and a window of one chunk per server that gets
+bytes plus two, which keeps every server's link fed and the pipeline's ends a
+few percent of the call.
 """
 
 from __future__ import annotations
