@@ -87,6 +87,14 @@ def test_overlap_bench_times_every_case():
     # The trace of a bucketed step: one row per bucket's call (3 kernels and their biases).
     rows = case["buckets"]["trace"][1:]
     assert rows and all(r["pushes"] and r["pulls"] for r in rows), rows
+    # The machine's CPU time: its kinds add up to at most what was busy (steps this
+    # short may fall within one clock tick: 0), and the bound is the step's and the
+    # psum's CPU time over the cores.
+    for cpu in (doc["compute"]["cpu"], case["comm"]["cpu"], case["buckets"]["cpu"]):
+        kinds = cpu["user_core_s"] + cpu["system_core_s"] + cpu["interrupt_core_s"]
+        assert 0 <= kinds <= cpu["busy_core_s"] + 1e-9 and 0 <= cpu["busy_share"] <= 1, cpu
+    per_step = doc["compute"]["cpu_core_s_per_step"] + case["comm"]["cpu_core_s_per_step"]
+    assert case["cpu_bound_s"] == pytest.approx(per_step / doc["compute"]["cpu"]["cores"])
 
 
 @pytest.mark.parametrize(

@@ -199,3 +199,22 @@ def test_goals_from_rows_and_kernel():
     assert goals["jbps psum / JAX gloo psum, 64 MiB (time)"]["pass"] is False
     assert goals["jbps psum / mpi4py Allreduce, 256 MiB (time)"]["pass"] is None
     assert not any(name.startswith("tree of") for name in goals)
+
+
+def test_cpu_load_counts_busy_time_by_kind():
+    import os
+
+    from jbps.bench import cpu_load
+
+    # user nice system idle iowait irq softirq steal: 2 s of user, 1 of system, half of
+    # softirq, 4.5 idle (and iowait): 3.5 of 8 core-seconds busy.
+    tick = os.sysconf("SC_CLK_TCK")
+    before = [10, 0, 10, 10, 0, 0, 0, 0]
+    after = [b + int(s * tick) for b, s in zip(before, [1.5, 0.5, 1, 4, 0.5, 0, 0.5, 0])]
+    got = cpu_load.between(before, after)
+    assert got["busy_core_s"] == pytest.approx(3.5)
+    assert got["busy_share"] == pytest.approx(3.5 / 8)
+    assert (got["user_core_s"], got["system_core_s"], got["interrupt_core_s"]) == pytest.approx((2, 1, 0.5))
+    # The machine's own counters only grow.
+    now = cpu_load.between(cpu_load.sample(), cpu_load.sample())
+    assert 0 <= now["busy_share"] <= 1 and now["busy_core_s"] >= 0

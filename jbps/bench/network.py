@@ -39,6 +39,7 @@ from ..emulated_job import JobFailed, python_env, run_job
 from ..emulated_network import MPI_TCP_ENV, EmulatedNetwork, NetworkError, format_rate, parse_rate
 from ..partition.split import allreduce_time_s, optimal_split
 from ..procs import terminate
+from . import cpu_load
 from .report import parse_report
 
 log = logging.getLogger("jbps.bench.network")
@@ -336,7 +337,7 @@ def link_check(net: EmulatedNetwork, hosts: int, seconds: float = LINK_CHECK_S) 
         for i in range(hosts)
     ]
     time.sleep(0.5)
-    before = _cpu_times()
+    before = cpu_load.sample()
     sources = [
         net.run(
             i, [sys.executable, "-c", _SOURCE, net.hosts[(i + 1) % hosts].address, str(LINK_CHECK_PORT), str(seconds)]
@@ -346,23 +347,16 @@ def link_check(net: EmulatedNetwork, hosts: int, seconds: float = LINK_CHECK_S) 
     try:
         for p in sources:
             p.wait(timeout=seconds + 30)
-        after = _cpu_times()
+        after = cpu_load.sample()
         rates = [float(p.communicate(timeout=30)[0] or 0) for p in sinks]
     finally:
         terminate(sinks + sources, 0.0, "link check")
-    delta = [b - a for a, b in zip(before, after)]
-    idle = delta[3] + delta[4]  # idle, iowait
     return {
         "hosts": hosts,
         "share_of_cap_min": min(rates) * 8 / net.rate,
         "share_of_cap_mean": sum(rates) / len(rates) * 8 / net.rate,
-        "cpu_busy": 1 - idle / max(1, sum(delta)),
+        "cpu_busy": cpu_load.between(before, after)["busy_share"],
     }
-
-
-def _cpu_times() -> list[int]:
-    with open("/proc/stat") as f:
-        return [int(x) for x in f.readline().split()[1:]]
 
 
 def _wait_all(procs, files, timeout_s, what, grace_s=0.0):

@@ -18,7 +18,10 @@ worker host at once (no communication; the bound uses this one, since the
 workers share this machine's cores) and the step with lax.pmean over gloo
 (jax.distributed).
 Times are the slowest worker's median. The target: a bucketed step within
-1.15 x max(step alone, communication alone). --plot draws worker 0's
+1.15 x max(step alone, communication alone). Beside it, the machine's CPU
+time per step of each (every host shares this machine's cores, its network
+stack too) and the bound that sets: no overlap ends a step before the step's
+and the psum's CPU time together have run on all cores. --plot draws worker 0's
 bucketed step of median time from the engine's trace (the last k): when each
 bucket's call was entered, its pushes and its pulls.
 """
@@ -105,7 +108,14 @@ def _model_args(args) -> list[str]:
 
 
 def _slowest(reports: list[dict]) -> dict:
-    return {"median_s": max(r["median_s"] for r in reports), "per_worker_s": [r["median_s"] for r in reports]}
+    """The slowest worker's median, and the machine's CPU time per step (one
+    worker's count: it is the whole machine's, every host included)."""
+    return {
+        "median_s": max(r["median_s"] for r in reports),
+        "per_worker_s": [r["median_s"] for r in reports],
+        "cpu_core_s_per_step": reports[0]["cpu_core_s_per_step"],
+        "cpu": reports[0]["cpu"],
+    }
 
 
 def _reports(stdouts: list[str], what: str) -> list[dict]:
@@ -232,6 +242,12 @@ def run(args) -> dict:
             bound = max(doc["compute"]["median_s"], case["comm"]["median_s"])
             case["buckets_over_bound"] = case["buckets"]["median_s"] / bound
             case["one_call_over_bound"] = case["one call"]["median_s"] / bound
+            # The machine's own bound: the CPU time of the step alone and of the psum
+            # alone, both on these cores, can overlap no better than all cores busy.
+            cores = doc["compute"]["cpu"]["cores"]
+            cpu_s = doc["compute"]["cpu_core_s_per_step"] + case["comm"]["cpu_core_s_per_step"]
+            case["cpu_bound_s"] = cpu_s / cores
+            case["buckets_over_cpu_bound"] = case["buckets"]["median_s"] / max(bound, case["cpu_bound_s"])
             if "gloo" in doc:
                 case["gloo_over_buckets"] = doc["gloo"]["median_s"] / case["buckets"]["median_s"]
             doc["cases"][str(k)] = case
@@ -281,6 +297,7 @@ def format_table(doc: dict) -> str:
         + "  buckets / max(step alone, comm alone)"
         + ("  gloo / buckets" if "gloo" in doc else "")
     )
+    cpu_rows = []
     for k, case in doc["cases"].items():
         row = f"{k:<2} " + "  ".join(f"{ms(case[name]['median_s']):>16}" for name in names)
         row += (
@@ -289,7 +306,21 @@ def format_table(doc: dict) -> str:
         if "gloo" in doc:
             row += f"  {case['gloo_over_buckets']:.2f}"
         lines.append(row)
+        cpu_rows.append(
+            f"{k:<2} {ms(doc['compute']['cpu_core_s_per_step']):>16}  {ms(case['comm']['cpu_core_s_per_step']):>16}"
+            f"  {ms(case['buckets']['cpu_core_s_per_step']):>16}  {ms(case['cpu_bound_s']):>16}"
+            f"  {case['buckets_over_cpu_bound']:.2f}"
+        )
     lines.append("(comm: the psum of the step's gradients alone; one call: bucket_bytes 0; buckets: the default)")
+    cores = doc["compute"]["cpu"]["cores"]
+    lines += [
+        "",
+        f"The machine's CPU time per step (core-ms; every emulated host's computation, jbps and network stack "
+        f"share these {cores} cores), and the bound it sets: (step alone + comm alone) / {cores} cores",
+        f"k  {'step alone':>16}  {'comm alone':>16}  {'buckets':>16}  {'CPU bound':>16}"
+        "  buckets / max(step alone, comm alone, CPU bound)",
+        *cpu_rows,
+    ]
     return "\n".join(lines)
 
 

@@ -10,8 +10,8 @@ comm (jbps.psum of the step's gradients alone, no compute in the timed call),
 jbps (the step with jbps.optax.distributed; --bucket-bytes 0: one call, else
 buckets, default JBPS_BUCKET_BYTES), gloo (the step with JAX's own pmean over
 gloo, jax.distributed across the hosts). Prints one JSON line: this process's
-median and every step's time; with jbps, the workers' parameters are checked
-equal at the end.
+median and every step's time, and the machine's CPU time over the timed steps;
+with jbps, the workers' parameters are checked equal at the end.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
+
+from jbps.bench import cpu_load  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -68,18 +70,21 @@ def batch(rank: int, size: int, width: int):
     )
 
 
-def time_steps(run, steps: int, warmup: int) -> tuple[list[float], list[tuple[float, float]]]:
-    """Each timed step's seconds, and its start and end in microseconds since
-    the epoch (the trace's clock)."""
+def time_steps(run, steps: int, warmup: int) -> tuple[list[float], list[tuple[float, float]], dict]:
+    """Each timed step's seconds, its start and end in microseconds since the
+    epoch (the trace's clock), and the machine's CPU time over the timed steps
+    (every emulated host's, as they share the machine: cpu_load.py)."""
     times, spans = [], []
     for i in range(warmup + steps):
+        if i == warmup:
+            cpu_before = cpu_load.sample()
         start = time.time()
         t = time.perf_counter()
         run()
         if i >= warmup:
             times.append(time.perf_counter() - t)
             spans.append((start * 1e6, time.time() * 1e6))
-    return times, spans
+    return times, spans, cpu_load.between(cpu_before, cpu_load.sample())
 
 
 def main(argv=None):
@@ -168,10 +173,12 @@ def main(argv=None):
         def run():
             box[0], box[1] = jax.block_until_ready(step(box[0], box[1]))
 
-    times, spans = time_steps(run, args.steps, args.warmup)
+    times, spans, cpu = time_steps(run, args.steps, args.warmup)
     # The step of median time, to draw (an odd count has one).
     middle = sorted(range(len(times)), key=times.__getitem__)[len(times) // 2]
     report.update(rank=rank, median_s=float(np.median(times)), times_s=times, median_step_us=spans[middle])
+    report["cpu_core_s_per_step"] = cpu["busy_core_s"] / args.steps
+    report["cpu"] = cpu
     if args.mode == "jbps":
         import jbps
 

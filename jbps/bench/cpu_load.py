@@ -1,0 +1,37 @@
+"""How busy the machine's CPUs were between two moments, from /proc/stat.
+
+On the emulated cluster every host shares this machine's cores: its
+computation, its jbps threads and its network stack (the kernel's TCP, the
+veths, the bridge and the rate caps). /proc/stat is the machine's, whatever
+network namespace reads it, so one process can account for all of them.
+"""
+
+from __future__ import annotations
+
+import os
+
+# /proc/stat's first line: user nice system idle iowait irq softirq steal ...
+_USER, _NICE, _SYSTEM, _IDLE, _IOWAIT, _IRQ, _SOFTIRQ = range(7)
+
+
+def sample() -> list[int]:
+    """The machine's CPU time so far, in clock ticks, by kind."""
+    with open("/proc/stat") as f:
+        return [int(x) for x in f.readline().split()[1:]]
+
+
+def between(before: list[int], after: list[int]) -> dict:
+    """The CPU time spent between two samples, in core-seconds, by kind, and
+    the share of the machine that was busy."""
+    tick = os.sysconf("SC_CLK_TCK")
+    d = [b - a for a, b in zip(before, after)]
+    idle = d[_IDLE] + d[_IOWAIT]
+    busy = sum(d) - idle
+    return {
+        "busy_share": busy / max(1, sum(d)),
+        "busy_core_s": busy / tick,
+        "user_core_s": (d[_USER] + d[_NICE]) / tick,
+        "system_core_s": d[_SYSTEM] / tick,
+        "interrupt_core_s": (d[_IRQ] + d[_SOFTIRQ]) / tick,
+        "cores": os.cpu_count() or 1,
+    }
