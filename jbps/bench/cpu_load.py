@@ -35,3 +35,36 @@ def between(before: list[int], after: list[int]) -> dict:
         "interrupt_core_s": (d[_IRQ] + d[_SOFTIRQ]) / tick,
         "cores": os.cpu_count() or 1,
     }
+
+
+class Meter:
+    """The machine's CPU time over timed calls only: `with meter:` around each
+    one. Off (`on=False`) it reads nothing, so it costs a call nothing."""
+
+    def __init__(self, on: bool = True):
+        self.on = on
+        self.calls = 0
+        self._total: list[int] | None = None
+
+    def __enter__(self) -> "Meter":
+        if self.on:
+            self._before = sample()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if not self.on:
+            return
+        delta = [b - a for a, b in zip(self._before, sample())]
+        self._total = delta if self._total is None else [t + d for t, d in zip(self._total, delta)]
+        self.calls += 1
+
+    def per_call(self) -> dict | None:
+        """between()'s numbers for the calls metered, the core-seconds per call;
+        None when off or nothing was metered."""
+        if not self._total:
+            return None
+        out = between([0] * len(self._total), self._total)
+        for key in ("busy_core_s", "user_core_s", "system_core_s", "interrupt_core_s"):
+            out[key] /= self.calls
+        out["calls"] = self.calls
+        return out

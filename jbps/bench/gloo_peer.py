@@ -7,6 +7,7 @@ Process 0 prints one JSON line: {"tool": ..., "results": {"<bytes>": {...}}[, "s
 """
 
 import argparse
+import contextlib
 import json
 import os
 import time
@@ -17,7 +18,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from jbps.bench.report import summarize  # noqa: E402
+from jbps.bench import cpu_load  # noqa: E402
+from jbps.bench.report import summarize, with_cpu  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
@@ -42,10 +44,11 @@ def parse_args(argv=None):
         help="also the many-small-tensors case: a tree of buffers of these sizes (comma-separated)",
     )
     p.add_argument("--tree-iters", type=int, default=None, help="timed calls of the tree (default --iters)")
+    p.add_argument("--cpu", action="store_true", help="also the machine's CPU time per timed call (cpu_load.py)")
     return p.parse_args(argv)
 
 
-def timed_psum(mesh, leaf_bytes, iters, warmup, tag):
+def timed_psum(mesh, leaf_bytes, iters, warmup, tag, cpu=False):
     """One psum of a list of float32 buffers of these sizes, timed per call (slowest process)."""
     pid, nproc = jax.process_index(), jax.process_count()
     sharding = NamedSharding(mesh, P("i"))
@@ -60,12 +63,14 @@ def timed_psum(mesh, leaf_bytes, iters, warmup, tag):
     psum = jax.jit(shard_map(lambda a: jax.lax.psum(a, "i"), mesh=mesh, in_specs=P("i"), out_specs=P("i")))
 
     times = []
+    meter = cpu_load.Meter(on=cpu and pid == 0)  # the machine's: one process counts it
     for i in range(warmup + iters):
         # Start all processes together (like MPI Barrier), else we time skew.
         multihost_utils.sync_global_devices(f"jbps_gloo_{tag}")
-        t0 = time.perf_counter()
-        y = jax.block_until_ready(psum(xs))
-        t1 = time.perf_counter()
+        with meter if i >= warmup else contextlib.nullcontext():
+            t0 = time.perf_counter()
+            y = jax.block_until_ready(psum(xs))
+            t1 = time.perf_counter()
         if i == 0:
             for leaf in y:
                 got = np.asarray(leaf.addressable_shards[0].data)
@@ -78,11 +83,11 @@ def timed_psum(mesh, leaf_bytes, iters, warmup, tag):
     # Report the slowest process per iteration: the collective is done only when all are.
     all_times = multihost_utils.process_allgather(np.asarray(times))
     per_iter = np.max(np.asarray(all_times).reshape(nproc, -1), axis=0).tolist()
-    return summarize(per_iter)
+    return with_cpu(summarize(per_iter), meter)
 
 
-def bench_size(mesh, nbytes, iters, warmup):
-    return timed_psum(mesh, [nbytes], iters, warmup, str(nbytes))
+def bench_size(mesh, nbytes, iters, warmup, cpu=False):
+    return timed_psum(mesh, [nbytes], iters, warmup, str(nbytes), cpu)
 
 
 def bench_tree(mesh, leaf_bytes, iters, warmup):
@@ -111,7 +116,7 @@ def main(argv=None):
         mesh = Mesh(np.array(jax.devices()), ("i",))
         results = {}
         for nbytes in (int(s) for s in args.sizes.split(",") if s):
-            results[str(nbytes)] = bench_size(mesh, nbytes, args.iters, args.warmup)
+            results[str(nbytes)] = bench_size(mesh, nbytes, args.iters, args.warmup, args.cpu)
         report = {"tool": TOOL, "results": results}
         if args.tree_sizes:
             report["small_tensors"] = bench_tree(

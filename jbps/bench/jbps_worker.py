@@ -14,6 +14,7 @@ The memory case runs first, while the process holds nothing else.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -28,8 +29,8 @@ import numpy as np  # noqa: E402
 
 import jbps  # noqa: E402
 from jbps import _core  # noqa: E402
-from jbps.bench import memory  # noqa: E402
-from jbps.bench.report import summarize  # noqa: E402
+from jbps.bench import cpu_load, memory  # noqa: E402
+from jbps.bench.report import summarize, with_cpu  # noqa: E402
 from jbps.bench.stages import call_stages, typical_stages  # noqa: E402
 from jbps.ops import compression, topk  # noqa: E402
 from jbps.ops.psum import psum_with_feedback  # noqa: E402
@@ -70,6 +71,7 @@ def parse_args(argv=None):
         help="also time each size with its input kept alive (XLA gives the sum a fresh output)",
     )
     p.add_argument("--stages", action="store_true", help="also report the latency breakdown (stages.py)")
+    p.add_argument("--cpu", action="store_true", help="also the machine's CPU time per timed call (cpu_load.py)")
     p.add_argument(
         "--compression",
         type=_compression_arg,
@@ -174,15 +176,16 @@ def out_of_place(name):
     return jax.jit(_summed(name))
 
 
-def _stamped(run, stages_of):
+def _stamped(run, stages_of, meter=None):
     """Seconds of run() after a barrier, its result, and with stages_of (the call's name; stage
-    timing on) the call's stages."""
+    timing on) the call's stages; a cpu_load.Meter counts the machine's CPU time over it."""
     barrier()  # start all workers together; otherwise we time skew
     if stages_of is not None:
         _core.engine_take_stages()  # the barrier's and anything earlier
-    t0 = time.perf_counter_ns()
-    y = run()
-    t1 = time.perf_counter_ns()
+    with meter or contextlib.nullcontext():
+        t0 = time.perf_counter_ns()
+        y = run()
+        t1 = time.perf_counter_ns()
     stages = None
     if stages_of is not None:
         mine = [r for r in _core.engine_take_stages() if r["name"] == stages_of]
@@ -190,10 +193,10 @@ def _stamped(run, stages_of):
     return (t1 - t0) * 1e-9, y, stages
 
 
-def timed_call(f, x, stages_of=None):
+def timed_call(f, x, stages_of=None, meter=None):
     """Seconds of one call, the buffers to use next (the input was donated), and its stages."""
     x = jax.block_until_ready(_refill(x))
-    return _stamped(lambda: jax.block_until_ready(f(x)), stages_of)
+    return _stamped(lambda: jax.block_until_ready(f(x)), stages_of, meter)
 
 
 def timed_fresh_call(f, x, stages_of=None):
@@ -208,9 +211,10 @@ def slowest(times, tag):
     return summarize(gather_times(times, tag).max(axis=0).tolist())
 
 
-def bench_size(nbytes, iters, warmup, fresh=False, stages=False):
+def bench_size(nbytes, iters, warmup, fresh=False, stages=False, cpu=False):
     """In place; with `fresh` also out of place, calls alternating so that both see the same
-    machine; with `stages` the median latency breakdown of rank 0's calls."""
+    machine; with `stages` the median latency breakdown of rank 0's calls; with `cpu` the
+    machine's CPU time per in-place call."""
     x = jnp.full((nbytes // 4,), jbps.rank() + 1, jnp.float32)
     name = f"bench.{nbytes}"
     f = in_place(name)
@@ -227,9 +231,10 @@ def bench_size(nbytes, iters, warmup, fresh=False, stages=False):
         check_sum(g(kept), f"{nbytes} bytes out of place")
     _core.engine_set_stage_timing(stages)
     times, fresh_times, parts, fresh_parts = [], [], [], []
+    meter = cpu_load.Meter(on=cpu and jbps.rank() == 0)  # the machine's: one worker counts it
     try:
         for _ in range(iters):
-            t, x, part = timed_call(f, x, name if stages else None)
+            t, x, part = timed_call(f, x, name if stages else None, meter)
             times.append(t)
             parts.append(part)
             if fresh:
@@ -239,7 +244,7 @@ def bench_size(nbytes, iters, warmup, fresh=False, stages=False):
     finally:
         _core.engine_set_stage_timing(False)
     out = {
-        **slowest(times, nbytes),
+        **with_cpu(slowest(times, nbytes), meter),
         "bytes_pushed_per_call": engine["bytes_pushed"],
         "bytes_pulled_per_call": engine["bytes_pulled"],
         "engine_per_call": engine,
@@ -303,7 +308,7 @@ def main(argv=None):
             )
         stats_before = jbps.engine_stats()
         report["results"] = {
-            str(nbytes): bench_size(nbytes, iters, args.warmup, args.out_of_place, args.stages)
+            str(nbytes): bench_size(nbytes, iters, args.warmup, args.out_of_place, args.stages, args.cpu)
             for nbytes, iters in zip(args.sizes, args.iters)
         }
         stats_after = jbps.engine_stats()

@@ -9,13 +9,15 @@ calls alternating with the in-place ones (results[size]["out_of_place"]).
 """
 
 import argparse
+import contextlib
 import json
 import sys
 import time
 
 import numpy as np
 
-from jbps.bench.report import summarize
+from jbps.bench import cpu_load
+from jbps.bench.report import summarize, with_cpu
 from mpi4py import MPI
 
 TOOL = "mpi4py Allreduce (MPICH)"
@@ -36,25 +38,28 @@ def parse_args(argv=None):
     p.add_argument(
         "--out-of-place", action="store_true", help="also time Allreduce into a separate (reused) receive buffer"
     )
+    p.add_argument("--cpu", action="store_true", help="also the machine's CPU time per timed call (cpu_load.py)")
     return p.parse_args(argv)
 
 
-def timed_allreduce(comm, bufs, iters, warmup, what):
+def timed_allreduce(comm, bufs, iters, warmup, what, cpu=False):
     """Allreduce(SUM) of each buffer in turn, timed as one call; rank 0 gets the summary."""
     rank, world = comm.Get_rank(), comm.Get_size()
     # Each rank contributes rank+1, so the sum is known without communication.
     expected = world * (world + 1) / 2
 
     times = []
+    meter = cpu_load.Meter(on=cpu and rank == 0)  # the machine's: one rank counts it
     for i in range(warmup + iters):
         # Refill outside the timed region so every call sums fresh inputs.
         for buf in bufs:
             buf.fill(rank + 1)
         comm.Barrier()  # start all ranks together; otherwise we time skew
-        t0 = time.perf_counter()
-        for buf in bufs:
-            comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
-        t1 = time.perf_counter()
+        with meter if i >= warmup else contextlib.nullcontext():
+            t0 = time.perf_counter()
+            for buf in bufs:
+                comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+            t1 = time.perf_counter()
         if i == 0 and not all(np.array_equal(buf, np.full(buf.size, expected, np.float32)) for buf in bufs):
             raise RuntimeError(f"rank {rank}: wrong Allreduce result for {what}")
         if i >= warmup:
@@ -65,12 +70,12 @@ def timed_allreduce(comm, bufs, iters, warmup, what):
     if rank != 0:
         return None
     per_iter = [max(ts) for ts in zip(*all_times)]
-    return summarize(per_iter)
+    return with_cpu(summarize(per_iter), meter)
 
 
-def bench_size(comm, nbytes, iters, warmup, out_of_place=False):
+def bench_size(comm, nbytes, iters, warmup, out_of_place=False, cpu=False):
     if not out_of_place:
-        return timed_allreduce(comm, [np.empty(nbytes // 4, dtype=np.float32)], iters, warmup, f"{nbytes} bytes")
+        return timed_allreduce(comm, [np.empty(nbytes // 4, dtype=np.float32)], iters, warmup, f"{nbytes} bytes", cpu)
     return timed_in_and_out_of_place(comm, nbytes, iters, warmup)
 
 
@@ -134,7 +139,7 @@ def main(argv=None):
     sizes = [int(s) for s in args.sizes.split(",") if s]
     results = {}
     for nbytes in sizes:
-        r = bench_size(comm, nbytes, args.iters, args.warmup, args.out_of_place)
+        r = bench_size(comm, nbytes, args.iters, args.warmup, args.out_of_place, args.cpu)
         if r is not None:
             results[str(nbytes)] = r
     report = {"tool": TOOL, "results": results}

@@ -204,6 +204,7 @@ def bench_jbps(net: EmulatedNetwork, n: int, k: int, args, variant: dict) -> dic
         str(args.iters),
         "--warmup",
         str(args.warmup),
+        "--cpu",
         *variant.get("args", []),
     ]
     result = run_job(net, list(range(n)), list(range(n + k)), argv, env=env, timeout_s=args.timeout)
@@ -216,6 +217,7 @@ def bench_jbps(net: EmulatedNetwork, n: int, k: int, args, variant: dict) -> dic
         "iters": timing["iters"],
         "server_mib_received": {str(h): (b or 0) / 2**20 for h, b in sorted(received.items())},
         "engine_per_call": timing.get("engine_per_call", {}),
+        "cpu": timing.get("cpu"),
     }
 
 
@@ -249,6 +251,7 @@ def bench_gloo(net: EmulatedNetwork, n: int, args) -> dict:
                         str(args.iters),
                         "--warmup",
                         str(args.warmup),
+                        "--cpu",
                     ],
                     env=env,
                     stdout=out,
@@ -289,6 +292,7 @@ def bench_mpi(net: EmulatedNetwork, n: int, args) -> dict | None:
             str(args.iters),
             "--warmup",
             str(args.warmup),
+            "--cpu",
         ]
         with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
             proc = net.run(0, cmd, env=python_env(**MPI_TCP_ENV), stdout=out, stderr=err, cwd=tmp)
@@ -491,6 +495,16 @@ def format_table(doc: dict) -> str:
                     f"{label}: {peer['median_s']:.3f} s ({peer['median_s'] / ideal:.2f}x the ring all-reduce "
                     f"ideal {ideal:.3f} s)"
                 )
+    cpu_lines = [
+        f"  jbps {v}, k = {c['k']}: {_cpu_text(c['jbps'][v].get('cpu'))}" for c in doc["cases"] for v in names
+    ]
+    cpu_lines += [f"  {label}: {_cpu_text(peer.get('cpu'))}" for label, peer in (("gloo", gloo), ("MPI", mpi)) if peer]
+    lines.append("")
+    lines.append(
+        "The machine's CPU time per psum (every emulated host shares its cores; core-ms, "
+        "user + kernel + interrupts) and how busy its cores were during the calls:"
+    )
+    lines += cpu_lines
     lines.append("")
     lines.append("Bytes each server received over the whole run (MiB, by host; hosts < n are worker hosts):")
     for c in doc["cases"]:
@@ -501,6 +515,16 @@ def format_table(doc: dict) -> str:
     for g in doc["goals"]:
         lines.append(f"  {g['what']}: {g['ratio']:.2f} (target {g['target']})")
     return "\n".join(lines)
+
+
+def _cpu_text(cpu: dict | None) -> str:
+    if not cpu:
+        return "not measured"
+    ms = lambda s: f"{s * 1e3:.0f}"  # noqa: E731
+    return (
+        f"{ms(cpu['busy_core_s'])} core-ms ({ms(cpu['user_core_s'])} + {ms(cpu['system_core_s'])} + "
+        f"{ms(cpu['interrupt_core_s'])}), cores {cpu['busy_share']:.0%} busy"
+    )
 
 
 def plot(doc: dict, path: str) -> None:

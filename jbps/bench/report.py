@@ -15,6 +15,14 @@ def summarize(per_iter: list[float]) -> dict:
     return {"median_s": statistics.median(per_iter), "min_s": min(per_iter), "iters": len(per_iter)}
 
 
+def with_cpu(summary: dict, meter) -> dict:
+    """The summary with the machine's CPU time per timed call (cpu_load.Meter), when metered."""
+    cpu = meter.per_call()
+    if cpu is not None:
+        summary["cpu"] = cpu
+    return summary
+
+
 def parse_report(stdout: str, what: str) -> dict:
     """The report in a process's stdout, with results keyed by int byte count."""
     out = last_json_line(stdout)
