@@ -495,9 +495,7 @@ def format_table(doc: dict) -> str:
                     f"{label}: {peer['median_s']:.3f} s ({peer['median_s'] / ideal:.2f}x the ring all-reduce "
                     f"ideal {ideal:.3f} s)"
                 )
-    cpu_lines = [
-        f"  jbps {v}, k = {c['k']}: {_cpu_text(c['jbps'][v].get('cpu'))}" for c in doc["cases"] for v in names
-    ]
+    cpu_lines = [f"  jbps {v}, k = {c['k']}: {_cpu_text(c['jbps'][v].get('cpu'))}" for c in doc["cases"] for v in names]
     cpu_lines += [f"  {label}: {_cpu_text(peer.get('cpu'))}" for label, peer in (("gloo", gloo), ("MPI", mpi)) if peer]
     lines.append("")
     lines.append(
