@@ -57,6 +57,10 @@ def test_network_bench_runs_every_tool_and_reports_the_split():
         assert cases[k]["defaults"]["median_s"] > 0 and cases[k]["compression bf16"]["median_s"] > 0, cases[k]
     assert doc["peers"]["gloo"]["median_s"] > 0 and doc["peers"]["mpi"]["median_s"] > 0
     assert doc["link_check"]["share_of_cap_min"] > 0
+    # The machine's CPU time, metered by one process of each tool around each timed call.
+    metered = [cases[k]["defaults"]["cpu"] for k in (0, 1)] + [doc["peers"][p]["cpu"] for p in ("gloo", "mpi")]
+    for cpu in metered:
+        assert cpu["calls"] == 2 and 0 <= cpu["busy_share"] <= 1 and cpu["busy_core_s"] >= 0, cpu
     # With one CPU host and 2 workers the CPU host's server gets half the bytes (x = 1/2).
     received = cases[1]["defaults"]["server_mib_received"]
     assert abs(received["2"] - (received["0"] + received["1"])) <= 0.25 * received["2"], received
