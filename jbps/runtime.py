@@ -26,6 +26,8 @@ JOIN_TARGET = "jbps_join"  # releases a bucketed psum's sums together (ops/ffi.p
 # The codecs' workers' half on XLA:CPU only (ops/onebit.py, ops/topk.py).
 TOPK_ENCODE_TARGET, TOPK_DECODE_TARGET = "jbps_topk_encode", "jbps_topk_decode"
 ONEBIT_ENCODE_TARGET, ONEBIT_DECODE_TARGET = "jbps_onebit_encode", "jbps_onebit_decode"
+# The 16-bit compressions' casts on XLA:CPU (ops/compression.py).
+NARROW_TARGET, WIDEN_TARGET = "jbps_narrow", "jbps_widen"
 # The start of an uncaught exception's message that a goodbye carries to the servers.
 _REASON_CHARS = 300
 _EXIT_GRACE_S = 0.5  # at exit, for threads woken by the psums the stop failed

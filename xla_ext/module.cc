@@ -11,6 +11,7 @@
 
 #include "engine.h"
 #include "engine_impl.h"  // the scheduler and fusion, driven by the tests
+#include "ffi_casts_cpu.h"
 #include "ffi_codecs_cpu.h"
 #include "ffi_cpu.h"
 #ifdef JBPS_HAVE_CUDA
@@ -225,6 +226,8 @@ NB_MODULE(_core, m) {
     d["jbps_topk_decode"] = FfiCapsule(reinterpret_cast<void*>(jbps::JbpsTopKDecodeCpu));
     d["jbps_onebit_encode"] = FfiCapsule(reinterpret_cast<void*>(jbps::JbpsOneBitEncodeCpu));
     d["jbps_onebit_decode"] = FfiCapsule(reinterpret_cast<void*>(jbps::JbpsOneBitDecodeCpu));
+    d["jbps_narrow"] = FfiCapsule(reinterpret_cast<void*>(jbps::JbpsNarrowCpu));
+    d["jbps_widen"] = FfiCapsule(reinterpret_cast<void*>(jbps::JbpsWidenCpu));
     return d;
   });
   // The same target for platform "CUDA"; empty when built without CUDA.

@@ -23,6 +23,7 @@ set(JBPS_CORE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/engine_calls.cc
   ${CMAKE_CURRENT_LIST_DIR}/ffi_cpu.cc
   ${CMAKE_CURRENT_LIST_DIR}/ffi_codecs_cpu.cc
+  ${CMAKE_CURRENT_LIST_DIR}/ffi_casts_cpu.cc
 )
 set(JBPS_MODULE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/module.cc

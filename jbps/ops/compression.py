@@ -18,16 +18,20 @@ FRACTION in (0, 0.5] (`"topk:0.05"`: 51).
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
-from . import onebit, topk
+from .. import runtime
+from . import ffi, onebit, topk
 
 WIRE_TYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16}
 _COMPRESSIBLE = (np.dtype(np.float32), np.dtype(np.float64))
+_HALVES = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16))
 
 
 # The codecs with error feedback, by name: they keep a residual, so only the
@@ -76,9 +80,36 @@ def compress(leaves: Sequence[jax.Array], compression: str | None) -> list[jax.A
     if compression is None:
         return list(leaves)
     wire = WIRE_TYPES[compression]
-    return [x.astype(wire) if np.dtype(x.dtype) in _COMPRESSIBLE else x for x in leaves]
+    return [_cast(x, wire) if np.dtype(x.dtype) in _COMPRESSIBLE else x for x in leaves]
 
 
 def decompress(summed: Sequence[jax.Array], originals: Sequence[jax.Array]) -> list[jax.Array]:
     """The sums back in their leaves' dtypes."""
-    return [s if s.dtype == x.dtype else s.astype(x.dtype) for s, x in zip(summed, originals)]
+    return [s if s.dtype == x.dtype else _cast(s, x.dtype) for s, x in zip(summed, originals)]
+
+
+def _cast(x: jax.Array, dtype) -> jax.Array:
+    return _cast_as(x, np.dtype(dtype))
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+def _cast_as(x: jax.Array, dtype: np.dtype) -> jax.Array:
+    """x.astype(dtype), the same bits; float32 <-> 16 bits on XLA:CPU in one
+    thread of jbps's (ops/ffi.py cast: XLA's own splits a large cast over its
+    thread pool, which stalls where processes share cores), XLA's elsewhere.
+    Differentiated as astype (a custom call has no derivative of its own)."""
+    if np.dtype(x.dtype) == np.float32 and dtype in _HALVES:
+        return lax.platform_dependent(
+            x, cpu=lambda v: ffi.cast(runtime.NARROW_TARGET, v, dtype), default=lambda v: v.astype(dtype)
+        )
+    if np.dtype(x.dtype) in _HALVES and dtype == np.float32:
+        return lax.platform_dependent(
+            x, cpu=lambda v: ffi.cast(runtime.WIDEN_TARGET, v, dtype), default=lambda v: v.astype(dtype)
+        )
+    return x.astype(dtype)
+
+
+@_cast_as.defjvp
+def _cast_as_jvp(dtype, primals, tangents):
+    (x,), (t,) = primals, tangents
+    return _cast_as(x, dtype), t.astype(dtype)

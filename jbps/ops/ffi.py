@@ -1,5 +1,5 @@
 """The custom calls: jbps_psum (one variadic call per device for a whole tree),
-jbps_join, and the codecs' encoders and decoders on XLA:CPU."""
+jbps_join, and the codecs' encoders and decoders and the 16-bit casts on XLA:CPU."""
 
 from __future__ import annotations
 
@@ -118,3 +118,11 @@ def decode(target: str, records: jax.Array, num_values: int, **attributes) -> ja
     runtime.register_ffi_targets()
     call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((num_values,), np.float32), vmap_method="broadcast_all")
     return call(records, **attributes)
+
+
+def cast(target: str, values: jax.Array, dtype) -> jax.Array:
+    """`values` as `dtype`, same shape, from a cast's XLA:CPU handler
+    (xla_ext/ffi_casts_cpu.cc). Elementwise, so a batch (vmap) is more values."""
+    runtime.register_ffi_targets()
+    call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(values.shape, dtype), vmap_method="broadcast_all")
+    return call(values)
