@@ -3,9 +3,9 @@
 // the calling XLA thread. XLA's own convert splits a large cast over its
 // thread pool; where the workers' pools share cores (CPU-only hosts running
 // several processes, the emulated cluster), a 32 MiB cast then took 3-15 ms
-// median and up to 34 ms, and workers entered the psum that far apart,
-// which every worker waits out. One thread took 2.3-3.1 ms median the same
-// way (4 processes on 2 cores). On GPUs the casts stay XLA ops.
+// median and up to 34 ms (4 processes on 2 cores), and 4 workers entered a
+// psum up to 46 ms apart, which every worker waits out. One thread took
+// 2.3-3.1 ms median the same way. On GPUs the casts stay XLA ops.
 //
 // Rounding is to nearest even, as XLA's convert and numpy's; a float32 NaN
 // stays a NaN (bfloat16: quiet).

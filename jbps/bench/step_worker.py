@@ -75,6 +75,7 @@ def time_steps(run, steps: int, warmup: int) -> tuple[list[float], list[tuple[fl
     epoch (the trace's clock), and the machine's CPU time over the timed steps
     (every emulated host's, as they share the machine: cpu_load.py)."""
     times, spans = [], []
+    cpu_before = cpu_load.sample()
     for i in range(warmup + steps):
         if i == warmup:
             cpu_before = cpu_load.sample()

@@ -98,15 +98,14 @@ def _cast_as(x: jax.Array, dtype: np.dtype) -> jax.Array:
     thread of jbps's (ops/ffi.py cast: XLA's own splits a large cast over its
     thread pool, which stalls where processes share cores), XLA's elsewhere.
     Differentiated as astype (a custom call has no derivative of its own)."""
-    if np.dtype(x.dtype) == np.float32 and dtype in _HALVES:
-        return lax.platform_dependent(
-            x, cpu=lambda v: ffi.cast(runtime.NARROW_TARGET, v, dtype), default=lambda v: v.astype(dtype)
-        )
-    if np.dtype(x.dtype) in _HALVES and dtype == np.float32:
-        return lax.platform_dependent(
-            x, cpu=lambda v: ffi.cast(runtime.WIDEN_TARGET, v, dtype), default=lambda v: v.astype(dtype)
-        )
-    return x.astype(dtype)
+    source = np.dtype(x.dtype)
+    if source == np.float32 and dtype in _HALVES:
+        target = runtime.NARROW_TARGET
+    elif source in _HALVES and dtype == np.float32:
+        target = runtime.WIDEN_TARGET
+    else:
+        return x.astype(dtype)
+    return lax.platform_dependent(x, cpu=lambda v: ffi.cast(target, v, dtype), default=lambda v: v.astype(dtype))
 
 
 @_cast_as.defjvp
