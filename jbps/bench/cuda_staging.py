@@ -1,5 +1,6 @@
-"""The CUDA handler's costs on a GPU machine (NOT YET RUN on a GPU: written
-without one; expect to fix things the first time it runs).
+"""The CUDA handler's costs on a GPU machine (first run on an H100 on
+2026-11-26: README's GPUs section has the numbers, docs/cuda-staging-h100.json
+the document).
 
     python -m jbps.bench.cuda_staging [--sizes 4M,64M] [--iters 20] [--out results.json]
 
