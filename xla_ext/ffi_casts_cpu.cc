@@ -13,8 +13,8 @@
 
 #include <string>
 
-#include "dtype.h"
 #include "engine.h"
+#include "ffi_operand.h"
 #include "fresh_output.h"
 #include "sum_kernels.h"
 #include "xla/ffi/api/ffi.h"
@@ -24,17 +24,11 @@ namespace ffi = xla::ffi;
 namespace jbps {
 namespace {
 
-// The 16-bit float type of `t`, or an error naming `what`.
+// The 16-bit float type of `t` (dtype.h's mapping), or an error naming `what`.
 ffi::Error HalfType(const char* what, ffi::DataType t, DType* out) {
-  if (t == ffi::DataType::F16) {
-    *out = DType::kF16;
-  } else if (t == ffi::DataType::BF16) {
-    *out = DType::kBF16;
-  } else {
-    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
-                      std::string(what) + ": the 16-bit side must be float16 or bfloat16");
-  }
-  return ffi::Error::Success();
+  if (ToDType(t, out) && (*out == DType::kF16 || *out == DType::kBF16)) return ffi::Error::Success();
+  return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                    std::string(what) + ": the 16-bit side must be float16 or bfloat16");
 }
 
 ffi::Error SameCount(const char* what, size_t a, size_t b) {

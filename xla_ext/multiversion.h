@@ -10,3 +10,24 @@
 #else
 #define JBPS_MULTIVERSION
 #endif
+
+// The one check behind every hand-written AVX2 kernel (the F16C casts, the
+// streamed copy, onebit's signs): read once, safe even from a static
+// constructor (__builtin_cpu_init). avx2 also says the OS saves ymm state,
+// which libgcc's f16c bit alone does not (GCC bug 105920).
+#if defined(__x86_64__) && defined(__GNUC__)
+#define JBPS_HAVE_CPU_CHECKS 1
+namespace jbps {
+inline bool CpuHasAvx2() {
+  static const bool have = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") != 0;
+  }();
+  return have;
+}
+inline bool CpuHasAvx2F16c() {
+  static const bool have = CpuHasAvx2() && __builtin_cpu_supports("f16c");
+  return have;
+}
+}  // namespace jbps
+#endif

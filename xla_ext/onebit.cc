@@ -109,15 +109,7 @@ void EncodeRecord(uint8_t* record, const float* values, uint32_t count) {
   WriteSigns(record, values, count);
 }
 
-#if defined(__x86_64__) && defined(__GNUC__)
-bool HaveAvx2() {
-  static const bool have = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2");
-  }();
-  return have;
-}
-
+#ifdef JBPS_HAVE_CPU_CHECKS
 // WriteSigns and values -= decode(record) in one pass, 8 values at a time:
 // a compare and a movemask per byte of signs, the value sent (the scale, its
 // sign bit set where negative, zero past the count) subtracted in place.
@@ -146,8 +138,8 @@ __attribute__((target("avx2"))) void SignsAndLeftAvx2(uint8_t* record, float* va
 // residual of a worker (OneBitEncodeExtract) or a server (...WithFeedback).
 void EncodeLeaving(uint8_t* record, float* values, uint32_t count) {
   const float scale = WriteHeader(record, values, count);
-#if defined(__x86_64__) && defined(__GNUC__)
-  if (HaveAvx2()) return SignsAndLeftAvx2(record, values, count, scale);
+#ifdef JBPS_HAVE_CPU_CHECKS
+  if (CpuHasAvx2()) return SignsAndLeftAvx2(record, values, count, scale);
 #endif
   WriteSigns(record, values, count);
   float sent[kOneBitBlock];

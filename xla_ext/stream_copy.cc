@@ -3,6 +3,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "multiversion.h"
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define JBPS_STREAM_X86 1
@@ -43,8 +45,7 @@ __attribute__((target("avx2"))) void StreamCopyAvx2(char* dst, const char* src, 
 
 void StreamCopy(void* dst, const void* src, size_t n) {
 #ifdef JBPS_STREAM_X86
-  static const bool avx2 = __builtin_cpu_supports("avx2");
-  if (avx2 && n >= kStreamMinBytes) {
+  if (CpuHasAvx2() && n >= kStreamMinBytes) {
     StreamCopyAvx2(static_cast<char*>(dst), static_cast<const char*>(src), n);
     return;
   }

@@ -140,35 +140,25 @@ __attribute__((target("avx2,f16c"))) void FinishF16Avx2(uint16_t* __restrict dst
   for (; i < n; ++i) dst[i] = _cvtss_sh(acc[i], kRoundNearestEven);
 }
 
-bool HaveAvx2F16c() {
-  // __builtin_cpu_init: safe even if first called from a static constructor.
-  // avx2 also says the OS saves ymm state, which libgcc's f16c bit alone does
-  // not (GCC bug 105920).
-  static const bool have = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
-  }();
-  return have;
-}
 #endif
 
 void InitF16(float* acc, const void* src, size_t n) {
 #ifdef JBPS_F16C_KERNELS
-  if (HaveAvx2F16c()) return InitF16Avx2(acc, static_cast<const uint16_t*>(src), n);
+  if (CpuHasAvx2F16c()) return InitF16Avx2(acc, static_cast<const uint16_t*>(src), n);
 #endif
   InitF16Scalar(acc, static_cast<const _Float16*>(src), n);
 }
 
 void AddF16(float* acc, const void* src, size_t n) {
 #ifdef JBPS_F16C_KERNELS
-  if (HaveAvx2F16c()) return AddF16Avx2(acc, static_cast<const uint16_t*>(src), n);
+  if (CpuHasAvx2F16c()) return AddF16Avx2(acc, static_cast<const uint16_t*>(src), n);
 #endif
   AddF16Scalar(acc, static_cast<const _Float16*>(src), n);
 }
 
 void FinishF16(void* dst, const float* acc, size_t n) {
 #ifdef JBPS_F16C_KERNELS
-  if (HaveAvx2F16c()) return FinishF16Avx2(static_cast<uint16_t*>(dst), acc, n);
+  if (CpuHasAvx2F16c()) return FinishF16Avx2(static_cast<uint16_t*>(dst), acc, n);
 #endif
   FinishF16Scalar(static_cast<_Float16*>(dst), acc, n);
 }

@@ -17,6 +17,7 @@ with jbps, the workers' parameters are checked equal at the end.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -72,20 +73,19 @@ def batch(rank: int, size: int, width: int):
 
 def time_steps(run, steps: int, warmup: int) -> tuple[list[float], list[tuple[float, float]], dict]:
     """Each timed step's seconds, its start and end in microseconds since the
-    epoch (the trace's clock), and the machine's CPU time over the timed steps
-    (every emulated host's, as they share the machine: cpu_load.py)."""
+    epoch (the trace's clock), and the machine's CPU time per timed step
+    (every emulated host's, as they share the machine: cpu_load.Meter)."""
     times, spans = [], []
-    cpu_before = cpu_load.sample()
+    meter = cpu_load.Meter()
     for i in range(warmup + steps):
-        if i == warmup:
-            cpu_before = cpu_load.sample()
         start = time.time()
         t = time.perf_counter()
-        run()
+        with meter if i >= warmup else contextlib.nullcontext():
+            run()
         if i >= warmup:
             times.append(time.perf_counter() - t)
             spans.append((start * 1e6, time.time() * 1e6))
-    return times, spans, cpu_load.between(cpu_before, cpu_load.sample())
+    return times, spans, meter.per_call()
 
 
 def main(argv=None):
@@ -178,7 +178,7 @@ def main(argv=None):
     # The step of median time, to draw (an odd count has one).
     middle = sorted(range(len(times)), key=times.__getitem__)[len(times) // 2]
     report.update(rank=rank, median_s=float(np.median(times)), times_s=times, median_step_us=spans[middle])
-    report["cpu_core_s_per_step"] = cpu["busy_core_s"] / args.steps
+    report["cpu_core_s_per_step"] = cpu["busy_core_s"]
     report["cpu"] = cpu
     if args.mode == "jbps":
         import jbps
