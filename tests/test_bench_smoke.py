@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import jax
+import numpy as np
 import pytest
 
 from jbps.bench import peers
@@ -218,3 +219,35 @@ def test_cpu_load_counts_busy_time_by_kind():
     # The machine's own counters only grow.
     now = cpu_load.between(cpu_load.sample(), cpu_load.sample())
     assert 0 <= now["busy_share"] <= 1 and now["busy_core_s"] >= 0
+
+
+def test_codecs_bench_runs_every_codec_on_every_kind_of_values():
+    out = subprocess.run(
+        [sys.executable, "-m", "jbps.bench.codecs", "--size", "1M", "--reps", "1", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    from jbps.bench import codecs
+
+    assert [(r["codec"], r["data"]) for r in doc["rows"]] == [(c, d) for c in codecs.CODECS for d in codecs.DATA]
+    for r in doc["rows"]:
+        assert all(r[f"{name}_s"] > 0 for name in codecs.TIMED), r
+        assert r["encode_xla_over_cpp"] == pytest.approx(r["encode_xla_s"] / r["encode_cpp_s"])
+
+
+def test_codecs_bench_check_fails_on_a_wrong_decode_or_residual():
+    from jbps.bench import codecs
+
+    values = np.arange(2048, dtype=np.float32)
+    records = np.zeros((2, 20), np.uint32)
+    right = (records, values)
+    codecs._check("topk", "test", values, right, right, (values, values))
+    with pytest.raises(RuntimeError, match="decode differs"):
+        codecs._check("topk", "test", values, right, right, (values, values + 1))
+    with pytest.raises(RuntimeError, match="residual differs"):
+        codecs._check("topk", "test", values, right, (records, values * 2), (values, values))
+    with pytest.raises(RuntimeError, match="records differ"):
+        codecs._check("topk", "test", values, right, (records + 1, values), (values, values))
