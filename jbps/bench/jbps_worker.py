@@ -153,8 +153,12 @@ def _summed(name):
     return lambda t: psum_with_feedback(t, zero_residuals(t), name=name, compression=_compression)[0]
 
 
-# Untimed, before every call: each worker's contribution back to rank+1, in the same buffers.
-_refill = jax.jit(lambda t: jax.tree_util.tree_map(lambda a: jnp.full_like(a, jbps.rank() + 1), t), donate_argnums=0)
+# Untimed, before every call: each worker's contribution back to rank+1, in the same buffers
+# (keep_unused: jit otherwise drops the unread argument, and its donation with it, and every
+# refill faulted in a fresh buffer's pages, 8,193 of them for 32 MiB).
+_refill = jax.jit(
+    lambda t: jax.tree_util.tree_map(lambda a: jnp.full_like(a, jbps.rank() + 1), t), donate_argnums=0, keep_unused=True
+)
 
 
 def checked_call(f, x, what):
