@@ -19,6 +19,7 @@
 #include "ffi_cuda.h"
 #endif
 #include "dtype.h"
+#include "multiversion.h"
 #include "server.h"
 #include "stream_copy.h"
 #include "sum_kernels.h"
@@ -336,6 +337,14 @@ NB_MODULE(_core, m) {
       out.append(nb::make_tuple(r.tensor, r.key, r.round, r.shard, r.server, r.priority, r.nbytes, r.times.queued,
                                 r.times.sent_start, r.times.acked, r.times.sum_arrived, r.times.pulled));
     return out;
+  });
+  // Whether the hand-written AVX2 kernels run (multiversion.h; JBPS_CPU_BASELINE=1 turns them off).
+  m.def("hand_written_avx2", [] {
+#ifdef JBPS_HAVE_CPU_CHECKS
+    return jbps::CpuHasAvx2();
+#else
+    return false;
+#endif
   });
   m.def("engine_set_stage_timing", [](bool on) { jbps::Engine::Get().SetStageTiming(on); }, nb::arg("on"));
   // Calls completed with stage timing on since the last call: dicts of the

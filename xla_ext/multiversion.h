@@ -12,14 +12,20 @@
 #endif
 
 // The one check behind every hand-written AVX2 kernel (the F16C casts, the
-// streamed copy, onebit's signs): read once, safe even from a static
-// constructor (__builtin_cpu_init). avx2 also says the OS saves ymm state,
-// which libgcc's f16c bit alone does not (GCC bug 105920).
+// streamed copy, onebit's signs and decode, topk's scans): read once, safe
+// even from a static constructor (__builtin_cpu_init). avx2 also says the OS
+// saves ymm state, which libgcc's f16c bit alone does not (GCC bug 105920).
+// JBPS_CPU_BASELINE=1 turns them off, so the portable loops run (the tests
+// compare both); JBPS_MULTIVERSION's loops still pick by the CPU.
 #if defined(__x86_64__) && defined(__GNUC__)
 #define JBPS_HAVE_CPU_CHECKS 1
+#include <cstdlib>
+#include <cstring>
 namespace jbps {
 inline bool CpuHasAvx2() {
   static const bool have = [] {
+    const char* baseline = std::getenv("JBPS_CPU_BASELINE");
+    if (baseline != nullptr && baseline[0] != '\0' && std::strcmp(baseline, "0") != 0) return false;
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") != 0;
   }();
