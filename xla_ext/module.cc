@@ -339,13 +339,7 @@ NB_MODULE(_core, m) {
     return out;
   });
   // Whether the hand-written AVX2 kernels run (multiversion.h; JBPS_CPU_BASELINE=1 turns them off).
-  m.def("hand_written_avx2", [] {
-#ifdef JBPS_HAVE_CPU_CHECKS
-    return jbps::CpuHasAvx2();
-#else
-    return false;
-#endif
-  });
+  m.def("hand_written_avx2", [] { return jbps::CpuHasAvx2(); });
   m.def("engine_set_stage_timing", [](bool on) { jbps::Engine::Get().SetStageTiming(on); }, nb::arg("on"));
   // Calls completed with stage timing on since the last call: dicts of the
   // StageRecord fields, times in nanoseconds of time.perf_counter_ns()'s clock.

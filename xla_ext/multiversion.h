@@ -37,3 +37,8 @@ inline bool CpuHasAvx2F16c() {
 }
 }  // namespace jbps
 #endif
+#ifndef JBPS_HAVE_CPU_CHECKS
+namespace jbps {
+inline bool CpuHasAvx2() { return false; }  // no hand-written AVX2 kernels here
+}  // namespace jbps
+#endif

@@ -98,18 +98,18 @@ __attribute__((target("avx2"))) void DecodeValuesAvx2(float* out, const uint8_t*
 }
 #endif
 
+template <bool kAdd>
+void DecodeBlock(float* out, const uint8_t* record) {
+#ifdef JBPS_HAVE_CPU_CHECKS
+  if (CpuHasAvx2()) return DecodeValuesAvx2<kAdd>(out, record);
+#endif
+  DecodeValues(out, record, kAdd);
+}
+
 // An accumulator (kAdd, or kCount: a server's) keeps the count after its block.
 template <bool kAdd, bool kCount = true>
 void DecodeRecord(float* out, const uint8_t* record) {
-#ifdef JBPS_HAVE_CPU_CHECKS
-  if (CpuHasAvx2()) {
-    DecodeValuesAvx2<kAdd>(out, record);
-  } else {
-    DecodeValues(out, record, kAdd);
-  }
-#else
-  DecodeValues(out, record, kAdd);
-#endif
+  DecodeBlock<kAdd>(out, record);
   if (!kAdd && kCount) {
     const uint32_t count = HeaderOf(record).count;
     std::memcpy(out + kOneBitBlock, &count, sizeof(count));
