@@ -35,7 +35,7 @@ Payload SummationServer::Impl::RecvPayload(FrameReader* reader, uint64_t nbytes,
   // little costs what was sent, not what was claimed.
   constexpr uint64_t kStep = uint64_t{64} << 20;
   try {
-    Payload buf = std::make_shared<HeapBlock>(std::min(nbytes, kStep));
+    Payload buf = HeapBlockOf(std::min(nbytes, kStep));
     uint64_t got = 0;
     for (;;) {
       IoStatus st = reader->Read(buf->data() + got, buf->size() - got);
@@ -45,7 +45,7 @@ Payload SummationServer::Impl::RecvPayload(FrameReader* reader, uint64_t nbytes,
       }
       got = buf->size();
       if (got == nbytes) return buf;
-      Payload bigger = std::make_shared<HeapBlock>(std::min(nbytes, 2 * got));
+      Payload bigger = HeapBlockOf(std::min(nbytes, 2 * got));
       std::memcpy(bigger->data(), buf->data(), got);
       buf = std::move(bigger);
     }

@@ -1,6 +1,6 @@
 // Where sums live: the shared arena while a colocated worker can read them
-// there, else the heap; a sum in the arena is held until its readers
-// release it, and what an ended job held goes.
+// there, else the heap (buffers reused round after round); a sum in the
+// arena is held until its readers release it, and what an ended job held goes.
 #include "server_impl.h"
 
 namespace jbps {
@@ -11,7 +11,40 @@ Payload SummationServer::Impl::NewBlock(size_t n) {
     int64_t offset = arena->Allocate(n);
     if (offset >= 0) return std::make_shared<ArenaBlock>(arena, offset, n);
   }
-  return std::make_shared<HeapBlock>(n);
+  return HeapBlockOf(n);
+}
+
+Payload SummationServer::Impl::HeapBlockOf(size_t n) {
+  if (n < BufferPool::kMinBytes) return std::make_shared<HeapBlock>(n);
+  return std::make_shared<HeapBlock>(buffers->Take(n), buffers);
+}
+
+std::unique_ptr<AlignedBuffer> BufferPool::Take(size_t n) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = free_.rbegin(); it != free_.rend(); ++it) {  // the most recently freed is warmest
+      if ((*it)->size() != n) continue;
+      std::unique_ptr<AlignedBuffer> buf = std::move(*it);
+      free_.erase(std::next(it).base());
+      bytes_ -= n;
+      return buf;
+    }
+  }
+  return std::make_unique<AlignedBuffer>(n);
+}
+
+void BufferPool::Give(std::unique_ptr<AlignedBuffer> buf) {
+  std::vector<std::unique_ptr<AlignedBuffer>> dropped;  // freed outside the lock
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    bytes_ += buf->size();
+    free_.push_back(std::move(buf));
+    while (bytes_ > kMaxBytes) {
+      bytes_ -= free_.front()->size();
+      dropped.push_back(std::move(free_.front()));
+      free_.pop_front();
+    }
+  }
 }
 
 Payload SummationServer::Impl::InArena(Payload p) {
