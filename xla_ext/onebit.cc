@@ -116,18 +116,23 @@ void DecodeRecord(float* out, const uint8_t* record) {
   }
 }
 
-// The record's header: the mean absolute value in double, so its float32
-// rounding hardly depends on the order of the additions (numpy's reference
-// sums pairwise): eight partial sums, which vectorise.
-JBPS_MULTIVERSION float WriteHeader(uint8_t* __restrict record, const float* __restrict values, uint32_t count) {
-  double partial[8] = {};
-  for (size_t i = 0; i < kOneBitBlock; i += 8)
-    for (size_t j = 0; j < 8; ++j) partial[j] += i + j < count ? std::fabs(static_cast<double>(values[i + j])) : 0.0;
+// The header from the eight partial sums of |value|: their sum over the count.
+float FinishHeader(uint8_t* record, const double* partial, uint32_t count) {
   const double l1 =
       ((partial[0] + partial[4]) + (partial[1] + partial[5])) + ((partial[2] + partial[6]) + (partial[3] + partial[7]));
   Header h{static_cast<float>(l1 / std::max<uint32_t>(count, 1)), count};
   std::memcpy(record, &h, sizeof(h));
   return h.scale;
+}
+
+// The record's header: the mean absolute value in double, so its float32
+// rounding hardly depends on the order of the additions (numpy's reference
+// sums pairwise): eight partial sums (WriteHeaderAvx2 adds them 8 values at a time).
+JBPS_MULTIVERSION float WriteHeader(uint8_t* __restrict record, const float* __restrict values, uint32_t count) {
+  double partial[8] = {};
+  for (size_t i = 0; i < kOneBitBlock; i += 8)
+    for (size_t j = 0; j < 8; ++j) partial[j] += i + j < count ? std::fabs(static_cast<double>(values[i + j])) : 0.0;
+  return FinishHeader(record, partial, count);
 }
 
 // The record's sign bits: value i's bit is set when i < count and value i < 0.
@@ -142,12 +147,30 @@ JBPS_MULTIVERSION void WriteSigns(uint8_t* __restrict record, const float* __res
   }
 }
 
-void EncodeRecord(uint8_t* record, const float* values, uint32_t count) {
-  WriteHeader(record, values, count);
-  WriteSigns(record, values, count);
+#ifdef JBPS_HAVE_CPU_CHECKS
+// WriteHeader 8 values at a time: the same eight partial sums, in the same
+// order, so the same bits. GCC makes the portable loop a branch per value
+// (the count's condition), which took more of a worker's encode than the
+// rest of it (perf, the emulated cluster's onebit column).
+__attribute__((target("avx2"))) float WriteHeaderAvx2(uint8_t* record, const float* values, uint32_t count) {
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256i held_below = _mm256_set1_epi32(static_cast<int>(count));
+  __m256i index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i eight = _mm256_set1_epi32(8);
+  __m256d low = _mm256_setzero_pd(), high = _mm256_setzero_pd();  // partial[0..3], partial[4..7]
+  for (uint32_t i = 0; i < kOneBitBlock; i += 8) {
+    const __m256 held = _mm256_castsi256_ps(_mm256_cmpgt_epi32(held_below, index));  // index < count
+    const __m256 v = _mm256_and_ps(_mm256_and_ps(_mm256_loadu_ps(values + i), magnitude), held);
+    low = _mm256_add_pd(low, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
+    high = _mm256_add_pd(high, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+    index = _mm256_add_epi32(index, eight);
+  }
+  double partial[8];
+  _mm256_storeu_pd(partial, low);
+  _mm256_storeu_pd(partial + 4, high);
+  return FinishHeader(record, partial, count);
 }
 
-#ifdef JBPS_HAVE_CPU_CHECKS
 // WriteSigns and values -= decode(record) in one pass, 8 values at a time:
 // a compare and a movemask per byte of signs, the value sent (the scale, its
 // sign bit set where negative, zero past the count) subtracted in place.
@@ -172,10 +195,23 @@ __attribute__((target("avx2"))) void SignsAndLeftAvx2(uint8_t* record, float* va
 }
 #endif
 
+// The header by the fastest kernel this CPU has (the same bits either way).
+float WriteHeaderBlock(uint8_t* record, const float* values, uint32_t count) {
+#ifdef JBPS_HAVE_CPU_CHECKS
+  if (CpuHasAvx2()) return WriteHeaderAvx2(record, values, count);
+#endif
+  return WriteHeader(record, values, count);
+}
+
+void EncodeRecord(uint8_t* record, const float* values, uint32_t count) {
+  WriteHeaderBlock(record, values, count);
+  WriteSigns(record, values, count);
+}
+
 // record = encode(values), and values -= decode(record): what is left, the
 // residual of a worker (OneBitEncodeExtract) or a server (...WithFeedback).
 void EncodeLeaving(uint8_t* record, float* values, uint32_t count) {
-  const float scale = WriteHeader(record, values, count);
+  const float scale = WriteHeaderBlock(record, values, count);
 #ifdef JBPS_HAVE_CPU_CHECKS
   if (CpuHasAvx2()) return SignsAndLeftAvx2(record, values, count, scale);
 #endif
