@@ -34,16 +34,12 @@ std::unique_ptr<AlignedBuffer> BufferPool::Take(size_t n) {
 }
 
 void BufferPool::Give(std::unique_ptr<AlignedBuffer> buf) {
-  std::vector<std::unique_ptr<AlignedBuffer>> dropped;  // freed outside the lock
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    bytes_ += buf->size();
-    free_.push_back(std::move(buf));
-    while (bytes_ > kMaxBytes) {
-      bytes_ -= free_.front()->size();
-      dropped.push_back(std::move(free_.front()));
-      free_.pop_front();
-    }
+  std::lock_guard<std::mutex> lock(mu_);
+  bytes_ += buf->size();
+  free_.push_back(std::move(buf));
+  while (bytes_ > kMaxBytes) {  // the oldest go back to malloc
+    bytes_ -= free_.front()->size();
+    free_.pop_front();
   }
 }
 
