@@ -61,8 +61,8 @@ using Payload = std::shared_ptr<Block>;
 
 // Freed heap buffers of the sizes rounds use, kept for the next rounds: a
 // fresh buffer's pages fault on first touch and go back to the kernel when
-// it is freed, which took about a tenth of a compressed psum's CPU across
-// hosts (each round's accumulator). Buffers under kMinBytes are left to
+// it is freed, which took about a third of a compressed psum's CPU across
+// hosts (each round's accumulator; perf on the emulated cluster). Buffers under kMinBytes are left to
 // malloc, which reuses small ones without faults; at most kMaxBytes are
 // kept, the oldest freed first to go.
 class BufferPool {
