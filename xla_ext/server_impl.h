@@ -62,13 +62,16 @@ using Payload = std::shared_ptr<Block>;
 // Freed heap buffers of the sizes rounds use, kept for the next rounds: a
 // fresh buffer's pages fault on first touch and go back to the kernel when
 // it is freed, which took about a third of a compressed psum's CPU across
-// hosts (each round's accumulator; perf on the emulated cluster). Buffers under kMinBytes are left to
-// malloc, which reuses small ones without faults; at most kMaxBytes are
-// kept, the oldest freed first to go.
+// hosts (each round's accumulator; perf on the emulated cluster). It keeps
+// buffers of kMinBytes to kLargestBytes: malloc reuses smaller ones without
+// faults, and a larger one would push every other out. At most kMaxBytes
+// are kept, the oldest freed first to go.
 class BufferPool {
  public:
   static constexpr size_t kMinBytes = size_t{64} << 10;
   static constexpr size_t kMaxBytes = size_t{32} << 20;
+  static constexpr size_t kLargestBytes = kMaxBytes / 4;
+  static bool Keeps(size_t n) { return n >= kMinBytes && n <= kLargestBytes; }
   // A buffer of exactly n bytes: a kept one when there is one, else a new one.
   std::unique_ptr<AlignedBuffer> Take(size_t n);
   void Give(std::unique_ptr<AlignedBuffer> buf);

@@ -15,7 +15,7 @@ Payload SummationServer::Impl::NewBlock(size_t n) {
 }
 
 Payload SummationServer::Impl::HeapBlockOf(size_t n) {
-  if (n < BufferPool::kMinBytes) return std::make_shared<HeapBlock>(n);
+  if (!BufferPool::Keeps(n)) return std::make_shared<HeapBlock>(n);
   return std::make_shared<HeapBlock>(buffers->Take(n), buffers);
 }
 

@@ -19,8 +19,8 @@ def main():
     jbps.init(scheduling_credit=1)
     rank, size = jbps.rank(), jbps.size()
     # Leaves of several chunks and a small one: large TCP reads end in small remainders.
-    # Each call's values differ from the last's: a server buffer reused while
-    # an earlier round still held it would show as a wrong sum.
+    # Each call's values differ from the last's, so a sum left over from an
+    # earlier call cannot pass for this one's.
     sizes = (3 << 20, 5 << 19, 1 << 18, 3 << 16, 1000)
     f = jax.jit(lambda t: jbps.psum(t, name="mixed"))
     calls = 30
