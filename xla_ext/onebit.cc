@@ -69,14 +69,6 @@ JBPS_MULTIVERSION void DecodeValues(float* __restrict out, const uint8_t* __rest
 }
 
 #ifdef JBPS_HAVE_CPU_CHECKS
-// Which of the 8 values from `first` a record holds: all ones below the
-// count (broadcast in `count`), zeros past it.
-__attribute__((target("avx2"))) inline __m256i HeldLanes(__m256i count, uint32_t first) {
-  const __m256i index =
-      _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(first)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-  return _mm256_cmpgt_epi32(count, index);
-}
-
 // DecodeValues 8 values at a time: the byte of signs broadcast and tested
 // bit by bit (an and and a compare), the sign bit set on the scale where a
 // bit is set, zero past the count. The same bits as the table lookup, which
@@ -91,14 +83,17 @@ __attribute__((target("avx2"))) void DecodeValuesAvx2(float* out, const uint8_t*
   const __m256i sign = _mm256_set1_epi32(static_cast<int>(0x80000000u));
   const __m256i bit_of_value = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
   const __m256i held_below = _mm256_set1_epi32(static_cast<int>(h.count));
+  __m256i index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i eight = _mm256_set1_epi32(8);
   const uint8_t* bits = record + sizeof(Header);
   for (uint32_t k = 0; k < kOneBitBlock / 8; ++k) {
     const __m256i byte = _mm256_set1_epi32(bits[k]);
     const __m256i negative = _mm256_cmpeq_epi32(_mm256_and_si256(byte, bit_of_value), bit_of_value);
-    const __m256i held = HeldLanes(held_below, 8 * k);
+    const __m256i held = _mm256_cmpgt_epi32(held_below, index);  // index < count
     __m256 v = _mm256_castsi256_ps(_mm256_and_si256(_mm256_xor_si256(scale, _mm256_and_si256(negative, sign)), held));
     if (kAdd) v = _mm256_add_ps(_mm256_loadu_ps(out + 8 * k), v);
     _mm256_storeu_ps(out + 8 * k, v);
+    index = _mm256_add_epi32(index, eight);
   }
 }
 #endif
@@ -160,12 +155,15 @@ JBPS_MULTIVERSION void WriteSigns(uint8_t* __restrict record, const float* __res
 __attribute__((target("avx2"))) float WriteHeaderAvx2(uint8_t* record, const float* values, uint32_t count) {
   const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   const __m256i held_below = _mm256_set1_epi32(static_cast<int>(count));
+  __m256i index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i eight = _mm256_set1_epi32(8);
   __m256d low = _mm256_setzero_pd(), high = _mm256_setzero_pd();  // partial[0..3], partial[4..7]
   for (uint32_t i = 0; i < kOneBitBlock; i += 8) {
-    const __m256 held = _mm256_castsi256_ps(HeldLanes(held_below, i));
+    const __m256 held = _mm256_castsi256_ps(_mm256_cmpgt_epi32(held_below, index));  // index < count
     const __m256 v = _mm256_and_ps(_mm256_and_ps(_mm256_loadu_ps(values + i), magnitude), held);
     low = _mm256_add_pd(low, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
     high = _mm256_add_pd(high, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+    index = _mm256_add_epi32(index, eight);
   }
   double partial[8];
   _mm256_storeu_pd(partial, low);
@@ -183,13 +181,16 @@ __attribute__((target("avx2"))) void SignsAndLeftAvx2(uint8_t* record, float* va
   const __m256 s = _mm256_set1_ps(scale);
   const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(0x80000000u)));
   const __m256i held_below = _mm256_set1_epi32(static_cast<int>(count));
+  __m256i index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i eight = _mm256_set1_epi32(8);
   for (uint32_t k = 0; k < kOneBitBlock / 8; ++k) {
     const __m256 v = _mm256_loadu_ps(values + 8 * k);
-    const __m256 held = _mm256_castsi256_ps(HeldLanes(held_below, 8 * k));
+    const __m256 held = _mm256_castsi256_ps(_mm256_cmpgt_epi32(held_below, index));  // index < count
     const __m256 negative = _mm256_and_ps(_mm256_cmp_ps(v, zero, _CMP_LT_OQ), held);
     bits[k] = static_cast<uint8_t>(_mm256_movemask_ps(negative));
     const __m256 sent = _mm256_and_ps(_mm256_xor_ps(s, _mm256_and_ps(negative, sign)), held);
     _mm256_storeu_ps(values + 8 * k, _mm256_sub_ps(v, sent));
+    index = _mm256_add_epi32(index, eight);
   }
 }
 #endif
