@@ -26,6 +26,10 @@ JOIN_TARGET = "jbps_join"  # releases a bucketed psum's sums together (ops/ffi.p
 # The codecs' workers' half on XLA:CPU only (ops/onebit.py, ops/topk.py).
 TOPK_ENCODE_TARGET, TOPK_DECODE_TARGET = "jbps_topk_encode", "jbps_topk_decode"
 ONEBIT_ENCODE_TARGET, ONEBIT_DECODE_TARGET = "jbps_onebit_encode", "jbps_onebit_decode"
+# What a psum with error feedback runs on XLA:CPU (ops/psum_primitive.py): the
+# encoders that add the gradient to the residual, and the decoders into a buffer.
+TOPK_ENCODE_ADDED_TARGET, TOPK_DECODE_INTO_TARGET = "jbps_topk_encode_added", "jbps_topk_decode_into"
+ONEBIT_ENCODE_ADDED_TARGET, ONEBIT_DECODE_INTO_TARGET = "jbps_onebit_encode_added", "jbps_onebit_decode_into"
 # The 16-bit compressions' casts on XLA:CPU (ops/compression.py).
 NARROW_TARGET, WIDEN_TARGET = "jbps_narrow", "jbps_widen"
 # The start of an uncaught exception's message that a goodbye carries to the servers.

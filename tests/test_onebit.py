@@ -15,21 +15,42 @@ from conftest import last_json, run_job, worker_script
 from jbps.ops import onebit
 
 
-@pytest.mark.parametrize("codec", ["onebit", "topk", "topk:0.05"])
-@pytest.mark.parametrize("mode,devices", [("jit", 1), ("pmap", 2)])
-def test_sums_and_residuals_equal_numpys_decode_sum_encode(codec, mode, devices):
+def exact_job(codec, mode, devices, rounds, *extra):
+    """onebit_psum.py --check exact on 2 workers: each worker's report, checked for no error and every round run."""
     results = run_job(
-        [worker_script("onebit_psum.py"), "--codec", codec, "--check", "exact", "--mode", mode, "--rounds", "4"],
+        [worker_script("onebit_psum.py"), "--codec", codec, "--check", "exact", "--mode", mode, "--rounds", str(rounds)]
+        + list(extra),
         workers=2,
         servers=2,
         devices=devices,
         env={"JBPS_TIMEOUT_S": "60"},
     )
+    reports = []
     for r in results:
         assert r.returncode == 0, r.stderr[-3000:]
         rep = last_json(r.stdout)
-        assert rep["error"] is None and rep["rounds"] == 4, rep
+        assert rep["error"] is None and rep["rounds"] == rounds, rep
+        reports.append(rep)
+    return reports
+
+
+@pytest.mark.parametrize("codec", ["onebit", "topk", "topk:0.05"])
+@pytest.mark.parametrize("mode,devices", [("jit", 1), ("pmap", 2)])
+def test_sums_and_residuals_equal_numpys_decode_sum_encode(codec, mode, devices):
+    for rep in exact_job(codec, mode, devices, 4):
         assert rep["topk_keep"] == {"onebit": None, "topk": 10, "topk:0.05": 51}[codec], rep
+
+
+@pytest.mark.parametrize("codec", ["onebit", "topk"])
+# calls: the large leaf's pieces (4, or 2 of a device's 9 MB), plus one for
+# the rest of the tree (a bucket of its own: JBPS_BUCKET_BYTES).
+@pytest.mark.parametrize("mode,devices,calls", [("jit", 1, 5), ("pmap", 2, 3)])
+def test_a_large_leaf_sent_in_pieces_sums_as_numpy_with_residuals_going_in(codec, mode, devices, calls):
+    # 18 MB of float32 (9 MB a device under pmap) travels as pieces of about
+    # 4 MiB, each its own psum call; the residuals going in are not zeros, so
+    # the encoders' adding them to the gradients is checked bit for bit too.
+    for rep in exact_job(codec, mode, devices, 2, "--large", "--residuals"):
+        assert rep["psum_calls"] == calls, rep
 
 
 # (codec, rounds, the first round's error at least, the last's at most this

@@ -41,10 +41,6 @@ std::string DTypeDescription(DType d, uint16_t param) {
   return DTypeName(d);
 }
 
-size_t AccumulatorSize(DType d) {
-  if (d == DType::kOneBit) return kOneBitAccFloats * sizeof(float);
-  if (d == DType::kTopK) return kTopKBlock * sizeof(float);
-  return (d == DType::kF16 || d == DType::kBF16) ? 4 : DTypeSize(d, 0);
-}
+size_t AccumulatorSize(DType d) { return (d == DType::kF16 || d == DType::kBF16) ? 4 : DTypeSize(d, 0); }
 
 }  // namespace jbps

@@ -25,8 +25,8 @@ const char* DTypeName(DType d);
 std::string DTypeDescription(DType d, uint16_t param);
 
 // Servers accumulate 16-bit floats in float32 so that sums over many workers
-// do not lose precision at every addition, onebit records as their decoded
-// float32 values; other types accumulate as themselves.
+// do not lose precision at every addition; other types accumulate as
+// themselves (onebit and topk rounds have no accumulator: sum_kernels.h).
 size_t AccumulatorSize(DType d);
 
 }  // namespace jbps

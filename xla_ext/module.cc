@@ -225,8 +225,12 @@ NB_MODULE(_core, m) {
     d["jbps_join"] = FfiCapsule(reinterpret_cast<void*>(jbps::JbpsJoinCpu));
     d["jbps_topk_encode"] = FfiCapsule(reinterpret_cast<void*>(jbps::JbpsTopKEncodeCpu));
     d["jbps_topk_decode"] = FfiCapsule(reinterpret_cast<void*>(jbps::JbpsTopKDecodeCpu));
+    d["jbps_topk_decode_into"] = FfiCapsule(reinterpret_cast<void*>(jbps::JbpsTopKDecodeIntoCpu));
+    d["jbps_topk_encode_added"] = FfiCapsule(reinterpret_cast<void*>(jbps::JbpsTopKEncodeAddedCpu));
     d["jbps_onebit_encode"] = FfiCapsule(reinterpret_cast<void*>(jbps::JbpsOneBitEncodeCpu));
     d["jbps_onebit_decode"] = FfiCapsule(reinterpret_cast<void*>(jbps::JbpsOneBitDecodeCpu));
+    d["jbps_onebit_decode_into"] = FfiCapsule(reinterpret_cast<void*>(jbps::JbpsOneBitDecodeIntoCpu));
+    d["jbps_onebit_encode_added"] = FfiCapsule(reinterpret_cast<void*>(jbps::JbpsOneBitEncodeAddedCpu));
     d["jbps_narrow"] = FfiCapsule(reinterpret_cast<void*>(jbps::JbpsNarrowCpu));
     d["jbps_widen"] = FfiCapsule(reinterpret_cast<void*>(jbps::JbpsWidenCpu));
     return d;

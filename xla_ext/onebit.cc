@@ -25,12 +25,6 @@ Header HeaderOf(const uint8_t* record) {
   return h;
 }
 
-uint32_t CountOf(const float* acc) {
-  uint32_t count;
-  std::memcpy(&count, acc + kOneBitBlock, sizeof(count));
-  return count;
-}
-
 // Bit 31 for each of a byte's 8 sign bits: kSigns.bits[byte][j] for value j.
 struct SignTable {
   uint32_t bits[256][8];
@@ -104,16 +98,6 @@ void DecodeBlock(float* out, const uint8_t* record) {
   if (CpuHasAvx2()) return DecodeValuesAvx2<kAdd>(out, record);
 #endif
   DecodeValues(out, record, kAdd);
-}
-
-// An accumulator (kAdd, or kCount: a server's) keeps the count after its block.
-template <bool kAdd, bool kCount = true>
-void DecodeRecord(float* out, const uint8_t* record) {
-  DecodeBlock<kAdd>(out, record);
-  if (!kAdd && kCount) {
-    const uint32_t count = HeaderOf(record).count;
-    std::memcpy(out + kOneBitBlock, &count, sizeof(count));
-  }
 }
 
 // The header from the eight partial sums of |value|: their sum over the count.
@@ -203,13 +187,8 @@ float WriteHeaderBlock(uint8_t* record, const float* values, uint32_t count) {
   return WriteHeader(record, values, count);
 }
 
-void EncodeRecord(uint8_t* record, const float* values, uint32_t count) {
-  WriteHeaderBlock(record, values, count);
-  WriteSigns(record, values, count);
-}
-
 // record = encode(values), and values -= decode(record): what is left, the
-// residual of a worker (OneBitEncodeExtract) or a server (...WithFeedback).
+// residual of a worker (OneBitEncodeExtract) or a server (...SumWithFeedback).
 void EncodeLeaving(uint8_t* record, float* values, uint32_t count) {
   const float scale = WriteHeaderBlock(record, values, count);
 #ifdef JBPS_HAVE_CPU_CHECKS
@@ -217,44 +196,38 @@ void EncodeLeaving(uint8_t* record, float* values, uint32_t count) {
 #endif
   WriteSigns(record, values, count);
   float sent[kOneBitBlock];
-  DecodeRecord<false, false>(sent, record);
+  DecodeBlock<false>(sent, record);
   for (size_t i = 0; i < kOneBitBlock; ++i) values[i] -= sent[i];  // padding: 0 - 0
 }
 
 }  // namespace
 
-void OneBitDecode(float* acc, const uint8_t* src, size_t records) {
-  for (size_t r = 0; r < records; ++r) DecodeRecord<false>(acc + r * kOneBitAccFloats, src + r * kOneBitRecordBytes);
-}
-
-void OneBitDecodeAdd(float* acc, const uint8_t* src, size_t records) {
-  for (size_t r = 0; r < records; ++r) DecodeRecord<true>(acc + r * kOneBitAccFloats, src + r * kOneBitRecordBytes);
-}
-
-void OneBitEncode(uint8_t* dst, const float* acc, size_t records) {
+void OneBitSumWithFeedback(uint8_t* dst, const uint8_t* const* pushes, size_t num_pushes, float* residual,
+                           size_t records) {
+  alignas(64) float sum[kOneBitBlock];
   for (size_t r = 0; r < records; ++r) {
-    const float* a = acc + r * kOneBitAccFloats;
-    EncodeRecord(dst + r * kOneBitRecordBytes, a, CountOf(a));
-  }
-}
-
-void OneBitEncodeWithFeedback(uint8_t* dst, const float* acc, float* residual, size_t records) {
-  for (size_t r = 0; r < records; ++r) {
-    const float* a = acc + r * kOneBitAccFloats;
+    const size_t at = r * kOneBitRecordBytes;
+    DecodeBlock<false>(sum, pushes[0] + at);
+    for (size_t w = 1; w < num_pushes; ++w) DecodeBlock<true>(sum, pushes[w] + at);
     float* res = residual + r * kOneBitBlock;
-    for (size_t i = 0; i < kOneBitBlock; ++i) res[i] += a[i];
-    EncodeLeaving(dst + r * kOneBitRecordBytes, res, CountOf(a));
+    for (size_t i = 0; i < kOneBitBlock; ++i) res[i] += sum[i];
+    EncodeLeaving(dst + at, res, HeaderOf(pushes[0] + at).count);
   }
 }
 
 void OneBitDecodeValues(float* out, const uint8_t* src, size_t records) {
-  for (size_t r = 0; r < records; ++r) DecodeRecord<false, false>(out + r * kOneBitBlock, src + r * kOneBitRecordBytes);
+  for (size_t r = 0; r < records; ++r) DecodeBlock<false>(out + r * kOneBitBlock, src + r * kOneBitRecordBytes);
 }
 
-void OneBitEncodeExtract(uint8_t* dst, float* values, const int32_t* counts, size_t records) {
+void OneBitEncodeExtract(uint8_t* dst, float* values, const float* add, const int32_t* counts, size_t records) {
   for (size_t r = 0; r < records; ++r) {
     const uint32_t count = static_cast<uint32_t>(std::clamp<int32_t>(counts[r], 0, kOneBitBlock));
-    EncodeLeaving(dst + r * kOneBitRecordBytes, values + r * kOneBitBlock, count);
+    float* v = values + r * kOneBitBlock;
+    if (add != nullptr) {
+      const float* a = add + r * kOneBitBlock;
+      for (size_t i = 0; i < kOneBitBlock; ++i) v[i] += a[i];
+    }
+    EncodeLeaving(dst + r * kOneBitRecordBytes, v, count);
   }
 }
 

@@ -5,9 +5,9 @@
 // of byte k is value 8k + j). A value decodes to +scale or -scale, the rest
 // of the block to 0. Workers encode on the device (jbps/ops/onebit.py, the
 // same format; on XLA:CPU with this code, ffi_codecs_cpu.cc); a server
-// decodes each push into a float32 accumulator, adds, and encodes the sum
-// for the pull, keeping what the encoding lost as its residual (error
-// feedback).
+// sums a round's pushes block by block once all are in, adds its residual
+// and encodes the sum for the pull, keeping what the encoding lost as its
+// residual (error feedback).
 #pragma once
 
 #include <cstddef>
@@ -17,24 +17,22 @@ namespace jbps {
 
 constexpr size_t kOneBitBlock = 256;  // values per record, at most
 constexpr size_t kOneBitRecordBytes = 2 * sizeof(uint32_t) + kOneBitBlock / 8;
-// A record's accumulator: its block of floats, then its value count (as
-// uint32 bits), padded to keep every block 64-byte aligned.
-constexpr size_t kOneBitAccFloats = kOneBitBlock + 16;
 
-// acc = decode(src): `records` records into as many accumulators.
-void OneBitDecode(float* acc, const uint8_t* src, size_t records);
-// acc += decode(src)
-void OneBitDecodeAdd(float* acc, const uint8_t* src, size_t records);
-// dst = encode(acc)
-void OneBitEncode(uint8_t* dst, const float* acc, size_t records);
-// out = decode(src) as plain values: kOneBitBlock floats per record, no count.
+// out = decode(src): kOneBitBlock floats per record.
 void OneBitDecodeValues(float* out, const uint8_t* src, size_t records);
-// A worker's encode with error feedback: dst = encode(values), each block
-// holding counts[r] values (the rest is padding), and values -= decode(dst):
-// what is left, the worker's new residual.
-void OneBitEncodeExtract(uint8_t* dst, float* values, const int32_t* counts, size_t records);
-// Error feedback: residual += acc; dst = encode(residual); residual -= decode(dst).
-// residual holds kOneBitBlock floats per record (zeros at first).
-void OneBitEncodeWithFeedback(uint8_t* dst, const float* acc, float* residual, size_t records);
+// A worker's encode with error feedback: values += add (unless add is null:
+// the gradient added to the residual, a block at a time while it is in
+// cache), dst = encode(values), each block holding counts[r] values (the
+// rest is padding), and values -= decode(dst): what is left, the worker's
+// new residual.
+void OneBitEncodeExtract(uint8_t* dst, float* values, const float* add, const int32_t* counts, size_t records);
+// A server's round, error feedback included: residual += the sum of the
+// `num_pushes` pushes' records (each `records` records, added in the order
+// given), dst = encode(residual), residual -= decode(dst). One block of the
+// sum at a time, in a local buffer: no accumulator to write and read back.
+// The records' value count is the first push's. residual holds
+// kOneBitBlock floats per record (zeros at first).
+void OneBitSumWithFeedback(uint8_t* dst, const uint8_t* const* pushes, size_t num_pushes, float* residual,
+                           size_t records);
 
 }  // namespace jbps

@@ -317,7 +317,8 @@ struct RoundState {
   int folded = 0;  // pushes added into acc
   std::vector<bool> pushed;
   Payload acc;
-  // Pushes not yet added: in arrival order, or by rank when deterministic.
+  // Pushes not yet added: in arrival order, or by rank when deterministic
+  // (onebit and topk: every push of the round, until FinishSum sums them).
   // Shared-memory pushes wait here in place: a worker frees a slot only when
   // the round's sum (or error) arrives, so nothing is copied to keep them.
   std::vector<Payload> held;

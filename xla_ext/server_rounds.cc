@@ -75,8 +75,10 @@ void SummationServer::Impl::RunTask(EngineThread* e, Task& t) {
 // pass (AccumulatorInitSum) into a new block, so a push is never copied
 // before it is added; a lone first push waits for a partner. Rank order when
 // deterministic ((a + b) + c, whatever the arrival order), else arrival order.
+// Compressed pushes wait for the rest of the round (FinishSum sums them).
 void SummationServer::Impl::Fold(RoundState& st) {
   const DType dtype = st.dtype;
+  if (SumsRecords(dtype)) return;
   const size_t count = st.nbytes / DTypeSize(dtype, st.param);
   auto ready = [&]() -> size_t {
     if (!opt.deterministic) return st.held.size();
@@ -117,27 +119,31 @@ void SummationServer::Impl::Fold(RoundState& st) {
 }
 
 // A round's sum as it travels: the accumulator itself, or narrowed back to
-// the wire type (16-bit floats), or encoded with the key's residual (onebit, topk:
-// what earlier encodings of this key's sums lost is added first, and what
-// this one loses is kept for the next round).
+// the wire type (16-bit floats), or for onebit and topk the held pushes'
+// records summed with the key's residual (what earlier encodings of this
+// key's sums lost) and encoded, what this encoding loses kept for the next
+// round. The pushes are added in the order Fold would add them (rank order
+// when deterministic, else arrival order), so the sums are the same bits.
 Payload SummationServer::Impl::FinishSum(RoundState& st, EngineThread* e, uint64_t key) {
   if (AccumulatorIsWire(st.dtype)) return st.acc;
   Payload result = NewBlock(st.nbytes);
-  if (st.dtype == DType::kOneBit || st.dtype == DType::kTopK) {
-    const bool onebit = st.dtype == DType::kOneBit;
-    const size_t records = st.nbytes / DTypeSize(st.dtype, st.param);
-    const size_t values = records * (onebit ? kOneBitBlock : kTopKBlock);
-    std::vector<float>& residual = e->residuals[key];
-    if (residual.size() != values) residual.assign(values, 0.0f);
-    auto* dst = reinterpret_cast<uint8_t*>(result->data());
-    auto* acc = reinterpret_cast<float*>(st.acc->data());
-    if (onebit) {
-      OneBitEncodeWithFeedback(dst, acc, residual.data(), records);
-    } else {
-      TopKEncodeWithFeedback(dst, acc, residual.data(), records, st.param);
-    }
-  } else {
+  if (!SumsRecords(st.dtype)) {
     AccumulatorFinish(st.dtype, st.param, result->data(), st.acc->data(), st.nbytes / DTypeSize(st.dtype, st.param));
+    return result;
+  }
+  const bool onebit = st.dtype == DType::kOneBit;
+  const size_t records = st.nbytes / DTypeSize(st.dtype, st.param);
+  const size_t values = records * (onebit ? kOneBitBlock : kTopKBlock);
+  std::vector<float>& residual = e->residuals[key];
+  if (residual.size() != values) residual.assign(values, 0.0f);
+  std::vector<const uint8_t*> pushes;
+  pushes.reserve(st.held.size());
+  for (const Payload& p : st.held) pushes.push_back(reinterpret_cast<const uint8_t*>(p->data()));
+  auto* dst = reinterpret_cast<uint8_t*>(result->data());
+  if (onebit) {
+    OneBitSumWithFeedback(dst, pushes.data(), pushes.size(), residual.data(), records);
+  } else {
+    TopKSumWithFeedback(dst, pushes.data(), pushes.size(), residual.data(), records, st.param);
   }
   return result;
 }

@@ -31,8 +31,6 @@
 #include <cstring>
 
 #include "multiversion.h"
-#include "onebit.h"
-#include "topk.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -172,8 +170,8 @@ void AccumulatorInit(DType d, uint16_t param, void* acc, const void* src, size_t
     case DType::kI32: std::memcpy(acc, src, count * DTypeSize(d, param)); return;
     case DType::kBF16: InitBf16(static_cast<float*>(acc), static_cast<const uint16_t*>(src), count); return;
     case DType::kF16: InitF16(static_cast<float*>(acc), src, count); return;
-    case DType::kOneBit: OneBitDecode(static_cast<float*>(acc), static_cast<const uint8_t*>(src), count); return;
-    case DType::kTopK: TopKDecode(static_cast<float*>(acc), static_cast<const uint8_t*>(src), count, param); return;
+    case DType::kOneBit:
+    case DType::kTopK: break;  // no accumulator (SumsRecords)
   }
 }
 
@@ -184,8 +182,8 @@ void AccumulatorAdd(DType d, uint16_t param, void* acc, const void* src, size_t 
     case DType::kI32: AddI32(static_cast<uint32_t*>(acc), static_cast<const uint32_t*>(src), count); return;
     case DType::kBF16: AddBf16(static_cast<float*>(acc), static_cast<const uint16_t*>(src), count); return;
     case DType::kF16: AddF16(static_cast<float*>(acc), src, count); return;
-    case DType::kOneBit: OneBitDecodeAdd(static_cast<float*>(acc), static_cast<const uint8_t*>(src), count); return;
-    case DType::kTopK: TopKDecodeAdd(static_cast<float*>(acc), static_cast<const uint8_t*>(src), count, param); return;
+    case DType::kOneBit:
+    case DType::kTopK: break;  // no accumulator (SumsRecords)
   }
 }
 
@@ -202,11 +200,11 @@ void AccumulatorInitSum(DType d, uint16_t param, void* acc, const void* a, const
       return;
     case DType::kBF16:
     case DType::kF16:
-    case DType::kOneBit:
-    case DType::kTopK:
       AccumulatorInit(d, param, acc, a, count);
       AccumulatorAdd(d, param, acc, b, count);
       return;
+    case DType::kOneBit:
+    case DType::kTopK: break;  // no accumulator (SumsRecords)
   }
 }
 
@@ -219,8 +217,8 @@ void AccumulatorFinish(DType d, uint16_t param, void* dst, const void* acc, size
       return;
     case DType::kBF16: FinishBf16(static_cast<uint16_t*>(dst), static_cast<const float*>(acc), count); return;
     case DType::kF16: FinishF16(dst, static_cast<const float*>(acc), count); return;
-    case DType::kOneBit: OneBitEncode(static_cast<uint8_t*>(dst), static_cast<const float*>(acc), count); return;
-    case DType::kTopK: TopKEncode(static_cast<uint8_t*>(dst), static_cast<const float*>(acc), count, param); return;
+    case DType::kOneBit:
+    case DType::kTopK: break;  // no accumulator (SumsRecords)
   }
 }
 

@@ -1,9 +1,8 @@
 // The summation kernels of the server: convert-in, add, convert-out.
 //
 // An accumulator holds `count` elements of AccumulatorType(d): float for
-// float32/float16/bfloat16, double for float64, int32 for int32; for onebit
-// and topk, `count` records, each a block of floats (decoded on init and add,
-// encoded by finish). `param` is the dtype's (dtype.h): topk's values per record.
+// float32/float16/bfloat16, double for float64, int32 for int32. `param` is
+// the dtype's (dtype.h). Onebit and topk rounds have none (SumsRecords).
 #pragma once
 
 #include <cstddef>
@@ -25,5 +24,11 @@ void AccumulatorFinish(DType d, uint16_t param, void* dst, const void* acc, size
 // True when the accumulator has the wire layout, so a pushed buffer can become
 // the accumulator and the accumulator can be sent back, with no conversion.
 inline bool AccumulatorIsWire(DType d) { return d == DType::kF32 || d == DType::kF64 || d == DType::kI32; }
+
+// True for the compressed types: a round holds its pushes' records and sums
+// them once all are in, a block at a time with the key's residual
+// (OneBitSumWithFeedback, TopKSumWithFeedback), where decoding each push into
+// an accumulator as it came wrote and read the whole float32 sum per push.
+inline bool SumsRecords(DType d) { return d == DType::kOneBit || d == DType::kTopK; }
 
 }  // namespace jbps

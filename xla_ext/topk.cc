@@ -164,7 +164,7 @@ void EncodeRecord(uint8_t* record, const float* values, size_t keep) {
 
 // record = encode(values), and the values it carries become zeros in
 // `values`: what is left, the residual of a worker (TopKEncodeExtract) or a
-// server (TopKEncodeWithFeedback).
+// server (TopKSumWithFeedback).
 void EncodeLeaving(uint8_t* record, float* values, size_t keep) {
   EncodeRecord(record, values, keep);
   for (size_t k = 0; k < keep; ++k) {
@@ -176,34 +176,35 @@ void EncodeLeaving(uint8_t* record, float* values, size_t keep) {
 
 }  // namespace
 
-void TopKDecode(float* acc, const uint8_t* src, size_t records, size_t keep) {
+void TopKDecode(float* out, const uint8_t* src, size_t records, size_t keep) {
   const size_t bytes = TopKRecordBytes(keep);
-  for (size_t r = 0; r < records; ++r) DecodeRecord<false>(acc + r * kTopKBlock, src + r * bytes, keep);
+  for (size_t r = 0; r < records; ++r) DecodeRecord<false>(out + r * kTopKBlock, src + r * bytes, keep);
 }
 
-void TopKDecodeAdd(float* acc, const uint8_t* src, size_t records, size_t keep) {
+void TopKSumWithFeedback(uint8_t* dst, const uint8_t* const* pushes, size_t num_pushes, float* residual, size_t records,
+                         size_t keep) {
   const size_t bytes = TopKRecordBytes(keep);
-  for (size_t r = 0; r < records; ++r) DecodeRecord<true>(acc + r * kTopKBlock, src + r * bytes, keep);
-}
-
-void TopKEncode(uint8_t* dst, const float* acc, size_t records, size_t keep) {
-  const size_t bytes = TopKRecordBytes(keep);
-  for (size_t r = 0; r < records; ++r) EncodeRecord(dst + r * bytes, acc + r * kTopKBlock, keep);
-}
-
-void TopKEncodeWithFeedback(uint8_t* dst, const float* acc, float* residual, size_t records, size_t keep) {
-  const size_t bytes = TopKRecordBytes(keep);
+  alignas(64) float sum[kTopKBlock];
   for (size_t r = 0; r < records; ++r) {
-    const float* a = acc + r * kTopKBlock;
+    const size_t at = r * bytes;
+    DecodeRecord<false>(sum, pushes[0] + at, keep);
+    for (size_t w = 1; w < num_pushes; ++w) DecodeRecord<true>(sum, pushes[w] + at, keep);
     float* res = residual + r * kTopKBlock;
-    for (size_t i = 0; i < kTopKBlock; ++i) res[i] += a[i];
-    EncodeLeaving(dst + r * bytes, res, keep);
+    for (size_t i = 0; i < kTopKBlock; ++i) res[i] += sum[i];
+    EncodeLeaving(dst + at, res, keep);
   }
 }
 
-void TopKEncodeExtract(uint8_t* dst, float* values, size_t records, size_t keep) {
+void TopKEncodeExtract(uint8_t* dst, float* values, const float* add, size_t records, size_t keep) {
   const size_t bytes = TopKRecordBytes(keep);
-  for (size_t r = 0; r < records; ++r) EncodeLeaving(dst + r * bytes, values + r * kTopKBlock, keep);
+  for (size_t r = 0; r < records; ++r) {
+    float* v = values + r * kTopKBlock;
+    if (add != nullptr) {
+      const float* a = add + r * kTopKBlock;
+      for (size_t i = 0; i < kTopKBlock; ++i) v[i] += a[i];
+    }
+    EncodeLeaving(dst + r * bytes, v, keep);
+  }
 }
 
 }  // namespace jbps

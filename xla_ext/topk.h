@@ -24,16 +24,17 @@ constexpr size_t kTopKPairBytes = 2 * sizeof(uint32_t);  // uint32 index, float3
 inline bool TopKKeepValid(size_t keep) { return keep >= 1 && keep <= kTopKMaxKeep; }
 inline size_t TopKRecordBytes(size_t keep) { return keep * kTopKPairBytes; }
 
-// acc = decode(src): `records` records of `keep` pairs into as many blocks of kTopKBlock floats.
-void TopKDecode(float* acc, const uint8_t* src, size_t records, size_t keep);
-// acc += decode(src)
-void TopKDecodeAdd(float* acc, const uint8_t* src, size_t records, size_t keep);
-// dst = encode(acc)
-void TopKEncode(uint8_t* dst, const float* acc, size_t records, size_t keep);
-// A worker's encode with error feedback: dst = encode(values), and the values
-// records carry become zeros in `values`, which then hold what is left.
-void TopKEncodeExtract(uint8_t* dst, float* values, size_t records, size_t keep);
-// Error feedback: residual += acc; dst = encode(residual); residual -= decode(dst).
-void TopKEncodeWithFeedback(uint8_t* dst, const float* acc, float* residual, size_t records, size_t keep);
+// out = decode(src): `records` records of `keep` pairs into as many blocks of kTopKBlock floats.
+void TopKDecode(float* out, const uint8_t* src, size_t records, size_t keep);
+// A worker's encode with error feedback: values += add (unless add is null;
+// as OneBitEncodeExtract), dst = encode(values), and the values records
+// carry become zeros in `values`, which then hold what is left.
+void TopKEncodeExtract(uint8_t* dst, float* values, const float* add, size_t records, size_t keep);
+// A server's round, error feedback included: residual += the sum of the
+// `num_pushes` pushes' records (added in the order given), dst =
+// encode(residual), and the values dst carries become zeros in residual. One
+// block of the sum at a time, in a local buffer (as OneBitSumWithFeedback).
+void TopKSumWithFeedback(uint8_t* dst, const uint8_t* const* pushes, size_t num_pushes, float* residual, size_t records,
+                         size_t keep);
 
 }  // namespace jbps

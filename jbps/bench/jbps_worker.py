@@ -137,6 +137,8 @@ def in_place(name):
     donated argument), so each sum lands in its own input's buffer (jbps's custom call aliases
     them) and no fresh output is allocated. As MPI_IN_PLACE for the MPI peer, which reuses its
     buffers too."""
+    if compression.stateful(_compression):
+        return _WithFeedback(name, donate_values=True)
     return jax.jit(_summed(name), donate_argnums=0)
 
 
@@ -146,11 +148,41 @@ _compression = None
 
 
 def _summed(name):
-    """The timed psum of a tree. Onebit takes its residuals (zeros here, and
-    zeros they stay for these values) as a training step's optimizer would."""
-    if not compression.stateful(_compression):
-        return lambda t: jbps.psum(t, name=name, compression=_compression)
-    return lambda t: psum_with_feedback(t, zero_residuals(t), name=name, compression=_compression)[0]
+    """The timed psum of a tree, without error feedback."""
+    return lambda t: jbps.psum(t, name=name, compression=_compression)
+
+
+class _WithFeedback:
+    """The timed psum with onebit or topk as a training step runs it: the residuals go in and come
+    out (donated, as an optimizer's state), read and written by the same program as the sums.
+    They are zeros again before every call (refill, untimed), so every call sends the same
+    records and check_sum knows their sum."""
+
+    def __init__(self, name, donate_values):
+        def step(t, r):
+            return psum_with_feedback(t, r, name=name, compression=_compression)
+
+        self._step = jax.jit(step, donate_argnums=(0, 1) if donate_values else 1)
+        self._zero = jax.jit(lambda r: jax.tree_util.tree_map(jnp.zeros_like, r), donate_argnums=0, keep_unused=True)
+        self._residuals = None
+
+    def refill(self):
+        if self._residuals is not None:
+            self._residuals = jax.block_until_ready(self._zero(self._residuals))
+
+    def __call__(self, t):
+        if self._residuals is None:
+            self._residuals = zero_residuals(t)
+        y, self._residuals = self._step(t, self._residuals)
+        return y
+
+
+def refilled(f, x):
+    """Untimed, before every call: each worker's contribution back to rank+1, and f's residuals
+    (with error feedback) back to zeros."""
+    if isinstance(f, _WithFeedback):
+        f.refill()
+    return jax.block_until_ready(_refill(x))
 
 
 # Untimed, before every call: each worker's contribution back to rank+1, in the same buffers
@@ -164,7 +196,7 @@ _refill = jax.jit(
 def checked_call(f, x, what):
     """One call whose result is checked; returns what the engine counted for it, and the
     buffers (the input was donated)."""
-    x = jax.block_until_ready(_refill(x))
+    x = refilled(f, x)
     before = jbps.engine_stats()
     y = f(x)
     jax.block_until_ready(y)
@@ -177,6 +209,8 @@ def out_of_place(name):
     """The psum of an input that stays alive (`jax.jit(lambda g: jbps.psum(g))(g)` with g used
     again): XLA copies it into a fresh output buffer every call and the sum lands there. As an
     MPI Allreduce into a separate receive buffer; the MPI peer reuses its receive buffer."""
+    if compression.stateful(_compression):
+        return _WithFeedback(name, donate_values=False)
     return jax.jit(_summed(name))
 
 
@@ -199,13 +233,15 @@ def _stamped(run, stages_of, meter=None):
 
 def timed_call(f, x, stages_of=None, meter=None):
     """Seconds of one call, the buffers to use next (the input was donated), and its stages."""
-    x = jax.block_until_ready(_refill(x))
+    x = refilled(f, x)
     return _stamped(lambda: jax.block_until_ready(f(x)), stages_of, meter)
 
 
 def timed_fresh_call(f, x, stages_of=None):
     """Seconds of one out-of-place call and its stages: the input stays, the output is fresh and
     freed after, before the next call allocates its own, as a step's dead output would be."""
+    if isinstance(f, _WithFeedback):
+        f.refill()
     t, _, stages = _stamped(lambda: jax.block_until_ready(f(x)), stages_of)
     return t, stages
 
@@ -223,7 +259,7 @@ def bench_size(nbytes, iters, warmup, fresh=False, stages=False, cpu=False):
     name = f"bench.{nbytes}"
     f = in_place(name)
     for _ in range(warmup):
-        x = f(_refill(x)).block_until_ready()
+        x = f(refilled(f, x)).block_until_ready()
     # One checked call, also measuring what a call sends (warm-up compiled it).
     engine, x = checked_call(f, x, f"{nbytes} bytes")
     if fresh:
@@ -232,6 +268,8 @@ def bench_size(nbytes, iters, warmup, fresh=False, stages=False, cpu=False):
         kept = jnp.full((nbytes // 4,), jbps.rank() + 1, jnp.float32)
         for _ in range(warmup):
             jax.block_until_ready(g(kept))
+        if isinstance(g, _WithFeedback):
+            g.refill()
         check_sum(g(kept), f"{nbytes} bytes out of place")
     _core.engine_set_stage_timing(stages)
     times, fresh_times, parts, fresh_parts = [], [], [], []

@@ -18,7 +18,8 @@ predicts, T = 2n(n-1)M / ((n² + kn - 2k)B) (docs/design.md), and the ratios.
 
 --partition and --credit (comma lists) add jbps runs with those settings beside the
 defaults, to compare; --compression bf16,fp16,onebit adds a column per compressor (16-bit
-floats, or onebit records with error feedback: jbps/ops/compression.py, onebit.py).
+floats, or onebit records with error feedback: jbps/ops/compression.py, onebit.py; the
+residuals go in and come out of every call, as a training step's optimizer state).
 Progress goes to stderr; the table (or --json) to stdout.
 """
 

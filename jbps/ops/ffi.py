@@ -120,6 +120,45 @@ def decode(target: str, records: jax.Array, num_values: int, **attributes) -> ja
     return call(records, **attributes)
 
 
+def encode_added(
+    target: str,
+    residual: jax.Array,
+    values: jax.Array,
+    records: jax.ShapeDtypeStruct,
+    *operands,
+    first_block: int,
+    **attributes,
+):
+    """(records, residual, values) from a codec's _added encoder on XLA:CPU
+    (ffi_codecs_cpu.cc): the records of residual + values from block
+    `first_block` on (one piece of a leaf; the rest as it was), what they
+    leave written into the residual's buffer, the values passed through in
+    theirs (aliased both), so that a later call can put the sums there."""
+    runtime.register_ffi_targets()
+    call = jax.ffi.ffi_call(
+        target,
+        (
+            records,
+            jax.ShapeDtypeStruct(residual.shape, residual.dtype),
+            jax.ShapeDtypeStruct(values.shape, values.dtype),
+        ),
+        vmap_method=None,  # a piece's blocks of a batch would not be one piece
+        input_output_aliases={0: 1, 1: 2},
+    )
+    return tuple(call(residual, values, *operands, first_block=np.int64(first_block), **attributes))
+
+
+def decode_into(target: str, records: jax.Array, values: jax.Array, first_block: int, **attributes) -> jax.Array:
+    """`values` with the records' blocks decoded into them from `first_block`
+    on, in their own buffer (aliased): a codec's _into decoder on XLA:CPU
+    (ffi_codecs_cpu.cc)."""
+    runtime.register_ffi_targets()
+    call = jax.ffi.ffi_call(
+        target, jax.ShapeDtypeStruct(values.shape, np.float32), vmap_method=None, input_output_aliases={1: 0}
+    )
+    return call(records, values, first_block=np.int64(first_block), **attributes)
+
+
 def cast(target: str, values: jax.Array, dtype) -> jax.Array:
     """`values` as `dtype`, same shape, from a cast's XLA:CPU handler
     (xla_ext/ffi_casts_cpu.cc). Elementwise, so a batch (vmap) is more values."""

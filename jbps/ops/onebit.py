@@ -99,6 +99,24 @@ def _decode_cpu(records: jax.Array) -> jax.Array:
     return ffi.decode(runtime.ONEBIT_DECODE_TARGET, records, records.shape[0] * BLOCK)
 
 
+def encode_piece(
+    residual: jax.Array, values: jax.Array, size: int, start: jax.Array, first: int, rows: int
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Error feedback on XLA:CPU, one piece at a time: the records of blocks
+    first .. first + rows of residual + values (a device's padded shard of a
+    leaf of `size` values from element `start` on, and its residual), what
+    they leave in the residual's buffer, the values passed through ->
+    (records, residual, values)."""
+    counts = block_counts(size, start + first * BLOCK, rows).astype(jnp.int32)
+    records = jax.ShapeDtypeStruct((rows, RECORD_BYTES), jnp.uint8)
+    return ffi.encode_added(runtime.ONEBIT_ENCODE_ADDED_TARGET, residual, values, records, counts, first_block=first)
+
+
+def decode_piece(values: jax.Array, records: jax.Array, first: int) -> jax.Array:
+    """`values` with the records' blocks decoded into them from block `first` on, on XLA:CPU."""
+    return ffi.decode_into(runtime.ONEBIT_DECODE_INTO_TARGET, records, values, first)
+
+
 def block_counts(size: int, start: jax.Array, num_blocks: int) -> jax.Array:
     """Values of a leaf of `size` held by each of `num_blocks` blocks from
     element `start` on (the rest of the padded shard is padding)."""

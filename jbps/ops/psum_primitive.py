@@ -173,11 +173,17 @@ def device_slot(reduced: mapped_axes.Axes, grouped: mapped_axes.Axes) -> jax.Arr
 
 
 def _reduce_on_devices(
-    *args: jax.Array, spec: PsumSpec, reduced: mapped_axes.Axes, grouped: mapped_axes.Axes, kept: Sequence[bool]
+    *args: jax.Array,
+    spec: PsumSpec,
+    reduced: mapped_axes.Axes,
+    grouped: mapped_axes.Axes,
+    kept: Sequence[bool],
+    on_cpu: bool,
 ) -> list[jax.Array]:
     """What one device runs: its part of the sum over `reduced` and every
     worker, apart from the devices at other positions along `grouped`.
-    kept[i]: leaf i is a parameter its caller keeps (kept_operands.py).
+    kept[i]: leaf i is a parameter its caller keeps (kept_operands.py);
+    on_cpu: the program runs on XLA:CPU only (large compressed leaves go in pieces).
     With spec.feedback, args are the leaves then their residuals, and so are
     the results."""
     num_shards = math.prod(s for _, s in reduced)
@@ -194,7 +200,7 @@ def _reduce_on_devices(
     groups = buckets.split(
         [leaves[i].size * leaves[i].dtype.itemsize for i in live], [ranks[i] for i in live], spec.bucket_bytes
     )
-    wire = _Wire(spec, leaves, tuple(residuals), names, num_shards, _axis_index(reduced))
+    wire = _Wire(spec, leaves, tuple(residuals), names, num_shards, _axis_index(reduced), on_cpu)
     results: list[tuple[int, jax.Array]] = []  # (leaf, its summed shard)
     for b, members in enumerate(groups):
         idx = [live[m] for m in members]
@@ -215,13 +221,23 @@ def _reduce_on_devices(
     return out + residuals
 
 
+# On XLA:CPU a compressed leaf's shard travels in pieces of about this many
+# float32 bytes (at most MAX_PIECES; one below twice this), each piece its
+# own custom call: XLA encodes a piece while the engine sends the one before,
+# and decodes a piece while later ones are still on the network, where one
+# call encoded all before the first byte left and decoded all after the last came.
+PIECE_BYTES = 4 << 20
+MAX_PIECES = 8
+
+
 class _Wire:
     """Each leaf's shard as it travels: as it is, or (spec.feedback) onebit or topk
-    records of the shard plus its residual, the new residual kept."""
+    records of the shard plus its residual, the new residual kept. On XLA:CPU
+    a large compressed shard travels in pieces (PIECE_BYTES)."""
 
-    def __init__(self, spec, leaves, residuals, names, num_shards, shard_index):
+    def __init__(self, spec, leaves, residuals, names, num_shards, shard_index, on_cpu):
         self.leaves, self.residuals, self.names = leaves, residuals, names
-        self.num_shards, self.shard_index = num_shards, shard_index
+        self.num_shards, self.shard_index, self.on_cpu = num_shards, shard_index, on_cpu
         codec = feedback_codec(spec.feedback)
         self.codec = [codec if codec and codec.compressed(x.shape, x.dtype) else None for x in leaves]
 
@@ -234,54 +250,134 @@ class _Wire:
         """(shape, dtype) as the tree check sees leaf i: its compression is part of it."""
         return self.leaves[i].shape, (self.codec[i].NAME if self.codec[i] else self.leaves[i].dtype)
 
-    def planned(self, i: int) -> tuple[tuple[int, ...], np.dtype]:
-        """(shape, dtype) the plan cuts into chunks: compressed records count as elements."""
+    def pieces(self, i: int) -> list[tuple[int, int]]:
+        """(first block, blocks) of each piece leaf i's shard travels in, on
+        XLA:CPU with error feedback (encode_pieces); [] when it travels as shard() gives it."""
         codec = self.codec[i]
-        if codec:
-            return (self.padded(i) // codec.BLOCK,), codec.RECORD_DTYPE
-        return self.leaves[i].shape, self.leaves[i].dtype
+        if not codec or not self.on_cpu:
+            return []
+        blocks = self.padded(i) // self.num_shards // codec.BLOCK
+        count = max(1, min(MAX_PIECES, blocks * codec.BLOCK * 4 // PIECE_BYTES))
+        bounds = [blocks * p // count for p in range(count + 1)]
+        return [(bounds[p], bounds[p + 1] - bounds[p]) for p in range(count)]
 
-    def shard(self, i: int) -> tuple[jax.Array, jax.Array | None]:
-        """This device's shard of leaf i (reduce-scattered over the reduced axes), as it travels,
-        and for a compressed leaf its new residual (else None)."""
+    def _flat(self, i: int) -> jax.Array:
+        """This device's shard of leaf i, padded, reduce-scattered over the reduced axes."""
         x = self.leaves[i]
-        codec = self.codec[i]
-        flat = jnp.ravel(x).astype(jnp.float32) if codec else jnp.ravel(x)
+        flat = jnp.ravel(x).astype(jnp.float32) if self.codec[i] else jnp.ravel(x)
         padded = self.padded(i)
         if padded != x.size:
             flat = jnp.pad(flat, (0, padded - x.size))
         if self.num_shards > 1:
             flat = lax.psum_scatter(flat, self.names, scatter_dimension=0, tiled=True)
-        if not codec:
-            return flat, None
-        # Error feedback: encode the shard plus what earlier encodings lost,
-        # keep what this one loses. Every reduced device ends with the whole
-        # new residual, so the residual is replicated as the sum is.
-        n = flat.shape[0]
-        residual = jnp.pad(jnp.ravel(self.residuals[i]).astype(jnp.float32), (0, padded - x.size))
+        return flat
+
+    def _residual(self, i: int, n: int) -> tuple[jax.Array, jax.Array]:
+        """The part of leaf i's residual that goes with this device's shard of
+        `n` values, and the shard's first element in the leaf."""
+        residual = jnp.pad(jnp.ravel(self.residuals[i]).astype(jnp.float32), (0, self.padded(i) - self.leaves[i].size))
         start = self.shard_index * n
-        corrected = flat + lax.dynamic_slice(residual, (start,), (n,))
-        records, left = codec.encode_shard(corrected, x.size, start)
+        return lax.dynamic_slice(residual, (start,), (n,)), start
+
+    def _new_residual(self, i: int, left: jax.Array) -> jax.Array:
+        """What the encoding left of the shard, as leaf i's residual. Every
+        reduced device ends with the whole new residual, so the residual is
+        replicated as the sum is."""
         if self.num_shards > 1:
             left = lax.all_gather(left, self.names, axis=0, tiled=True)
         old = self.residuals[i]
-        return records, left[: x.size].reshape(old.shape).astype(old.dtype)
+        return left[: self.leaves[i].size].reshape(old.shape).astype(old.dtype)
+
+    def shard(self, i: int) -> tuple[jax.Array, jax.Array | None]:
+        """This device's shard of leaf i as it travels whole, and for a
+        compressed leaf its new residual (else None)."""
+        flat = self._flat(i)
+        codec = self.codec[i]
+        if not codec:
+            return flat, None
+        # Error feedback: encode the shard plus what earlier encodings lost,
+        # keep what this one loses.
+        residual, start = self._residual(i, flat.shape[0])
+        records, left = codec.encode_shard(flat + residual, self.leaves[i].size, start)
+        return records, self._new_residual(i, left)
+
+    def encode_pieces(self, i: int) -> tuple[list[jax.Array], jax.Array, jax.Array]:
+        """Error feedback as shard() gives it, on XLA:CPU: the records of each
+        of leaf i's pieces, its new residual, and its shard's buffer, where
+        decode_pieces puts the sums. The encoders add the shard to the
+        residual block by block and leave what they do not send in the
+        residual's buffer: nothing else is allocated or written."""
+        codec = self.codec[i]
+        flat = self._flat(i)
+        residual, start = self._residual(i, flat.shape[0])
+        records = []
+        for first, blocks in self.pieces(i):
+            piece, residual, flat = codec.encode_piece(residual, flat, self.leaves[i].size, start, first, blocks)
+            records.append(piece)
+        return records, self._new_residual(i, residual), flat
+
+    def decode_pieces(self, i: int, summed: Sequence[jax.Array], into: jax.Array) -> jax.Array:
+        """The summed pieces of leaf i decoded into `into` (encode_pieces' shard
+        buffer), a piece as soon as its sum is in."""
+        for (first, _), records in zip(self.pieces(i), summed):
+            into = self.codec[i].decode_piece(into, records, first)
+        return into
+
+    def planned(self, i: int, blocks: int | None = None) -> tuple[tuple[int, ...], np.dtype]:
+        """(shape, dtype) the plan cuts into chunks: compressed records count as
+        elements (`blocks` of them for a piece)."""
+        codec = self.codec[i]
+        if codec:
+            return ((self.padded(i) // codec.BLOCK if blocks is None else blocks),), codec.RECORD_DTYPE
+        return self.leaves[i].shape, self.leaves[i].dtype
 
     def unpack(self, i: int, summed: jax.Array) -> jax.Array:
-        """A summed shard back in values."""
-        return self.codec[i].decode(summed) if self.codec[i] else summed
+        """A summed shard back in values (a leaf sent in pieces is decoded already)."""
+        return self.codec[i].decode(summed) if self.codec[i] and not self.pieces(i) else summed
 
 
 def _push_pull_call(wire, idx, call, paths, priorities, slot, num_groups, kept):
-    """One jbps_psum custom call over leaves `idx` (all non-empty), named
-    `call`: each device's shard of every leaf (wire.shard), pushed and
-    pulled. Returns the summed shards as they travel, in `idx` order, and
-    the new residuals of the compressed leaves among them, by leaf."""
-    planned = [wire.planned(i) for i in idx]
-    shapes, dtypes = [p[0] for p in planned], [p[1] for p in planned]
-    sub_paths = tuple(paths[i] for i in idx)
+    """The jbps_psum custom calls of leaves `idx` (all non-empty), named
+    `call`: one over each device's shard of every leaf (wire.shard), or, when
+    some travel in pieces (wire.pieces), one per piece: call j carries piece j
+    of each leaf in pieces, and the first also the leaves that travel whole.
+    Returns the summed shards in `idx` order (as they travel; a leaf in pieces
+    decoded already), and the new residuals of the compressed leaves, by leaf."""
+    pieces = {i: wire.pieces(i) for i in idx}
+    count = max(len(p) for p in pieces.values()) or 1
+    left, into, parts = {}, {}, [[] for _ in range(count)]  # per call: (leaf, shard, (shape, dtype), path, in place)
+    for i in idx:
+        if pieces[i]:
+            records, left[i], into[i] = wire.encode_pieces(i)
+            for j, (_, blocks) in enumerate(pieces[i]):
+                path = paths[i] if len(pieces[i]) == 1 else f"{paths[i]} piece {j + 1}/{len(pieces[i])}"
+                parts[j].append((i, records[j], wire.planned(i, blocks), path, True))
+            continue
+        shard, residual = wire.shard(i)
+        if residual is not None:
+            left[i] = residual
+        # A kept parameter that reaches the custom call as it is gets a fresh output.
+        in_place = not (
+            kept[i] and wire.num_shards == 1 and wire.codec[i] is None and wire.padded(i) == wire.leaves[i].size
+        )
+        parts[0].append((i, shard, wire.planned(i), paths[i], in_place))
+    summed = {}
+    for j, members in enumerate(parts):
+        name = call if count == 1 else f"{call}/piece{j}"
+        for (i, _, _, _, _), s in zip(members, _push_pull_one(wire, members, name, priorities, slot, num_groups)):
+            summed.setdefault(i, []).append(s)
+    out = [wire.decode_pieces(i, summed[i], into[i]) if pieces[i] else summed[i][0] for i in idx]
+    return out, left
+
+
+def _push_pull_one(wire, members, call, priorities, slot, num_groups):
+    """One jbps_psum custom call over `members` ((leaf, shard, (shape, dtype)
+    as planned, path, in place) each): their summed shards."""
+    idx = [m[0] for m in members]
+    shapes, dtypes = [m[2][0] for m in members], [m[2][1] for m in members]
+    sub_paths = tuple(m[3] for m in members)
     # What this worker sends: each group's devices share out one copy of every leaf.
-    call_bytes = sum(math.prod(shape) * np.dtype(dtype).itemsize for shape, dtype in planned) * num_groups
+    call_bytes = sum(math.prod(shape) * np.dtype(dtype).itemsize for shape, dtype in zip(shapes, dtypes)) * num_groups
     plan = make_plan(
         call,
         sub_paths,
@@ -293,26 +389,15 @@ def _push_pull_call(wire, idx, call, paths, priorities, slot, num_groups, kept):
         server_fractions=runtime.server_fractions(),
         priorities=tuple(priorities[i] for i in idx),
     )
-    shards, in_place, left = [], [], {}
-    for i in idx:
-        shard, residual = wire.shard(i)
-        if residual is not None:
-            left[i] = residual
-        # A kept parameter that reaches the custom call as it is gets a fresh output.
-        in_place.append(
-            not (kept[i] and wire.num_shards == 1 and wire.codec[i] is None and wire.padded(i) == wire.leaves[i].size)
-        )
-        shards.append(shard)
     described = [wire.described(i) for i in idx]
-    summed = push_pull(
+    return push_pull(
         slot,
-        shards,
+        [m[1] for m in members],
         plan,
-        list(range(len(idx))),
+        list(range(len(members))),
         tree_description(call, sub_paths, [d[0] for d in described], [d[1] for d in described]),
-        in_place,
+        [m[4] for m in members],
     )
-    return summed, left
 
 
 def _lower(ctx, *args, spec, typed):
@@ -320,7 +405,12 @@ def _lower(ctx, *args, spec, typed):
     mapped = mapped_axes.device_axes(ctx)
     reduced, grouped = mapped_axes.split(spec.axes, mapped, WHAT)
     body = partial(
-        _reduce_on_devices, spec=spec, reduced=reduced, grouped=grouped, kept=kept_operands.kept_parameters(args)
+        _reduce_on_devices,
+        spec=spec,
+        reduced=reduced,
+        grouped=grouped,
+        kept=kept_operands.kept_parameters(args),
+        on_cpu=tuple(ctx.module_context.platforms) == ("cpu",),
     )
     return mlir.lower_fun(body, multiple_results=True)(ctx, *args)
 

@@ -106,6 +106,20 @@ class TopK:
     def _decode_cpu(self, records: jax.Array) -> jax.Array:
         return ffi.decode(runtime.TOPK_DECODE_TARGET, records, records.shape[0] * BLOCK, keep=np.int64(self.keep))
 
+    def encode_piece(
+        self, residual: jax.Array, values: jax.Array, size: int, start: jax.Array, first: int, rows: int
+    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Error feedback on XLA:CPU, one piece at a time (as onebit.encode_piece)."""
+        del size, start  # padding is zeros
+        records = jax.ShapeDtypeStruct((rows, self.RECORD_WORDS), jnp.uint32)
+        return ffi.encode_added(
+            runtime.TOPK_ENCODE_ADDED_TARGET, residual, values, records, first_block=first, keep=np.int64(self.keep)
+        )
+
+    def decode_piece(self, values: jax.Array, records: jax.Array, first: int) -> jax.Array:
+        """`values` with the records' blocks decoded into them from block `first` on, on XLA:CPU."""
+        return ffi.decode_into(runtime.TOPK_DECODE_INTO_TARGET, records, values, first, keep=np.int64(self.keep))
+
 
 @functools.lru_cache(maxsize=None)
 def codec(keep: int = DEFAULT_KEEP) -> TopK:

@@ -6,6 +6,10 @@ residuals, values on a 2**-10 grid, so its encoding is exact in any order of
 addition; the sums must equal, bit for bit, numpy's decode of every worker's
 records, added, plus the server's residual carried over the rounds, encoded
 and decoded; the returned residuals must equal what the encoding lost.
+--residuals: with --check exact, the residuals going in are grid values too
+(of each worker and round), which the workers add to their trees before encoding.
+--large: the tree has a leaf of LARGE values too, which XLA:CPU sends in pieces
+(several psum calls: reported as psum_calls).
 --check feedback: the same tree every round, residuals carried: the mean of
 the sums must approach the true sum (error feedback: nothing is lost for
 good), reported for the test to compare with the first round's error.
@@ -33,6 +37,7 @@ MIN_ELEMENTS = 1024
 BLOCKS = {"onebit": 256, "topk": 1024}
 TOPK_KEEP = 10  # --codec topk; topk:FRACTION keeps round(FRACTION * 1024)
 CODEC = "onebit"  # --codec, without a topk fraction
+LARGE = 4_500_001  # --large: 18 MB of float32, 9 MB a device under --mode pmap
 
 
 def codec_arg(text):
@@ -42,18 +47,29 @@ def codec_arg(text):
     raise argparse.ArgumentTypeError(f"unknown codec {text!r}")
 
 
-def tree(rank: int, rnd: int, device: int = 0):
+def tree(rank: int, rnd: int, device: int = 0, large: bool = False):
     rng = np.random.default_rng([rank, rnd, device])
 
     def grid(shape, scale_exp):  # multiples of 2**-10 below 2**-1, times a power of two
         return (rng.integers(-511, 512, size=shape) / 1024 * 2.0**scale_exp).astype(np.float32)
 
-    return {
+    out = {
         "w": grid((300, 7), int(rng.integers(-3, 4))),  # 2100 values: 9 blocks, the last partial
         "big": grid((5000,), 0),
         "bias": grid((64,), 0),  # too small: travels as float32
         "half": grid((2048,), 2).astype(ml_dtypes.bfloat16),
         "count": rng.integers(-1000, 1000, size=(17,)).astype(np.int32),
+    }
+    if large:
+        out["large"] = grid((LARGE,), -1)  # the last block partial
+    return out
+
+
+def residual_of(rank: int, rnd: int, like):
+    """--residuals: a worker's residuals going into round rnd, grid values, float32."""
+    rng = np.random.default_rng([rank, rnd, 99])
+    return {
+        k: (rng.integers(-511, 512, size=v.shape) / 1024).astype(np.float32) if v.size else v for k, v in like.items()
     }
 
 
@@ -124,6 +140,8 @@ def main():
     p.add_argument("--disagree", type=int, default=-1)
     p.add_argument("--disagree-codec", type=codec_arg, default=None)
     p.add_argument("--codec", type=codec_arg, default="onebit")
+    p.add_argument("--residuals", action="store_true")
+    p.add_argument("--large", action="store_true")
     args = p.parse_args()
     global CODEC, TOPK_KEEP
     CODEC, _, fraction = args.codec.partition(":")
@@ -134,7 +152,7 @@ def main():
     devices = jax.local_device_count() if args.mode == "pmap" else 1
     zero = {
         k: (np.zeros(v.shape, np.float32) if travels_onebit(v) else np.zeros((0,), np.float32))
-        for k, v in tree(0, 0).items()
+        for k, v in tree(0, 0, large=args.large).items()
     }
 
     if rank == args.disagree and args.disagree_codec:
@@ -151,15 +169,18 @@ def main():
 
     def mine(rnd):
         if args.mode == "jit":
-            return tree(rank, rnd)
-        trees = [tree(rank, rnd, d) for d in range(devices)]
+            return tree(rank, rnd, large=args.large)
+        trees = [tree(rank, rnd, d, args.large) for d in range(devices)]
         return jax.tree_util.tree_map(lambda *xs: np.stack(xs), *trees)
+
+    def residuals_in(w, rnd):
+        return residual_of(w, rnd, zero) if args.residuals else zero
 
     def stacked(r):
         return r if args.mode == "jit" else jax.tree_util.tree_map(lambda a: np.stack([a] * devices), r)
 
     def local_sum(w, rnd):  # what worker w sends: its devices' trees, summed (onebit leaves in float32)
-        ts = [tree(w, rnd, d) for d in range(devices)]
+        ts = [tree(w, rnd, d, args.large) for d in range(devices)]
         return {
             k: np.sum(
                 [np.asarray(t[k], np.float32) if travels_onebit(t[k]) else t[k] for t in ts],
@@ -169,13 +190,24 @@ def main():
             for k in ts[0]
         }
 
-    with reported({"rank": rank, "rounds": 0, "topk_keep": TOPK_KEEP if CODEC == "topk" else None}) as report:
+    def sent_by(w, rnd):  # what worker w encodes: its local sum plus its residual
+        out, res = local_sum(w, rnd), residuals_in(w, rnd)
+        return {k: out[k] + res[k] if travels_onebit(out[k]) else out[k] for k in out}
+
+    report_calls = None  # --large: the custom calls one device's program makes
+    if args.large:
+        lowered = (step if args.mode == "jit" else pmapped).lower(mine(0), stacked(zero))
+        report_calls = lowered.compile().as_text().count('custom_call_target="jbps_psum"')
+
+    with reported(
+        {"rank": rank, "rounds": 0, "topk_keep": TOPK_KEEP if CODEC == "topk" else None, "psum_calls": report_calls}
+    ) as report:
         if args.check == "exact":
             ref = Reference()
             for rnd in range(args.rounds):
-                got, residuals = jax.device_get(step(mine(rnd), stacked(zero)))
-                sent = [local_sum(w, rnd) for w in range(size)]
-                want = ref.round(sent, {k: v.dtype for k, v in tree(0, 0).items()})
+                got, residuals = jax.device_get(step(mine(rnd), stacked(residuals_in(rank, rnd))))
+                sent = [sent_by(w, rnd) for w in range(size)]
+                want = ref.round(sent, {k: v.dtype for k, v in tree(0, 0, large=args.large).items()})
                 for name in want:
                     assert got[name].dtype == want[name].dtype, (name, got[name].dtype)
                     assert np.array_equal(got[name].view(np.uint8), want[name].view(np.uint8)), (
