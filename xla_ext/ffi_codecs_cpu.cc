@@ -63,9 +63,9 @@ size_t Blocks(const char* what, size_t values, size_t record_bytes, size_t block
   return blocks;
 }
 
-// Which blocks of `values` values (whole blocks of `block`) records of
-// `record_bytes` in all, `bytes_per_record` each, hold from block `first` on:
-// their count, or 0 with *error naming what does not fit.
+// How many blocks of `values` values (whole blocks of `block`) records of
+// `record_bytes` in all, `bytes_per_record` each, hold from block `first`
+// on; *error names what does not fit when they do not.
 size_t Piece(const char* what, size_t values, size_t record_bytes, size_t block, size_t bytes_per_record, int64_t first,
              std::string* error) {
   const size_t rows = record_bytes / bytes_per_record;

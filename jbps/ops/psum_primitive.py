@@ -20,7 +20,7 @@ import dataclasses
 import inspect
 import math
 from functools import partial
-from typing import Hashable, Sequence
+from typing import Hashable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -183,7 +183,8 @@ def _reduce_on_devices(
     """What one device runs: its part of the sum over `reduced` and every
     worker, apart from the devices at other positions along `grouped`.
     kept[i]: leaf i is a parameter its caller keeps (kept_operands.py);
-    on_cpu: the program runs on XLA:CPU only (large compressed leaves go in pieces).
+    on_cpu: the program runs on XLA:CPU only (compressed leaves then go through
+    jbps's own codecs around the calls, large ones in pieces: _Wire.pieces).
     With spec.feedback, args are the leaves then their residuals, and so are
     the results."""
     num_shards = math.prod(s for _, s in reduced)
@@ -336,6 +337,16 @@ class _Wire:
         return self.codec[i].decode(summed) if self.codec[i] and not self.pieces(i) else summed
 
 
+class _Part(NamedTuple):
+    """What one psum call carries of a leaf: its shard, or a piece of it."""
+
+    leaf: int
+    shard: jax.Array
+    planned: tuple[tuple[int, ...], np.dtype]  # (shape, dtype) as the plan cuts it
+    path: str
+    in_place: bool
+
+
 def _push_pull_call(wire, idx, call, paths, priorities, slot, num_groups, kept):
     """The jbps_psum custom calls of leaves `idx` (all non-empty), named
     `call`: one over each device's shard of every leaf (wire.shard), or, when
@@ -345,13 +356,13 @@ def _push_pull_call(wire, idx, call, paths, priorities, slot, num_groups, kept):
     decoded already), and the new residuals of the compressed leaves, by leaf."""
     pieces = {i: wire.pieces(i) for i in idx}
     count = max(len(p) for p in pieces.values()) or 1
-    left, into, parts = {}, {}, [[] for _ in range(count)]  # per call: (leaf, shard, (shape, dtype), path, in place)
+    left, into, parts = {}, {}, [[] for _ in range(count)]  # parts[j]: what call j carries
     for i in idx:
         if pieces[i]:
             records, left[i], into[i] = wire.encode_pieces(i)
             for j, (_, blocks) in enumerate(pieces[i]):
                 path = paths[i] if len(pieces[i]) == 1 else f"{paths[i]} piece {j + 1}/{len(pieces[i])}"
-                parts[j].append((i, records[j], wire.planned(i, blocks), path, True))
+                parts[j].append(_Part(i, records[j], wire.planned(i, blocks), path, True))
             continue
         shard, residual = wire.shard(i)
         if residual is not None:
@@ -360,22 +371,21 @@ def _push_pull_call(wire, idx, call, paths, priorities, slot, num_groups, kept):
         in_place = not (
             kept[i] and wire.num_shards == 1 and wire.codec[i] is None and wire.padded(i) == wire.leaves[i].size
         )
-        parts[0].append((i, shard, wire.planned(i), paths[i], in_place))
+        parts[0].append(_Part(i, shard, wire.planned(i), paths[i], in_place))
     summed = {}
     for j, members in enumerate(parts):
         name = call if count == 1 else f"{call}/piece{j}"
-        for (i, _, _, _, _), s in zip(members, _push_pull_one(wire, members, name, priorities, slot, num_groups)):
-            summed.setdefault(i, []).append(s)
+        for part, s in zip(members, _push_pull_one(wire, members, name, priorities, slot, num_groups)):
+            summed.setdefault(part.leaf, []).append(s)
     out = [wire.decode_pieces(i, summed[i], into[i]) if pieces[i] else summed[i][0] for i in idx]
     return out, left
 
 
 def _push_pull_one(wire, members, call, priorities, slot, num_groups):
-    """One jbps_psum custom call over `members` ((leaf, shard, (shape, dtype)
-    as planned, path, in place) each): their summed shards."""
-    idx = [m[0] for m in members]
-    shapes, dtypes = [m[2][0] for m in members], [m[2][1] for m in members]
-    sub_paths = tuple(m[3] for m in members)
+    """One jbps_psum custom call over `members` (_Part each): their summed shards."""
+    idx = [m.leaf for m in members]
+    shapes, dtypes = [m.planned[0] for m in members], [m.planned[1] for m in members]
+    sub_paths = tuple(m.path for m in members)
     # What this worker sends: each group's devices share out one copy of every leaf.
     call_bytes = sum(math.prod(shape) * np.dtype(dtype).itemsize for shape, dtype in zip(shapes, dtypes)) * num_groups
     plan = make_plan(
@@ -392,11 +402,11 @@ def _push_pull_one(wire, members, call, priorities, slot, num_groups):
     described = [wire.described(i) for i in idx]
     return push_pull(
         slot,
-        [m[1] for m in members],
+        [m.shard for m in members],
         plan,
         list(range(len(members))),
         tree_description(call, sub_paths, [d[0] for d in described], [d[1] for d in described]),
-        [m[4] for m in members],
+        [m.in_place for m in members],
     )
 
 
