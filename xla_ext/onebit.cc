@@ -9,6 +9,7 @@
 #endif
 
 #include "multiversion.h"
+#include "sum_kernels.h"
 
 namespace jbps {
 namespace {
@@ -223,10 +224,7 @@ void OneBitEncodeExtract(uint8_t* dst, float* values, const float* add, const in
   for (size_t r = 0; r < records; ++r) {
     const uint32_t count = static_cast<uint32_t>(std::clamp<int32_t>(counts[r], 0, kOneBitBlock));
     float* v = values + r * kOneBitBlock;
-    if (add != nullptr) {
-      const float* a = add + r * kOneBitBlock;
-      for (size_t i = 0; i < kOneBitBlock; ++i) v[i] += a[i];
-    }
+    if (add != nullptr) AccumulatorAdd(DType::kF32, 0, v, add + r * kOneBitBlock, kOneBitBlock);  // the servers' add
     EncodeLeaving(dst + r * kOneBitRecordBytes, v, count);
   }
 }

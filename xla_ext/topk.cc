@@ -9,6 +9,7 @@
 #endif
 
 #include "multiversion.h"
+#include "sum_kernels.h"
 
 namespace jbps {
 namespace {
@@ -199,10 +200,7 @@ void TopKEncodeExtract(uint8_t* dst, float* values, const float* add, size_t rec
   const size_t bytes = TopKRecordBytes(keep);
   for (size_t r = 0; r < records; ++r) {
     float* v = values + r * kTopKBlock;
-    if (add != nullptr) {
-      const float* a = add + r * kTopKBlock;
-      for (size_t i = 0; i < kTopKBlock; ++i) v[i] += a[i];
-    }
+    if (add != nullptr) AccumulatorAdd(DType::kF32, 0, v, add + r * kTopKBlock, kTopKBlock);  // the servers' add
     EncodeLeaving(dst + r * bytes, v, keep);
   }
 }
