@@ -235,7 +235,8 @@ def test_codecs_bench_runs_every_codec_on_every_kind_of_values():
     assert [(r["codec"], r["data"]) for r in doc["rows"]] == [(c, d) for c in codecs.CODECS for d in codecs.DATA]
     for r in doc["rows"]:
         assert all(r[f"{name}_s"] > 0 for name in codecs.TIMED), r
-        assert r["encode_xla_over_cpp"] == pytest.approx(r["encode_xla_s"] / r["encode_cpp_s"])
+        for case in ("encode", "decode", "encode_added", "decode_into"):
+            assert r[f"{case}_xla_over_cpp"] == pytest.approx(r[f"{case}_xla_s"] / r[f"{case}_cpp_s"])
 
 
 def test_codecs_bench_check_fails_on_a_wrong_decode_or_residual():
@@ -251,3 +252,18 @@ def test_codecs_bench_check_fails_on_a_wrong_decode_or_residual():
         codecs._check("topk", "test", values, right, (records, values * 2), (values, values))
     with pytest.raises(RuntimeError, match="records differ"):
         codecs._check("topk", "test", values, right, (records + 1, values), (values, values))
+
+
+def test_codecs_bench_step_check_fails_on_a_wrong_encode_added_or_decode_into():
+    from jbps.bench import codecs
+
+    values = np.arange(2048, dtype=np.float32)
+    records = np.zeros((2, 20), np.uint32)
+    right = (records, values)
+    codecs._check_step("onebit", "test", right, right, values, values)
+    with pytest.raises(RuntimeError, match="encode added's records differ"):
+        codecs._check_step("onebit", "test", (records + 1, values), right, values, values)
+    with pytest.raises(RuntimeError, match="encode added's residual differs"):
+        codecs._check_step("onebit", "test", (records, values + 1), right, values, values)
+    with pytest.raises(RuntimeError, match="decode into's values differ"):
+        codecs._check_step("onebit", "test", right, right, values * 2, values)

@@ -5,9 +5,13 @@
 For onebit, topk and topk:0.05, on three kinds of gradient (gaussian: normal values; constant:
 every value the same, as the network benchmark's; sparse: zeros but one value in 97), it times
 
-    encode   records and the residual they leave, from float32 values, in place (the input
-             donated and already touched, as a step's gradient plus residual)
-    decode   records back to float32, into a fresh output (as a step's)
+    encode        records and the residual they leave, from float32 values, in place (the input
+                  donated and already touched, as a step's gradient plus residual)
+    decode        records back to float32, into a fresh output
+    encode added  as a training step runs it (jbps.optax's error feedback): the records of
+                  residual + gradient and what they leave, written into the residual's buffer
+                  (both donated); the XLA ops add, then encode
+    decode into   the sums decoded into the gradient's buffer (donated), as a step's
 
 with jbps's C++ codecs (what workers run on XLA:CPU, with the settings of a worker: it runs as a job
 of one worker unless one is running; the servers run the same functions) and with the XLA ops GPUs
@@ -30,7 +34,23 @@ import numpy as np
 
 CODECS = ("onebit", "topk", "topk:0.05")
 DATA = ("gaussian", "constant", "sparse")
-TIMED = ("encode_cpp", "encode_xla", "decode_cpp", "decode_xla")
+TIMED = (
+    "encode_cpp",
+    "encode_xla",
+    "decode_cpp",
+    "decode_xla",
+    "encode_added_cpp",
+    "encode_added_xla",
+    "decode_into_cpp",
+    "decode_into_xla",
+)
+# (case, what its arguments are): "values", "records", or both as a step passes them.
+_ARGS = {
+    "encode": ("values",),
+    "decode": ("records",),
+    "encode_added": ("residual", "values"),
+    "decode_into": ("values", "records"),
+}
 
 
 def _values(kind: str, n: int) -> np.ndarray:
@@ -44,22 +64,45 @@ def _values(kind: str, n: int) -> np.ndarray:
     return x
 
 
-def _functions(codec: str, n: int):
-    """(encode C++, encode XLA, decode C++, decode XLA), each values or records -> arrays."""
+def _functions(codec: str, n: int) -> dict:
+    """Each TIMED case's function of the arguments _ARGS names -> arrays."""
     import jax.numpy as jnp
 
     from ..ops import onebit, topk
 
     if codec == "onebit":
         counts = jnp.full((n // onebit.BLOCK,), onebit.BLOCK, jnp.int32)
-        return (
-            lambda v: onebit._extract_cpu(v, counts),
-            lambda v: onebit._extract_xla(v, counts),
-            onebit._decode_cpu,
-            onebit._decode_xla,
-        )
-    c = topk.codec(topk.keep_of(codec.partition(":")[2]) if ":" in codec else topk.DEFAULT_KEEP)
-    return c._extract_cpu, c._extract_xla, c._decode_cpu, c._decode_xla
+        c = onebit
+        enc_c, enc_x = (lambda v: onebit._extract_cpu(v, counts)), (lambda v: onebit._extract_xla(v, counts))
+    else:
+        c = topk.codec(topk.keep_of(codec.partition(":")[2]) if ":" in codec else topk.DEFAULT_KEEP)
+        enc_c, enc_x = c._extract_cpu, c._extract_xla
+    rows = n // c.BLOCK
+    return {
+        "encode_cpp": enc_c,
+        "encode_xla": enc_x,
+        "decode_cpp": c._decode_cpu,
+        "decode_xla": c._decode_xla,
+        # the whole leaf as one piece (the network's psums send pieces of about 4 MiB)
+        # (records, residual, values): dropping the values passed through would cost XLA a copy of them
+        "encode_added_cpp": lambda r, v: c.encode_piece(r, v, n, jnp.int32(0), 0, rows),
+        "encode_added_xla": lambda r, v: enc_x(r + v),
+        "decode_into_cpp": lambda v, rec: c.decode_piece(v, rec, 0),
+        "decode_into_xla": lambda v, rec: c._decode_xla(rec),
+    }
+
+
+def _check_step(codec: str, kind: str, added: tuple, encoded_sum: tuple, into: np.ndarray, decoded: np.ndarray):
+    """Raises RuntimeError unless the step's C++ forms agree with the plain C++ encoder and decoder:
+    encode added's records and residual with encode's of residual + values (numpy's float32 sum),
+    decode into's values with decode's."""
+    where = f"codec benchmark, {codec} on {kind} values"
+    if not np.array_equal(added[0], encoded_sum[0]):
+        raise RuntimeError(f"{where}: encode added's records differ from encode's of the sum")
+    if not np.array_equal(added[1], encoded_sum[1]):
+        raise RuntimeError(f"{where}: encode added's residual differs from encode's of the sum")
+    if not np.array_equal(into, decoded):
+        raise RuntimeError(f"{where}: decode into's values differ from decode's")
 
 
 def _check(codec: str, kind: str, values: np.ndarray, cpp: tuple, xla: tuple, decoded: tuple) -> None:
@@ -115,22 +158,31 @@ def _bench(nbytes: int, reps: int) -> dict:
     touched = jax.jit(lambda s: s)  # a new buffer each call, written (its pages in) before the timed call
     rows = []
     for codec in CODECS:
-        enc_c, enc_x, dec_c, dec_x = _functions(codec, n)
+        functions = _functions(codec, n)
         timed = {
-            "encode_cpp": jax.jit(enc_c, donate_argnums=0),
-            "encode_xla": jax.jit(enc_x, donate_argnums=0),
-            "decode_cpp": jax.jit(dec_c),
-            "decode_xla": jax.jit(dec_x),
+            # keep_unused: XLA's decode into reads no value, yet may write its output over them
+            name: jax.jit(
+                f, donate_argnums=tuple(i for i, a in enumerate(_ARGS[name[:-4]]) if a != "records"), keep_unused=True
+            )
+            for name, f in functions.items()
         }
         for kind in DATA:
             source = jax.device_put(_values(kind, n), cpu)
+            # a residual that is not zero (zeros would leave encode added's sum the values themselves)
+            residual = jax.device_put(np.ascontiguousarray(_values(kind, n)[::-1] * np.float32(0.25)), cpu)
             records = jax.block_until_ready(timed["encode_cpp"](touched(source)))[0]
+            given = {"values": source, "residual": residual}
+
+            def args(name):
+                # fresh, touched copies of what a call donates; the records are only read
+                return [records if a == "records" else touched(given[a]) for a in _ARGS[name[:-4]]]
+
             times = {name: [] for name in TIMED}
             for round_ in range(reps + 1):
                 for name in TIMED if round_ % 2 else reversed(TIMED):
-                    arg = jax.block_until_ready(touched(source)) if name.startswith("encode") else records
+                    arg = jax.block_until_ready(args(name))
                     t0 = time.perf_counter()
-                    jax.block_until_ready(timed[name](arg))
+                    jax.block_until_ready(timed[name](*arg))
                     if round_:  # round 0 compiles
                         times[name].append(time.perf_counter() - t0)
             values = np.asarray(source)
@@ -138,42 +190,60 @@ def _bench(nbytes: int, reps: int) -> dict:
             xla = [np.asarray(a) for a in timed["encode_xla"](touched(source))]
             decoded = (np.asarray(timed["decode_cpp"](cpp[0])), np.asarray(timed["decode_xla"](cpp[0])))
             _check(codec, kind, values, cpp, xla, decoded)
+            summed = jax.device_put(np.asarray(residual) + values, cpu)
+            _check_step(
+                codec,
+                kind,
+                [np.asarray(a) for a in timed["encode_added_cpp"](touched(residual), touched(source))[:2]],
+                [np.asarray(a) for a in timed["encode_cpp"](touched(summed))],
+                np.asarray(timed["decode_into_cpp"](touched(source), cpp[0])),
+                decoded[0],
+            )
             med = {name: statistics.median(times[name]) for name in TIMED}
             rows.append(
                 {
                     "codec": codec,
                     "data": kind,
                     **{f"{name}_s": med[name] for name in TIMED},
-                    "encode_xla_over_cpp": med["encode_xla"] / med["encode_cpp"],
-                    "decode_xla_over_cpp": med["decode_xla"] / med["decode_cpp"],
+                    **{f"{case}_xla_over_cpp": med[f"{case}_xla"] / med[f"{case}_cpp"] for case in _ARGS},
                 }
             )
     return {"bytes": nbytes, "reps": reps, "rows": rows}
 
 
 def format_codecs(result: dict) -> list[str]:
-    """The result of bench_codecs as table lines."""
+    """The result of bench_codecs as table lines: the codecs alone, then as a training step runs them."""
     lines = [
         f"codecs on XLA:CPU, {result['bytes'] / 2**20:g} MiB of float32 values, median of {result['reps']} "
-        "alternating calls (ms); encode in place, decode into a fresh output; XLA/C++: the XLA ops' time "
-        "over jbps's C++ (every C++ result checked against the XLA ops')",
-        "  {:<10} {:<9} {:>10} {:>10} {:>8} {:>10} {:>10} {:>8}".format(
-            "codec", "values", "encode C++", "encode XLA", "XLA/C++", "decode C++", "decode XLA", "XLA/C++"
-        ),
+        "alternating calls (ms); XLA/C++: the XLA ops' time over jbps's C++ (every C++ result checked "
+        "against the XLA ops', the step's forms against the plain C++)",
     ]
-    for r in result["rows"]:
+    for title, (a, b) in (
+        ("alone: encode in place, decode into a fresh output", ("encode", "decode")),
+        (
+            "as a step runs them: encode added (residual += gradient), decode into the gradient",
+            ("encode_added", "decode_into"),
+        ),
+    ):
+        lines.append(f"  {title}")
         lines.append(
-            "  {:<10} {:<9} {:>10.2f} {:>10.2f} {:>8.2f} {:>10.2f} {:>10.2f} {:>8.2f}".format(
-                r["codec"],
-                r["data"],
-                r["encode_cpp_s"] * 1e3,
-                r["encode_xla_s"] * 1e3,
-                r["encode_xla_over_cpp"],
-                r["decode_cpp_s"] * 1e3,
-                r["decode_xla_s"] * 1e3,
-                r["decode_xla_over_cpp"],
+            "  {:<10} {:<9} {:>10} {:>10} {:>8} {:>10} {:>10} {:>8}".format(
+                "codec", "values", "encode C++", "encode XLA", "XLA/C++", "decode C++", "decode XLA", "XLA/C++"
             )
         )
+        for r in result["rows"]:
+            lines.append(
+                "  {:<10} {:<9} {:>10.2f} {:>10.2f} {:>8.2f} {:>10.2f} {:>10.2f} {:>8.2f}".format(
+                    r["codec"],
+                    r["data"],
+                    r[f"{a}_cpp_s"] * 1e3,
+                    r[f"{a}_xla_s"] * 1e3,
+                    r[f"{a}_xla_over_cpp"],
+                    r[f"{b}_cpp_s"] * 1e3,
+                    r[f"{b}_xla_s"] * 1e3,
+                    r[f"{b}_xla_over_cpp"],
+                )
+            )
     return lines
 
 
