@@ -64,6 +64,14 @@ def test_network_bench_runs_every_tool_and_reports_the_split():
     # With one CPU host and 2 workers the CPU host's server gets half the bytes (x = 1/2).
     received = cases[1]["defaults"]["server_mib_received"]
     assert abs(received["2"] - (received["0"] + received["1"])) <= 0.25 * received["2"], received
+    # The compressed variant against float32 in its goals, with the machine's CPU floor.
+    goals = {g["what"]: g for g in doc["goals"]}
+    for k in (0, 1):
+        g, bf16 = goals[f"jbps bf16 / float32, k = {k}"], cases[k]["compression bf16"]
+        assert g["ratio"] == pytest.approx(bf16["median_s"] / cases[k]["defaults"]["median_s"])
+        assert g["cpu_floor"] == pytest.approx(
+            bf16["cpu"]["busy_core_s"] / bf16["cpu"]["cores"] / cases[k]["defaults"]["median_s"]
+        )
 
 
 def test_overlap_bench_times_every_case():

@@ -207,14 +207,16 @@ def test_cpu_load_counts_busy_time_by_kind():
 
     from jbps.bench import cpu_load
 
-    # user nice system idle iowait irq softirq steal: 2 s of user, 1 of system, half of
-    # softirq, 4.5 idle (and iowait): 3.5 of 8 core-seconds busy.
+    # user nice system idle iowait irq softirq steal guest guest_nice: 2 s of user (half of it a
+    # guest's, counted in user already), 1 of system, half of softirq, 4.5 idle (and iowait), 1
+    # stolen by the hypervisor: 3.5 of 9 core-seconds busy.
     tick = os.sysconf("SC_CLK_TCK")
-    before = [10, 0, 10, 10, 0, 0, 0, 0]
-    after = [b + int(s * tick) for b, s in zip(before, [1.5, 0.5, 1, 4, 0.5, 0, 0.5, 0])]
+    before = [10, 0, 10, 10, 0, 0, 0, 0, 0, 0]
+    after = [b + int(s * tick) for b, s in zip(before, [1.5, 0.5, 1, 4, 0.5, 0, 0.5, 1, 1, 0])]
     got = cpu_load.between(before, after)
     assert got["busy_core_s"] == pytest.approx(3.5)
-    assert got["busy_share"] == pytest.approx(3.5 / 8)
+    assert got["busy_share"] == pytest.approx(3.5 / 9)
+    assert got["steal_core_s"] == pytest.approx(1)
     assert (got["user_core_s"], got["system_core_s"], got["interrupt_core_s"]) == pytest.approx((2, 1, 0.5))
     # The machine's own counters only grow.
     now = cpu_load.between(cpu_load.sample(), cpu_load.sample())
@@ -267,3 +269,23 @@ def test_codecs_bench_step_check_fails_on_a_wrong_encode_added_or_decode_into():
         codecs._check_step("onebit", "test", (records, values + 1), right, values, values)
     with pytest.raises(RuntimeError, match="decode into's values differ"):
         codecs._check_step("onebit", "test", right, right, values * 2, values)
+
+
+def test_network_compression_goals_hold_each_codec_to_its_target_beside_the_cpu_floor():
+    from jbps.bench.network import compression_goals
+
+    cpu = {"busy_core_s": 0.06, "cores": 2}
+    results = {
+        "defaults": {"median_s": 0.3},
+        "compression onebit": {"median_s": 0.045, "cpu": cpu},
+        "compression fp16": {"median_s": 0.15},
+        "compression topk:0.05": {"median_s": 0.07, "cpu": cpu},  # no target for this amount
+        "partition 64K": {"median_s": 0.31},
+    }
+    goals = {g["what"]: g for g in compression_goals(4, results)}
+    assert set(goals) == {"jbps onebit / float32, k = 4", "jbps fp16 / float32, k = 4"}
+    onebit = goals["jbps onebit / float32, k = 4"]
+    assert onebit["ratio"] == pytest.approx(0.15) and onebit["target"] == "<= 0.10"
+    assert onebit["cpu_floor"] == pytest.approx(0.1)  # 60 core-ms over 2 cores, over 0.3 s
+    assert goals["jbps fp16 / float32, k = 4"]["cpu_floor"] is None
+    assert compression_goals(4, {"compression onebit": results["compression onebit"]}) == []

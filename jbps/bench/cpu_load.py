@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import os
 
-# /proc/stat's first line: user nice system idle iowait irq softirq steal ...
-_USER, _NICE, _SYSTEM, _IDLE, _IOWAIT, _IRQ, _SOFTIRQ = range(7)
+# /proc/stat's first line: user nice system idle iowait irq softirq steal guest guest_nice.
+_USER, _NICE, _SYSTEM, _IDLE, _IOWAIT, _IRQ, _SOFTIRQ, _STEAL = range(8)
+_FIELDS = 8  # guest and guest_nice are counted in user and nice already
 
 
 def sample() -> list[int]:
@@ -22,17 +23,20 @@ def sample() -> list[int]:
 
 def between(before: list[int], after: list[int]) -> dict:
     """The CPU time spent between two samples, in core-seconds, by kind, and
-    the share of the machine that was busy."""
+    the share of the machine that was busy. Busy is this machine's own work:
+    time its hypervisor ran something else while its CPUs wanted to run
+    (steal) is counted apart, as is neither busy nor idle."""
     tick = os.sysconf("SC_CLK_TCK")
-    d = [b - a for a, b in zip(before, after)]
-    idle = d[_IDLE] + d[_IOWAIT]
-    busy = sum(d) - idle
+    d = [b - a for a, b in zip(before[:_FIELDS], after[:_FIELDS])]
+    d += [0] * (_FIELDS - len(d))
+    busy = d[_USER] + d[_NICE] + d[_SYSTEM] + d[_IRQ] + d[_SOFTIRQ]
     return {
         "busy_share": busy / max(1, sum(d)),
         "busy_core_s": busy / tick,
         "user_core_s": (d[_USER] + d[_NICE]) / tick,
         "system_core_s": d[_SYSTEM] / tick,
         "interrupt_core_s": (d[_IRQ] + d[_SOFTIRQ]) / tick,
+        "steal_core_s": d[_STEAL] / tick,
         "cores": os.cpu_count() or 1,
     }
 
@@ -64,7 +68,7 @@ class Meter:
         if not self._total:
             return None
         out = between([0] * len(self._total), self._total)
-        for key in ("busy_core_s", "user_core_s", "system_core_s", "interrupt_core_s"):
+        for key in ("busy_core_s", "user_core_s", "system_core_s", "interrupt_core_s", "steal_core_s"):
             out[key] /= self.calls
         out["calls"] = self.calls
         return out
