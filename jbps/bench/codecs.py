@@ -44,13 +44,18 @@ TIMED = (
     "decode_into_cpp",
     "decode_into_xla",
 )
-# (case, what its arguments are): "values", "records", or both as a step passes them.
+# Each case's arguments, as a step passes them ("encode_added" times encode_added_cpp and _xla).
 _ARGS = {
     "encode": ("values",),
     "decode": ("records",),
     "encode_added": ("residual", "values"),
     "decode_into": ("values", "records"),
 }
+
+
+def _case(name: str) -> str:
+    """The case a TIMED name times: "encode_added_cpp" -> "encode_added"."""
+    return name.rpartition("_")[0]
 
 
 def _values(kind: str, n: int) -> np.ndarray:
@@ -162,7 +167,7 @@ def _bench(nbytes: int, reps: int) -> dict:
         timed = {
             # keep_unused: XLA's decode into reads no value, yet may write its output over them
             name: jax.jit(
-                f, donate_argnums=tuple(i for i, a in enumerate(_ARGS[name[:-4]]) if a != "records"), keep_unused=True
+                f, donate_argnums=tuple(i for i, a in enumerate(_ARGS[_case(name)]) if a != "records"), keep_unused=True
             )
             for name, f in functions.items()
         }
@@ -175,7 +180,7 @@ def _bench(nbytes: int, reps: int) -> dict:
 
             def args(name):
                 # fresh, touched copies of what a call donates; the records are only read
-                return [records if a == "records" else touched(given[a]) for a in _ARGS[name[:-4]]]
+                return [records if a == "records" else touched(given[a]) for a in _ARGS[_case(name)]]
 
             times = {name: [] for name in TIMED}
             for round_ in range(reps + 1):
