@@ -1,6 +1,6 @@
 """The examples users run, each started a different way: mnist under
 `jbps run -n 2` (it must reach 95% test accuracy, 97% with onebit
-compression and SGD), the transformer alone (a
+compression and SGD over 20 epochs), the transformer alone (a
 plain `python`, no launcher), the ResNet under mpirun, the 2-D mesh under
 `jbps run -n 2 --local-devices 4` (it must equal a one-process run). Small
 settings keep them quick; every process is checked gone afterwards."""
@@ -41,10 +41,16 @@ def test_mnist_reaches_95_percent_with_two_workers():
 
 def test_mnist_with_onebit_compression_reaches_97_percent():
     # Gradients at 1/25.6 of their bytes, error feedback in the optimizer
-    # state; SGD with momentum, which suits sign compression.
+    # state; SGD with momentum, which suits sign compression. Signs take a
+    # few epochs longer to settle than float32 gradients: after the default 12
+    # epochs onebit lands at 0.969-0.978 of the 360 test digits (one digit is
+    # 0.0028; which side of 0.97 depends on seed and jax version, as XLA's
+    # kernels round differently), after 20 at 0.983-0.986 (seeds 0-2, jax
+    # 0.5 and 0.10), where float32 SGD gives 0.975-0.978 after either.
     env = base_env()
+    argv = ["--compression", "onebit", "--optimizer", "sgd", "--epochs", "20"]
     proc, out, err = run(
-        [*JBPS, "run", "-n", "2", PYTHON, example("mnist_flax.py"), "--compression", "onebit", "--optimizer", "sgd"],
+        [*JBPS, "run", "-n", "2", PYTHON, example("mnist_flax.py"), *argv],
         env,
         timeout=300,
         cwd=CHECKOUT,
