@@ -211,7 +211,7 @@ void OneBitSumWithFeedback(uint8_t* dst, const uint8_t* const* pushes, size_t nu
     DecodeBlock<false>(sum, pushes[0] + at);
     for (size_t w = 1; w < num_pushes; ++w) DecodeBlock<true>(sum, pushes[w] + at);
     float* res = residual + r * kOneBitBlock;
-    for (size_t i = 0; i < kOneBitBlock; ++i) res[i] += sum[i];
+    AccumulatorAdd(DType::kF32, 0, res, sum, kOneBitBlock);  // as the workers' encoders add
     EncodeLeaving(dst + at, res, HeaderOf(pushes[0] + at).count);
   }
 }

@@ -191,7 +191,7 @@ void TopKSumWithFeedback(uint8_t* dst, const uint8_t* const* pushes, size_t num_
     DecodeRecord<false>(sum, pushes[0] + at, keep);
     for (size_t w = 1; w < num_pushes; ++w) DecodeRecord<true>(sum, pushes[w] + at, keep);
     float* res = residual + r * kTopKBlock;
-    for (size_t i = 0; i < kTopKBlock; ++i) res[i] += sum[i];
+    AccumulatorAdd(DType::kF32, 0, res, sum, kTopKBlock);  // as the workers' encoders add
     EncodeLeaving(dst + at, res, keep);
   }
 }

@@ -175,7 +175,8 @@ def _bench(nbytes: int, reps: int) -> dict:
             source = jax.device_put(_values(kind, n), cpu)
             # a residual that is not zero (zeros would leave encode added's sum the values themselves)
             residual = jax.device_put(np.ascontiguousarray(_values(kind, n)[::-1] * np.float32(0.25)), cpu)
-            records = jax.block_until_ready(timed["encode_cpp"](touched(source)))[0]
+            encoded = jax.block_until_ready(timed["encode_cpp"](touched(source)))
+            records = encoded[0]
             given = {"values": source, "residual": residual}
 
             def args(name):
@@ -191,7 +192,7 @@ def _bench(nbytes: int, reps: int) -> dict:
                     if round_:  # round 0 compiles
                         times[name].append(time.perf_counter() - t0)
             values = np.asarray(source)
-            cpp = [np.asarray(a) for a in timed["encode_cpp"](touched(source))]
+            cpp = [np.asarray(a) for a in encoded]
             xla = [np.asarray(a) for a in timed["encode_xla"](touched(source))]
             decoded = (np.asarray(timed["decode_cpp"](cpp[0])), np.asarray(timed["decode_xla"](cpp[0])))
             _check(codec, kind, values, cpp, xla, decoded)

@@ -428,7 +428,6 @@ def goals(doc: dict) -> list[dict]:
                 "target": "<= 1.10",
             }
         )
-    for k, c in cases.items():
         out += compression_goals(k, c["jbps"])
     gloo = doc["peers"].get("gloo")
     if gloo:
@@ -563,7 +562,11 @@ def _cpu_text(cpu: dict | None) -> str:
     return (
         f"{ms(cpu['busy_core_s'])} core-ms ({ms(cpu['user_core_s'])} + {ms(cpu['system_core_s'])} + "
         f"{ms(cpu['interrupt_core_s'])}), cores {cpu['busy_share']:.0%} busy"
-        + (f", {ms(cpu['steal_core_s'])} core-ms stolen by the hypervisor" if cpu.get("steal_core_s") else "")
+        + (
+            f", {ms(cpu['steal_core_s'])} core-ms stolen by the hypervisor"
+            if cpu.get("steal_core_s", 0) >= 5e-4
+            else ""
+        )
     )
 
 
