@@ -266,6 +266,13 @@ def partition_bytes(call_bytes: int) -> int:
     return given if given is not None else defaults.partition_bytes(call_bytes, _fractions, _spans_hosts)
 
 
+def spans_hosts() -> bool:
+    """Whether the job's bytes cross a network (defaults.spans_hosts of its servers): then a
+    psum is a pipeline across hosts, and large shards' ends go in pieces (plan.chunk_sizes)."""
+    config()
+    return _spans_hosts
+
+
 def next_auto_name(prefix: str) -> str:
     """A name for an unnamed psum: the n-th traced in this process. Workers run
     the same program, so they trace psums in the same order."""

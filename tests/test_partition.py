@@ -1,6 +1,7 @@
 """The optimal split, byte-balanced routing, priorities and `jbps plan`,
 checked against first-principles traffic counts and published formulas."""
 
+import itertools
 import json
 import os
 import random
@@ -244,6 +245,7 @@ def test_the_plan_cuts_shards_as_the_engine_does(seed):
         "topk": None,  # records of a random keep, which sizes them
     }
     rng = random.Random(seed)
+    ramped = 0
     for _ in range(200):
         name = rng.choice(sorted(dtypes))
         param = rng.choice([1, 10, 51, 333, 512]) if name == "topk" else 0
@@ -251,12 +253,21 @@ def test_the_plan_cuts_shards_as_the_engine_does(seed):
         partition = rng.choice([1, 3, 7, 40, 4096, 65536, 1 << 20, rng.randint(1, 1 << 22)])
         shards = rng.randint(1, 4)
         size = rng.randint(1, min(300_000, 64 * partition))  # a few chunks a shard: the plan lists each
-        plan = make_plan("c", ["['w']"], [(size,)], [dtype], shards, partition_bytes=partition, server_fractions=[1.0])
-        leaf = plan.leaves[0]
-        assert leaf.chunk_bytes == _core.engine_chunk_bytes(name, partition, param), (name, partition, param)
-        assert leaf.num_chunks == _core.engine_num_chunks(leaf.shard_bytes, name, partition, param), (
-            name,
-            partition,
-            size,
-            param,
+        ramp = rng.random() < 0.5
+        if ramp and rng.random() < 0.5:  # long enough for the ramps, often
+            least = 8 * partition * shards // np.dtype(dtype).itemsize
+            size = rng.randint(max(1, least - shards), least + 4 * partition)
+        plan = make_plan(
+            "c", ["['w']"], [(size,)], [dtype], shards, partition_bytes=partition, server_fractions=[1.0], ramp=ramp
         )
+        leaf = plan.leaves[0]
+        what = (name, partition, size, param, ramp)
+        assert leaf.chunk_bytes == _core.engine_chunk_bytes(name, partition, param), what
+        engine = _core.engine_chunk_sizes(leaf.shard_bytes, name, partition, param, ramp)
+        sizes = leaf.chunk_sizes()
+        assert [nbytes for _, nbytes in engine] == sizes and leaf.num_chunks == len(engine), what
+        # The chunks tile the shard, in order, none empty, none over a partition.
+        assert [offset for offset, _ in engine] == [0, *itertools.accumulate(sizes)][:-1], what
+        assert sum(sizes) == leaf.shard_bytes and all(0 < b <= leaf.chunk_bytes for b in sizes), what
+        ramped += leaf.ramped
+    assert ramped > 10  # the ramps were exercised, not only the plain cut

@@ -235,16 +235,18 @@ void Engine::Submit(CallSpec spec, DoneFn done, EarlyDoneFn early) {
   for (size_t i = 0; i < call->spec.operands.size(); ++i) {
     const Operand& op = call->spec.operands[i];
     if (op.nbytes == 0) continue;
-    size_t part = ChunkBytes(op.dtype, op.param, partition);
-    uint32_t n = static_cast<uint32_t>((op.nbytes + part - 1) / part);
+    const ChunkLayout layout(op.nbytes, op.dtype, op.param, partition, call->spec.ramp);
+    const uint32_t n = static_cast<uint32_t>(layout.count());
     for (uint32_t c = 0; c < n; ++c) {
       auto ch = std::make_shared<Chunk>();
       ch->call = call;
       ch->op = static_cast<int>(i);
       ch->dtype = op.dtype;
       ch->param = op.param;
-      ch->nbytes = std::min(part, op.nbytes - c * part);
-      ch->parts.push_back(Part{ch->op, c * part, ch->nbytes});
+      size_t offset = 0;
+      layout.At(c, &offset, &ch->nbytes);
+      ch->ramp = layout.InRamp(c);
+      ch->parts.push_back(Part{ch->op, offset, ch->nbytes});
       ch->key = ChunkKey(op.base_key, call->spec.shard, c);
       ch->priority = op.priority;
       ch->server = next_server < call->spec.servers.size() ? call->spec.servers[next_server] : -1;

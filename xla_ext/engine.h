@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -63,6 +64,33 @@ struct Operand {
   int64_t priority = 0;   // larger is sent sooner
 };
 
+// Where each chunk of an operand lies. Chunks are one partition each (the
+// last what is left), except with `ramp` (across hosts) for an operand of a
+// plain dtype at least kRampMinParts partitions long: its first partition goes
+// as pieces of 1/8, 1/8, 1/4 and 1/2 of it and its last as 1/2, 1/4, 1/8 and
+// 1/8. A psum across hosts is a pipeline: a chunk's sum leaves its server only
+// once every worker's copy is in, so the first sums wait for the first chunks
+// and the last pulls for the last pushes; small pieces at both ends shorten
+// both waits. jbps/partition/plan.py's chunk_sizes is the same rule.
+struct ChunkLayout {
+  static constexpr size_t kRampMinParts = 8;
+  static constexpr size_t kRampEighths[4] = {1, 1, 2, 4};  // of a partition, summing to 8
+
+  ChunkLayout(size_t nbytes, DType dtype, uint16_t param, size_t partition_bytes, bool ramp);
+  size_t count() const;
+  // Byte offset and size of chunk c < count().
+  void At(size_t c, size_t* offset, size_t* size) const;
+  bool InRamp(size_t c) const {
+    return ramped_ && (c < std::size(kRampEighths) || c >= std::size(kRampEighths) + middle_);
+  }
+
+ private:
+  size_t nbytes_ = 0;
+  size_t part_ = 0;
+  size_t middle_ = 0;  // chunks between the ramps (all of them without)
+  bool ramped_ = false;
+};
+
 // The plan fixes the chunking and each chunk's server (jbps/partition), so
 // every worker cuts and routes the same tensor the same way.
 struct CallSpec {
@@ -70,6 +98,7 @@ struct CallSpec {
   uint32_t shard = 0;                // which local-device shard of each tensor this is
   std::string names;                 // tensor names, one line per operand, for errors and traces
   size_t partition_bytes = 4 << 20;  // largest chunk; rounded down to whole elements
+  bool ramp = false;                 // large operands' first and last partition in pieces (ChunkLayout)
   std::vector<int32_t> servers;      // server of each chunk, operand by operand
   // The whole call's tree ("psum NAME" then "path dtype[shape]" per leaf).
   // Every data push carries its digest, and a server sums no round whose
@@ -162,8 +191,9 @@ class Engine {
   // down to whole elements (at least one). jbps/partition/plan.py's
   // chunk_size is the same rule; the FFI handler checks the two agree.
   static size_t ChunkBytes(DType dtype, uint16_t param, size_t partition_bytes);
-  // Chunk count of an operand of `nbytes` under the call's partition size.
-  static size_t NumChunks(size_t nbytes, DType dtype, uint16_t param, size_t partition_bytes);
+  // Chunk count of an operand of `nbytes` under the call's partition size
+  // (and ramp: ChunkLayout).
+  static size_t NumChunks(size_t nbytes, DType dtype, uint16_t param, size_t partition_bytes, bool ramp);
 
   // Never blocks on the network; `done` runs on a completion thread (one
   // per local device: XLA may go on with the device's program in it). With

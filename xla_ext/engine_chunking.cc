@@ -28,9 +28,42 @@ size_t Engine::ChunkBytes(DType dtype, uint16_t param, size_t partition_bytes) {
   return std::max(elem, partition_bytes - partition_bytes % elem);
 }
 
-size_t Engine::NumChunks(size_t nbytes, DType dtype, uint16_t param, size_t partition_bytes) {
-  size_t part = ChunkBytes(dtype, param, partition_bytes);
-  return (nbytes + part - 1) / part;
+size_t Engine::NumChunks(size_t nbytes, DType dtype, uint16_t param, size_t partition_bytes, bool ramp) {
+  return ChunkLayout(nbytes, dtype, param, partition_bytes, ramp).count();
+}
+
+ChunkLayout::ChunkLayout(size_t nbytes, DType dtype, uint16_t param, size_t partition_bytes, bool ramp)
+    : nbytes_(nbytes), part_(Engine::ChunkBytes(dtype, param, partition_bytes)) {
+  // Compressed records are not cut below a partition: their blocks are the codec's.
+  const bool plain = dtype != DType::kOneBit && dtype != DType::kTopK;
+  ramped_ = ramp && plain && part_ % (8 * DTypeSize(dtype, param)) == 0 && nbytes >= kRampMinParts * part_;
+  const size_t between = ramped_ ? nbytes - 2 * part_ : nbytes;
+  middle_ = (between + part_ - 1) / part_;
+}
+
+size_t ChunkLayout::count() const { return middle_ + (ramped_ ? 2 * std::size(kRampEighths) : 0); }
+
+void ChunkLayout::At(size_t c, size_t* offset, size_t* size) const {
+  const size_t ramp = ramped_ ? std::size(kRampEighths) : 0;
+  const size_t eighth = part_ / 8;
+  if (c < ramp) {  // up: 1, 1, 2, 4 eighths of the first partition
+    *offset = 0;
+    for (size_t i = 0; i < c; ++i) *offset += kRampEighths[i] * eighth;
+    *size = kRampEighths[c] * eighth;
+    return;
+  }
+  if (c < ramp + middle_) {
+    const size_t start = ramped_ ? part_ : 0;
+    const size_t end = ramped_ ? nbytes_ - part_ : nbytes_;
+    *offset = start + (c - ramp) * part_;
+    *size = std::min(part_, end - *offset);
+    return;
+  }
+  // Down: 4, 2, 1, 1 eighths of the last partition.
+  const size_t j = c - ramp - middle_;
+  *offset = nbytes_ - part_;
+  for (size_t i = 0; i < j; ++i) *offset += kRampEighths[ramp - 1 - i] * eighth;
+  *size = kRampEighths[ramp - 1 - j] * eighth;
 }
 
 // Small chunks bound for one server travel as one message: per message a
@@ -51,7 +84,7 @@ std::vector<ChunkPtr> FuseSmallChunks(std::vector<ChunkPtr> chunks, size_t parti
   uint64_t fused = 0;
   for (size_t i : order) {
     ChunkPtr& ch = chunks[i];
-    if (ch->nbytes > small) continue;
+    if (ch->nbytes > small || ch->ramp) continue;  // a ramp piece is small to go alone
     auto it = open.find(ch->server);
     if (it != open.end()) {
       ChunkPtr& g = it->second;

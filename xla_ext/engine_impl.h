@@ -162,6 +162,7 @@ struct Chunk {
   int64_t priority = 0;
   uint64_t seq = 0;
   bool skipped = false;  // never sent (its call failed first)
+  bool ramp = false;     // a piece of a ramp (ChunkLayout): never fused
   bool tree = false;     // the call's tree check (kTree), not data
   std::string payload;   // a tree check's: its digest, then its description when the server has not seen it
   ChunkTimes times;      // set only when tracing

@@ -2,8 +2,9 @@
 // Results: one summed shard per tensor, same shapes and dtypes.
 // Attributes: leaf_keys (int64 per tensor, identical on every worker),
 // priorities (int64 per tensor, larger sooner), names (tensor names, one per
-// line), partition_bytes (int64, the largest chunk), chunk_servers (int32, the
-// server of every chunk: shard by shard, tensor by tensor, chunk by chunk),
+// line), partition_bytes (int64, the largest chunk), ramp (bool: large
+// tensors' ends in pieces, ChunkLayout), chunk_servers (int32, the server of
+// every chunk: shard by shard, tensor by tensor, chunk by chunk),
 // tree (the whole call's leaves, checked across workers by a server) and
 // tree_key (int64, where that check meets).
 //
@@ -45,7 +46,7 @@ ffi::Future Failed(std::string msg) {
 
 ffi::Future PsumCpu(ffi::Buffer<ffi::S32> shard_index, ffi::RemainingArgs args, ffi::RemainingRets rets,
                     ffi::Span<const int64_t> leaf_keys, ffi::Span<const int64_t> priorities, std::string_view names,
-                    int64_t partition_bytes, ffi::Span<const int32_t> chunk_servers, std::string_view tree,
+                    int64_t partition_bytes, bool ramp, ffi::Span<const int32_t> chunk_servers, std::string_view tree,
                     int64_t tree_key) {
   const size_t n = args.size();
   if (rets.size() != n || leaf_keys.size() != n || priorities.size() != n)
@@ -58,6 +59,7 @@ ffi::Future PsumCpu(ffi::Buffer<ffi::S32> shard_index, ffi::RemainingArgs args, 
   spec.tree = std::string(tree);
   spec.tree_key = static_cast<uint64_t>(tree_key);
   spec.partition_bytes = static_cast<size_t>(partition_bytes);
+  spec.ramp = ramp;
   spec.operands.resize(n);
   size_t chunks_per_shard = 0;
   for (size_t i = 0; i < n; ++i) {
@@ -66,7 +68,7 @@ ffi::Future PsumCpu(ffi::Buffer<ffi::S32> shard_index, ffi::RemainingArgs args, 
                                       priorities[i], &op, &op.in, &op.out);
     if (!err.empty()) return Failed(err);
     if (op.out != op.in && Engine::Get().huge_pages()) PrepareFreshOutput(op.out, op.nbytes);  // a fresh buffer
-    chunks_per_shard += Engine::NumChunks(op.nbytes, op.dtype, op.param, spec.partition_bytes);
+    chunks_per_shard += Engine::NumChunks(op.nbytes, op.dtype, op.param, spec.partition_bytes, ramp);
   }
   const size_t first = static_cast<size_t>(spec.shard) * chunks_per_shard;
   if (first + chunks_per_shard > chunk_servers.size())

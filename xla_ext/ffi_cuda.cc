@@ -85,6 +85,7 @@ struct CallState {
   std::vector<int32_t> chunk_servers;
   size_t chunks_per_shard = 0;
   size_t partition_bytes = 0;
+  bool ramp = false;
   // The call's tree check travels with the first tensor that has bytes (the
   // engine sends it beside that tensor's chunks); every tensor's pushes carry
   // the tree's digest, so no tensor of a mismatched call is summed.
@@ -139,6 +140,7 @@ void SubmitHostFn(void* arg) {
   spec.shard = static_cast<uint32_t>(shard);
   spec.names = t->name;
   spec.partition_bytes = c->partition_bytes;
+  spec.ramp = c->ramp;
   spec.operands = {t->op};
   spec.tree_digest = c->tree_digest;
   if (t == c->tree_carrier) {
@@ -200,7 +202,7 @@ std::vector<std::string> SplitLines(std::string_view s, size_t n) {
 
 ffi::Error PsumCuda(cudaStream_t stream, ffi::Buffer<ffi::S32> shard_index, ffi::RemainingArgs args,
                     ffi::RemainingRets rets, ffi::Span<const int64_t> leaf_keys, ffi::Span<const int64_t> priorities,
-                    std::string_view names, int64_t partition_bytes, ffi::Span<const int32_t> chunk_servers,
+                    std::string_view names, int64_t partition_bytes, bool ramp, ffi::Span<const int32_t> chunk_servers,
                     std::string_view tree, int64_t tree_key) {
   std::string earlier = TakeDeferred();
   if (!earlier.empty()) return ffi::Error(ffi::ErrorCode::kUnavailable, "jbps: an earlier psum failed: " + earlier);
@@ -213,6 +215,7 @@ ffi::Error PsumCuda(cudaStream_t stream, ffi::Buffer<ffi::S32> shard_index, ffi:
 
   auto call = std::make_shared<CallState>();
   call->partition_bytes = static_cast<size_t>(partition_bytes);
+  call->ramp = ramp;
   call->chunk_servers.assign(chunk_servers.begin(), chunk_servers.end());
   call->tree = std::string(tree);
   call->tree_key = static_cast<uint64_t>(tree_key);
@@ -229,7 +232,7 @@ ffi::Error PsumCuda(cudaStream_t stream, ffi::Buffer<ffi::S32> shard_index, ffi:
                                       priorities[i], &t->op, &device_in[i], &device_out[i]);
     if (!err.empty()) return ffi::Error::InvalidArgument(err);
     t->first_chunk = call->chunks_per_shard;
-    t->num_chunks = Engine::NumChunks(t->op.nbytes, t->op.dtype, t->op.param, call->partition_bytes);
+    t->num_chunks = Engine::NumChunks(t->op.nbytes, t->op.dtype, t->op.param, call->partition_bytes, ramp);
     call->chunks_per_shard += t->num_chunks;
     if (t->op.nbytes > 0) ++call->pending;
     if (t->op.nbytes > 0 && call->tree_carrier == nullptr) call->tree_carrier = t.get();

@@ -67,6 +67,7 @@ auto BindPsumAttrs(Binding binding) {
       .template Attr<xla::ffi::Span<const int64_t>>("priorities")
       .template Attr<std::string_view>("names")
       .template Attr<int64_t>("partition_bytes")
+      .template Attr<bool>("ramp")
       .template Attr<xla::ffi::Span<const int32_t>>("chunk_servers")
       .template Attr<std::string_view>("tree")
       .template Attr<int64_t>("tree_key");

@@ -1,6 +1,7 @@
 // jbps._core: the Python face of the C++ engine, server and FFI handler.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -443,11 +444,15 @@ NB_MODULE(_core, m) {
       },
       nb::arg("dtype"), nb::arg("partition_bytes"), nb::arg("param") = 0);
   m.def(
-      "engine_num_chunks",
-      [](size_t nbytes, const std::string& dtype, size_t partition_bytes, uint16_t param) {
-        return jbps::Engine::NumChunks(nbytes, ParseDTypeWith(dtype, param), param, partition_bytes);
+      "engine_chunk_sizes",
+      [](size_t nbytes, const std::string& dtype, size_t partition_bytes, uint16_t param, bool ramp) {
+        // (offset, bytes) of each chunk, as the engine cuts an operand.
+        const jbps::ChunkLayout layout(nbytes, ParseDTypeWith(dtype, param), param, partition_bytes, ramp);
+        std::vector<std::pair<size_t, size_t>> out(layout.count());
+        for (size_t c = 0; c < out.size(); ++c) layout.At(c, &out[c].first, &out[c].second);
+        return out;
       },
-      nb::arg("nbytes"), nb::arg("dtype"), nb::arg("partition_bytes"), nb::arg("param") = 0);
+      nb::arg("nbytes"), nb::arg("dtype"), nb::arg("partition_bytes"), nb::arg("param") = 0, nb::arg("ramp") = false);
 
   nb::class_<PyChunkQueue>(m, "ChunkQueue")
       .def(nb::init<int>(), nb::arg("credit"))

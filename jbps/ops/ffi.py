@@ -77,6 +77,7 @@ def push_pull(
         priorities=np.array([plan.leaves[i].priority for i in leaves], dtype=np.int64),
         names="\n".join(f"{plan.name}{plan.leaves[i].path}" for i in leaves),
         partition_bytes=np.int64(plan.partition_bytes),
+        ramp=bool(plan.ramp),
         chunk_servers=np.array(routes, dtype=np.int32),
         tree=tree,
         tree_key=np.int64(leaf_key(plan.name, TREE_PATH)),

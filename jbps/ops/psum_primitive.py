@@ -397,6 +397,7 @@ def _push_pull_one(wire, members, call, priorities, slot, num_groups):
         num_groups=num_groups,
         partition_bytes=runtime.partition_bytes(call_bytes),
         server_fractions=runtime.server_fractions(),
+        ramp=runtime.spans_hosts(),
         priorities=tuple(priorities[i] for i in idx),
     )
     described = [wire.described(i) for i in idx]

@@ -98,6 +98,7 @@ def plan_rows(
             [np.dtype(d) for d in dtypes],
             local_devices,
             partition_bytes=chunk,
+            ramp=True,  # across hosts, as jbps cuts it there
             server_fractions=fractions,
         )
         per_server = plan.server_bytes(len(roles))

@@ -21,7 +21,10 @@ not the network: chunks of about M/(48·S) (the nearest power of two, between
 32 KiB and 4 MiB; 48 KiB instead of 64 KiB, which stalls:
 STALLING_PARTITION_BYTES), and a window of one chunk per server that gets
 bytes plus two, which keeps every server's link fed and the pipeline's ends a
-few percent of the call.
+few percent of the call. The ends are shorter still because a large tensor's
+first and last partition go in pieces of 1/8 to 1/2 of a chunk across hosts
+(plan.py, chunk_sizes): the first sums come back sooner and the last pulls
+follow the last pushes sooner.
 """
 
 from __future__ import annotations

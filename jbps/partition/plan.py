@@ -5,7 +5,8 @@ the reduced axes; device d reduces shard d of every leaf across workers.
 Devices that differ along mapped axes the psum does not reduce over form
 separate groups (as for lax.psum over some axes of a mesh): group g's shard s
 has the slot g * L + s, unique among a worker's devices. Each shard is cut
-into chunks of at most the partition size; chunk c of slot s is keyed
+into chunks of at most the partition size (across hosts a large shard's
+first and last partition in smaller pieces: chunk_sizes); chunk c of slot s is keyed
 ChunkKey(leaf_key, s, c) by the engine, so groups never share keys. The leaf key is a hash of
 the psum's name and the leaf's path, so every worker computes the same key
 without talking to the others. The plan also fixes each chunk's server
@@ -36,8 +37,13 @@ class LeafPlan:
     key: int  # signed 64-bit, as the FFI attribute carries it
     priority: int  # larger is sent sooner
     shard_bytes: int  # bytes of one device's shard
-    chunk_bytes: int  # bytes of every chunk but the last of a shard
+    chunk_bytes: int  # bytes of every chunk but the ramp's pieces and the last of a shard
     num_chunks: int  # chunks per shard
+    ramped: bool = False  # the shard's first and last partition go in pieces (chunk_sizes)
+
+    def chunk_sizes(self) -> list[int]:
+        """Bytes of each chunk of a shard, in order."""
+        return chunk_sizes(self.shard_bytes, self.chunk_bytes, self.ramped)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +55,7 @@ class CallPlan:
     # Server of every chunk, ordered slot by slot, then leaf by leaf, then chunk.
     chunk_servers: tuple[int, ...]
     num_groups: int = 1  # positions along the mapped axes not reduced over
+    ramp: bool = False  # large shards' first and last partition in pieces (chunk_sizes)
 
     @property
     def num_slots(self) -> int:
@@ -64,10 +71,11 @@ class CallPlan:
 
     def chunks(self):
         """(slot, leaf index, chunk, bytes) in chunk_servers order."""
+        sizes = [leaf.chunk_sizes() for leaf in self.leaves]
         for shard in range(self.num_slots):
-            for index, leaf in enumerate(self.leaves):
-                for c in range(leaf.num_chunks):
-                    yield shard, index, c, min(leaf.chunk_bytes, leaf.shard_bytes - c * leaf.chunk_bytes)
+            for index in range(len(self.leaves)):
+                for c, nbytes in enumerate(sizes[index]):
+                    yield shard, index, c, nbytes
 
 
 def leaf_key(name: str, path: str) -> int:
@@ -92,6 +100,39 @@ def chunk_size(partition_bytes: int, itemsize: int) -> int:
     return max(itemsize, partition_bytes - partition_bytes % itemsize)
 
 
+# A psum across hosts is a pipeline: a chunk's sum leaves its server only once
+# every worker's copy of it is in, so the first sums wait for the first chunks
+# to cross every link and the last pulls for the last pushes, each wait about
+# one chunk's time on a link per worker. A shard of at least RAMP_MIN_PARTS
+# partitions therefore goes with its first partition in pieces of RAMP_EIGHTHS
+# eighths of it, and its last in the same pieces backwards; the engine cuts
+# the same (xla_ext/engine.h, ChunkLayout).
+RAMP_EIGHTHS = (1, 1, 2, 4)
+RAMP_MIN_PARTS = 8
+
+
+def ramps(shard_bytes: int, chunk_bytes: int, dtype: np.dtype, ramp: bool) -> bool:
+    """Whether a shard is cut with ramps: with `ramp` (the call's), a plain dtype (compressed
+    records keep their blocks), partitions of whole eighths and a shard long enough."""
+    return (
+        ramp
+        and np.dtype(dtype) in SUPPORTED_DTYPES
+        and chunk_bytes % (8 * np.dtype(dtype).itemsize) == 0
+        and shard_bytes >= RAMP_MIN_PARTS * chunk_bytes
+    )
+
+
+def chunk_sizes(shard_bytes: int, chunk_bytes: int, ramped: bool) -> list[int]:
+    """Bytes of each chunk of a shard: partitions, the last what is left; ramped, the first
+    and last partition in pieces."""
+    if not ramped:
+        full, rest = divmod(shard_bytes, chunk_bytes)
+        return [chunk_bytes] * full + ([rest] if rest else [])
+    eighth = chunk_bytes // 8
+    up = [e * eighth for e in RAMP_EIGHTHS]
+    return up + chunk_sizes(shard_bytes - 2 * chunk_bytes, chunk_bytes, False) + up[::-1]
+
+
 def make_plan(
     name: str,
     paths: Sequence[str],
@@ -103,10 +144,12 @@ def make_plan(
     server_fractions: Sequence[float],
     priorities: Sequence[int] | None = None,
     num_groups: int = 1,
+    ramp: bool = False,
 ) -> CallPlan:
     """The plan of one call. priorities: one per leaf, larger sooner; by
     default the pytree order, first leaf first. num_groups: how many groups
-    of num_shards devices sum separately (see the module's docstring)."""
+    of num_shards devices sum separately (see the module's docstring). ramp:
+    large shards' ends go in pieces (chunk_sizes; jbps does it across hosts)."""
     leaves = []
     for index, (path, shape, dtype) in enumerate(zip(paths, shapes, dtypes)):
         dtype = np.dtype(dtype)
@@ -114,6 +157,7 @@ def make_plan(
         padded = -(-size // num_shards) * num_shards
         shard_bytes = padded // num_shards * dtype.itemsize
         part = chunk_size(partition_bytes, dtype.itemsize)
+        ramped = ramps(shard_bytes, part, dtype, ramp)
         leaves.append(
             LeafPlan(
                 path=path,
@@ -125,10 +169,11 @@ def make_plan(
                 priority=-index if priorities is None else int(priorities[index]),
                 shard_bytes=shard_bytes,
                 chunk_bytes=part,
-                num_chunks=-(-shard_bytes // part),
+                num_chunks=len(chunk_sizes(shard_bytes, part, ramped)),
+                ramped=ramped,
             )
         )
-    draft = CallPlan(name, tuple(leaves), num_shards, partition_bytes, (), num_groups)
+    draft = CallPlan(name, tuple(leaves), num_shards, partition_bytes, (), num_groups, ramp)
     chunks = list(draft.chunks())
     # The engine's send order: higher priority first, then leaf position, then chunk.
     order = [(shard, -leaves[i].priority, i, c) for shard, i, c, _ in chunks]
