@@ -114,12 +114,18 @@ RAMP_MIN_PARTS = 8
 def ramps(shard_bytes: int, chunk_bytes: int, dtype: np.dtype, ramp: bool) -> bool:
     """Whether a shard is cut with ramps: with `ramp` (the call's), a plain dtype (compressed
     records keep their blocks), partitions of whole eighths and a shard long enough."""
+    dtype = np.dtype(dtype)
     return (
         ramp
-        and np.dtype(dtype) in SUPPORTED_DTYPES
-        and chunk_bytes % (8 * np.dtype(dtype).itemsize) == 0
+        and dtype in SUPPORTED_DTYPES
+        and chunk_bytes % (8 * dtype.itemsize) == 0
         and shard_bytes >= RAMP_MIN_PARTS * chunk_bytes
     )
+
+
+def num_chunks(shard_bytes: int, chunk_bytes: int, ramped: bool) -> int:
+    """len(chunk_sizes(...)) without listing them: a ramp turns two partitions into 2 x 4 pieces."""
+    return -(-shard_bytes // chunk_bytes) + (2 * (len(RAMP_EIGHTHS) - 1) if ramped else 0)
 
 
 def chunk_sizes(shard_bytes: int, chunk_bytes: int, ramped: bool) -> list[int]:
@@ -169,7 +175,7 @@ def make_plan(
                 priority=-index if priorities is None else int(priorities[index]),
                 shard_bytes=shard_bytes,
                 chunk_bytes=part,
-                num_chunks=len(chunk_sizes(shard_bytes, part, ramped)),
+                num_chunks=num_chunks(shard_bytes, part, ramped),
                 ramped=ramped,
             )
         )
