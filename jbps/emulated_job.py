@@ -66,6 +66,20 @@ class JobFailed(RuntimeError):
     pass
 
 
+# What tells a process it is part of a job, or changes jbps's settings: jbps's,
+# BytePS's and MPI launchers' variables.
+JOB_VARIABLE_PREFIXES = ("JBPS_", "DMLC_", "BYTEPS_", "PMI_", "OMPI_", "PMIX_")
+
+
+def job_free_env(**extra: str) -> dict[str, str]:
+    """This process's environment (PATH, XLA_FLAGS, ...) without job variables,
+    plus `extra`: what a job started here runs with, so its settings are
+    jbps's defaults unless `extra` sets them."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(JOB_VARIABLE_PREFIXES)}
+    env.update(extra)
+    return env
+
+
 def python_env(base: Mapping[str, str] | None = None, **extra: str) -> dict[str, str]:
     """The environment for jbps processes: importing this jbps first."""
     env = dict(os.environ if base is None else base)

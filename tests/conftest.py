@@ -11,20 +11,17 @@ import pytest
 
 import jbps
 from jbps import _core
+from jbps import emulated_job
 from jbps.local_cluster import _REPO_ROOT, LocalCluster, last_json_line
 
 WORKERS = os.path.join(os.path.dirname(__file__), "workers")
-# What tells a process it is part of a job: jbps's, BytePS's and MPI launchers' variables.
-JOB_VARIABLE_PREFIXES = ("JBPS_", "DMLC_", "BYTEPS_", "PMI_", "OMPI_", "PMIX_")
 
 
 def job_free_env(**extra):
     """This environment without any job variables, importing the jbps under
     test (PYTHONPATH first), plus `extra`: for processes a test starts itself."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(JOB_VARIABLE_PREFIXES)}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, os.environ.get("PYTHONPATH")) if p)
-    env.update(extra)
-    return env
+    pythonpath = os.pathsep.join(p for p in (_REPO_ROOT, os.environ.get("PYTHONPATH")) if p)
+    return emulated_job.job_free_env(**{"PYTHONPATH": pythonpath, **extra})
 
 
 def pytest_addoption(parser):

@@ -11,7 +11,7 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
 import jbps
-from conftest import JOB_VARIABLE_PREFIXES
+from jbps.emulated_job import JOB_VARIABLE_PREFIXES
 from jbps import _core
 
 L = 4

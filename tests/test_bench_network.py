@@ -11,12 +11,18 @@ import pytest
 
 from conftest import job_free_env, needs_emulated_hosts
 
+from jbps.runtime import FFI_TARGET
+
 pytestmark = needs_emulated_hosts
 
 
-def _run(module, *argv, timeout=600):
+def _run(module, *argv, timeout=600, env=None):
     return subprocess.run(
-        [sys.executable, "-m", module, *argv], env=job_free_env(), capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", module, *argv],
+        env=env or job_free_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -25,16 +31,20 @@ def _namespaces():
     return {line.split()[0] for line in out.splitlines() if line.startswith("jbps-")}
 
 
-def _run_json(module, *argv):
+def _run_json(module, *argv, env=None):
     """The bench's --json document; it must have removed every namespace it made."""
     before = _namespaces()
-    proc = _run(module, *argv, "--json")
+    proc = _run(module, *argv, "--json", env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert _namespaces() == before
     return json.loads(proc.stdout)
 
 
-def test_network_bench_runs_every_tool_and_reports_the_split():
+def test_network_bench_runs_every_tool_and_reports_the_split(tmp_path):
+    # The jobs run in the caller's environment (here XLA_FLAGS: their programs are dumped)
+    # without its job variables (a stray setting would fail every psum).
+    dump = tmp_path / "xla"
+    env = job_free_env(XLA_FLAGS=f"--xla_dump_to={dump}", JBPS_PARTITION_BYTES="not a size")
     doc = _run_json(
         "jbps.bench.network",
         "--workers",
@@ -51,7 +61,10 @@ def test_network_bench_runs_every_tool_and_reports_the_split():
         "1",
         "--compression",
         "bf16",
+        env=env,
     )
+    programs = [f.read_text(errors="replace") for f in dump.glob("*.txt")]
+    assert any(f'custom_call_target="{FFI_TARGET}"' in p for p in programs), len(programs)
     cases = {c["k"]: c["jbps"] for c in doc["cases"]}
     for k in (0, 1):
         assert cases[k]["defaults"]["median_s"] > 0 and cases[k]["compression bf16"]["median_s"] > 0, cases[k]

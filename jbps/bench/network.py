@@ -36,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..emulated_job import JobFailed, python_env, run_job
+from ..emulated_job import JobFailed, job_free_env, python_env, run_job
 from ..emulated_network import MPI_TCP_ENV, EmulatedNetwork, NetworkError, format_rate, parse_rate
 from ..partition.split import allreduce_time_s, optimal_split
 from ..procs import terminate
@@ -192,7 +192,7 @@ def variants(partitions: list[int], credits: list[int], compressions: list[str] 
 
 
 def bench_jbps(net: EmulatedNetwork, n: int, k: int, args, variant: dict) -> dict:
-    env = dict(variant["env"])
+    env = job_free_env(**variant["env"])
     if args.trace_dir:
         tag = variant["name"].replace(" ", "").replace(",", "_")
         env["JBPS_TRACE_DIR"] = str(Path(args.trace_dir).resolve() / f"k{k}" / tag)
