@@ -153,7 +153,9 @@ def run_jbps(net, n, k, args, mode: str, bucket_bytes: int | None, trace_dir: st
     argv = ["-m", "jbps.bench.step_worker", "--mode", mode, *_model_args(args)]
     if bucket_bytes is not None:
         argv += ["--bucket-bytes", str(bucket_bytes)]
-    env = job_free_env(JBPS_TRACE_DIR=trace_dir) if trace_dir else job_free_env()
+    env = job_free_env()
+    if trace_dir:
+        env["JBPS_TRACE_DIR"] = trace_dir
     result = run_job(net, list(range(n)), list(range(n + k)), argv, env=env, timeout_s=args.timeout)
     reports = _reports([w.stdout for w in result.workers], f"jbps {mode}")
     if mode == "jbps" and not all(r["params_equal"] for r in reports):
