@@ -81,8 +81,9 @@ def job_free_env(**extra: str) -> dict[str, str]:
 
 
 def python_env(base: Mapping[str, str] | None = None, **extra: str) -> dict[str, str]:
-    """The environment for jbps processes: importing this jbps first."""
-    env = dict(os.environ if base is None else base)
+    """The environment for jbps processes: importing this jbps first; `base`
+    by default this process's, without job variables (job_free_env)."""
+    env = dict(job_free_env() if base is None else base)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_PKG_PARENT, env.get("PYTHONPATH")) if p)
     env.update(extra)
     return env

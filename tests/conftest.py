@@ -10,8 +10,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import pytest
 
 import jbps
-from jbps import _core
-from jbps import emulated_job
+from jbps import _core, emulated_job
 from jbps.local_cluster import _REPO_ROOT, LocalCluster, last_json_line
 
 WORKERS = os.path.join(os.path.dirname(__file__), "workers")
