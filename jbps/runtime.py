@@ -15,7 +15,7 @@ from .extension import load_core
 
 _core = load_core()
 # The rest after the extension, so that its absence is what an import error names.
-from . import bootstrap, trace  # noqa: E402
+from . import bootstrap, link_rate, trace  # noqa: E402
 from .config import Config  # noqa: E402
 from .errors import JbpsError  # noqa: E402
 from .partition import defaults  # noqa: E402
@@ -43,6 +43,7 @@ _requested: Config | None = None  # what init() was asked, before a bootstrap fi
 _hosted: list = []  # summation servers this process runs (mpirun's colocated servers)
 _fractions: tuple[float, ...] = ()
 _spans_hosts = False
+_link_rate: float | None = None  # bytes/s of the busiest link, measured at init across hosts
 _ffi_registered = False
 _atexit_registered = False
 _names = itertools.count()
@@ -94,7 +95,7 @@ def init(**overrides) -> Session:
     initialized is a no-op; different settings raise JbpsError (call
     shutdown() first).
     """
-    global _config, _requested, _hosted, _fractions, _spans_hosts, _atexit_registered
+    global _config, _requested, _hosted, _fractions, _spans_hosts, _link_rate, _atexit_registered
     with _lock:
         requested = Config.resolve(overrides)
         if _config is not None:
@@ -131,6 +132,18 @@ def init(**overrides) -> Session:
             credit = defaults.credit(_fractions, across)
             _core.engine_set_credit(credit)
             config = dataclasses.replace(config, scheduling_credit=credit)
+        _link_rate = None
+        if across and config.partition_bytes is None:
+            # The default chunks fit the link (partition/defaults.py): measure it.
+            try:
+                _link_rate = link_rate.measure(
+                    _core.engine_server_roles(), _fractions, config.num_workers, config.timeout_s
+                )
+            except RuntimeError as exc:
+                _core.engine_stop("")
+                for server in hosted:
+                    server.stop()
+                raise JbpsError(f"jbps.init() failed measuring the network: {exc}") from None
         _config, _requested, _hosted = config, requested, hosted
         if not _atexit_registered:
             atexit.register(_shutdown_at_exit)
@@ -263,7 +276,14 @@ def partition_bytes(call_bytes: int) -> int:
     """The largest chunk of a psum of `call_bytes`: the user's JBPS_PARTITION_BYTES,
     else the default for where the job runs (jbps/partition/defaults.py)."""
     given = config().partition_bytes
-    return given if given is not None else defaults.partition_bytes(call_bytes, _fractions, _spans_hosts)
+    return given if given is not None else defaults.partition_bytes(call_bytes, _fractions, _spans_hosts, _link_rate)
+
+
+def link_bytes_per_s() -> float | None:
+    """The busiest link's rate jbps.init measured (link_rate.py), the same on
+    every worker; None on one host or with JBPS_PARTITION_BYTES set."""
+    config()
+    return _link_rate
 
 
 def spans_hosts() -> bool:

@@ -275,9 +275,22 @@ def test_defaults_follow_where_the_job_runs(server):
     assert defaults.partition_bytes(1 << 20, cpu_only, True) == 32 << 10  # the floor
     assert defaults.partition_bytes(16 << 20, cpu_only, True) == 48 << 10  # not 64 KiB, which stalls
     assert defaults.partition_bytes(8 << 30, cpu_only, True) == 4 << 20  # the ceiling
+    # With the link's rate known, a chunk takes at most CHUNK_LINK_S of it: the
+    # largest size that does (64 KiB counting as 48 KiB), the floor below that.
+    ladder = [32 << 10, 48 << 10] + [128 << 10 << i for i in range(6)]
+    for bits_per_s in (10e6, 100e6, 200e6, 300e6, 500e6, 1e9, 2.5e9, 10e9, 100e9):
+        rate = bits_per_s / 8
+        for call in (1 << 20, 32 << 20, 1 << 30, 8 << 30):
+            free = defaults.partition_bytes(call, cpu_only, True)
+            fits = [c for c in ladder if c <= rate * defaults.CHUNK_LINK_S] or [32 << 10]
+            want = min(free, max(fits))
+            assert defaults.partition_bytes(call, cpu_only, True, rate) == want, (bits_per_s, call)
+    assert defaults.partition_bytes(32 << 20, cpu_only, True, 200e6 / 8) == 48 << 10  # 200 Mbit/s
+    assert defaults.partition_bytes(32 << 20, cpu_only, True, 1e9 / 8) == 128 << 10  # 1 Gbit/s: as without
     with jbps.init(servers=[server], num_workers=1, worker_rank=0) as s:
         assert (s.config.scheduling_credit, s.config.partition_bytes) == (4, None)
         assert jbps.runtime.partition_bytes(1 << 30) == 1 << 20
+        assert jbps.runtime.link_bytes_per_s() is None  # one host: nothing to measure
     with jbps.init(servers=[server], num_workers=1, worker_rank=0, scheduling_credit=1, partition_bytes=8192) as s:
         assert s.config.scheduling_credit == 1 and jbps.runtime.partition_bytes(1 << 30) == 8192
 

@@ -69,7 +69,9 @@ def test_random_trees_across_hosts_match_numpy_and_split_bytes_by_role(hosts, mo
     # What the workers pushed is what the servers received, byte for byte...
     pushed = np.array([r["stats"]["server_bytes_pushed"] for r in reports])
     assert pushed.sum(axis=0).tolist() == [servers[a]["bytes_received"] for a in order]
-    # ...and each worker's bytes follow the optimal split, within one chunk per call.
+    # ...and each worker's bytes follow the optimal split, within one chunk per call
+    # (the psums' bytes: those of init's link probe came before).
+    pushed -= np.array([r["stats_at_init"]["server_bytes_pushed"] for r in reports])
     fractions = server_fractions(roles, len(WORKER_HOSTS))
     call_bytes = pushed[0].sum() / (rounds * devices)
     chunk = defaults.partition_bytes(int(call_bytes * devices), fractions, across_hosts=True)
@@ -80,6 +82,55 @@ def test_random_trees_across_hosts_match_numpy_and_split_bytes_by_role(hosts, mo
     for r in reports:
         s = r["stats"]
         assert s["shm_servers"] == 1 and 0 < s["bytes_shm"] < s["bytes_pushed"] + s["bytes_pulled"], s
+    check_measured_link(reports, hosts.rate, fractions)
+
+
+def check_measured_link(reports, rate_bits_per_s, fractions):
+    """jbps.init measured the link the same on every worker, near the cap the
+    emulated network put on it, and the default chunks follow: none takes
+    longer than CHUNK_LINK_S on that link."""
+    rates = {r["link_bytes_per_s"] for r in reports}
+    assert len(rates) == 1, "workers measured different rates, so their plans could differ: " + str(rates)
+    rate = rates.pop()
+    # TCP/IP headers leave ~0.95 of the cap, tbf's burst lets a little more through
+    # at first, and a busy 2-core machine carries less.
+    assert 0.4 * rate_bits_per_s / 8 <= rate <= 1.1 * rate_bits_per_s / 8, (rate, rate_bits_per_s)
+    chunk = {r["chunk_32mib"] for r in reports}
+    assert len(chunk) == 1, chunk
+    chunk = chunk.pop()
+    assert chunk == defaults.partition_bytes(32 << 20, fractions, True, rate)
+    assert chunk <= max(defaults.MIN_NETWORK_PARTITION_BYTES, rate * defaults.CHUNK_LINK_S), (chunk, rate)
+    return chunk
+
+
+def test_the_default_chunks_fit_a_slow_link():
+    # At 200 Mbit/s a 32 MiB psum's chunks are smaller than the call alone
+    # would choose (256 KiB over these three servers): 48 KiB.
+    with EmulatedNetwork(3, "200M") as slow:
+        result = run_job(
+            slow,
+            WORKER_HOSTS,
+            SERVER_HOSTS,
+            [
+                worker_script("random_trees.py"),
+                "--rounds",
+                "2",
+                "--mode",
+                "jit",
+                "--seed",
+                "3",
+                "--big-elems",
+                "300000",
+            ],
+            env=job_free_env(JBPS_TIMEOUT_S="60"),
+            timeout_s=300,
+        )
+        reports = [last_json(w.stdout) for w in result.workers]
+        assert len({r["digest"] for r in reports}) == 1, "workers got different sums"
+        roles = [result.servers_by_address()[a]["role"] for a in reports[0]["servers"]]
+        fractions = server_fractions(roles, len(WORKER_HOSTS))
+        chunk = check_measured_link(reports, slow.rate, fractions)
+        assert chunk < defaults.partition_bytes(32 << 20, fractions, True), chunk
 
 
 @pytest.mark.parametrize("cut", [2, 1], ids=["cpu-host", "worker-host"])
@@ -162,8 +213,9 @@ def test_mpirun_with_a_host_file_places_servers_by_host(hosts, tmp_path):
     assert f"jbps.server listening on {order[2]} for 2 workers (dedicated)" in out
     fractions = server_fractions(["colocated", "colocated", "dedicated"], 2)
     for r in reports:
-        pushed = r["stats"]["server_bytes_pushed"]
+        pushed = [a - b for a, b in zip(r["stats"]["server_bytes_pushed"], r["stats_at_init"]["server_bytes_pushed"])]
         chunk = defaults.partition_bytes(sum(pushed) // 3, fractions, across_hosts=True)  # per call
         for got, f in zip(pushed, fractions):
             assert abs(got - f * sum(pushed)) <= 6 * chunk, (pushed, fractions)
         assert r["stats"]["shm_servers"] == 1 and r["stats"]["bytes_shm"] > 0, r["stats"]
+    check_measured_link(reports, hosts.rate, fractions)

@@ -60,6 +60,19 @@ def test_split_is_optimal_among_alternatives():
         assert other >= best * (1 - 1e-9)
 
 
+@pytest.mark.parametrize("n,k", [(n, k) for n in range(2, 9) for k in range(0, 11)])
+def test_the_link_probe_counts_the_busiest_nic_as_the_formula_does(n, k):
+    # jbps.init's rate is the probe's bytes on the busiest NIC over its time:
+    # for the optimal split, the formula's T·B per byte, whatever the order
+    # in which the servers are listed.
+    from jbps.link_rate import busiest_nic_share
+
+    roles = [COLOCATED] * n + [DEDICATED] * k
+    random.Random(n * 100 + k).shuffle(roles)
+    fractions = server_fractions(roles, n)
+    assert busiest_nic_share(roles, fractions, n) == pytest.approx(optimal_split(n, k).time_s(1.0, 1.0))
+
+
 def test_split_rejects_bad_counts():
     with pytest.raises(ValueError, match="num_workers"):
         optimal_split(0, 1)

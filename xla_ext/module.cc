@@ -5,10 +5,14 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <future>
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "engine.h"
 #include "engine_impl.h"  // the scheduler and fusion, driven by the tests
@@ -372,6 +376,58 @@ NB_MODULE(_core, m) {
     }
     return out;
   });
+  // One psum of a float32 host array outside XLA, for jbps.init's link probe
+  // (jbps/link_rate.py): the sum replaces the values, and the answer is the
+  // seconds from submit to sum. The plan's routing, tree and keys come from
+  // Python as a jbps_psum call's attributes do. The engine works on its own
+  // copy, so a call the backstop gives up on never writes a freed array.
+  m.def(
+      "engine_psum_host",
+      [](nb::ndarray<float, nb::ndim<1>, nb::c_contig, nb::device::cpu> values, int64_t key, const std::string& name,
+         int64_t partition_bytes, bool ramp, std::vector<int32_t> servers, const std::string& tree, int64_t tree_key,
+         double wait_s) {
+        if (partition_bytes < 1) throw std::invalid_argument("engine_psum_host: partition_bytes must be positive");
+        const size_t nbytes = values.size() * sizeof(float);
+        const size_t chunks = jbps::Engine::NumChunks(nbytes, jbps::DType::kF32, 0, partition_bytes, ramp);
+        if (servers.size() != chunks)
+          throw std::invalid_argument("engine_psum_host: " + std::to_string(servers.size()) + " routes for " +
+                                      std::to_string(chunks) + " chunks");
+        auto copy = std::make_shared<std::vector<float>>(values.data(), values.data() + values.size());
+        jbps::CallSpec spec;
+        spec.names = name;
+        spec.tree = tree;
+        spec.tree_key = static_cast<uint64_t>(tree_key);
+        spec.partition_bytes = static_cast<size_t>(partition_bytes);
+        spec.ramp = ramp;
+        spec.servers = std::move(servers);
+        jbps::Operand op;
+        op.in = op.out = copy->data();
+        op.nbytes = nbytes;
+        op.dtype = jbps::DType::kF32;
+        op.base_key = static_cast<uint64_t>(key);
+        spec.operands.push_back(op);
+        auto result = std::make_shared<std::promise<std::string>>();
+        std::future<std::string> answer = result->get_future();
+        std::string error;
+        double seconds = 0;
+        {
+          nb::gil_scoped_release release;
+          const auto start = std::chrono::steady_clock::now();
+          jbps::Engine::Get().Submit(std::move(spec), [result, copy](const std::string& e) { result->set_value(e); });
+          // The engine fails a call after its own timeout; this bound is a backstop.
+          if (answer.wait_for(std::chrono::duration<double>(wait_s)) != std::future_status::ready) {
+            error = "engine_psum_host: no answer in " + std::to_string(wait_s) + " s";
+          } else {
+            seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+            error = answer.get();
+          }
+        }
+        if (!error.empty()) throw std::runtime_error(error);
+        std::copy(copy->begin(), copy->end(), values.data());
+        return seconds;
+      },
+      nb::arg("values"), nb::arg("key"), nb::arg("name"), nb::arg("partition_bytes"), nb::arg("ramp"),
+      nb::arg("servers"), nb::arg("tree"), nb::arg("tree_key"), nb::arg("wait_s"));
   m.def("engine_running", [] { return jbps::Engine::Get().running(); });
   m.def("engine_fault", [] { return jbps::Engine::Get().fault(); });
   m.def("engine_stats", [] {

@@ -290,6 +290,7 @@ def bench_size(nbytes, iters, warmup, fresh=False, stages=False, cpu=False):
         "bytes_pushed_per_call": engine["bytes_pushed"],
         "bytes_pulled_per_call": engine["bytes_pulled"],
         "engine_per_call": engine,
+        "partition_bytes": jbps.runtime.partition_bytes(nbytes),
     }
     if fresh:
         out["out_of_place"] = slowest(fresh_times, f"fresh.{nbytes}")
@@ -336,7 +337,8 @@ def main(argv=None):
     _compression = args.compression
     jbps.init()
     try:
-        report = {"tool": TOOL, "workers": jbps.size()}
+        report = {"tool": TOOL, "workers": jbps.size(), "link_bytes_per_s": jbps.runtime.link_bytes_per_s()}
+        report["link_probes"] = list(jbps.link_rate.probes)  # (bytes, seconds) behind that rate
         if args.memory:
             peak_bytes, peak_rounds, round_bytes, rounds = args.memory
             report["memory"] = memory.run(

@@ -219,6 +219,10 @@ def bench_jbps(net: EmulatedNetwork, n: int, k: int, args, variant: dict) -> dic
         "server_mib_received": {str(h): (b or 0) / 2**20 for h, b in sorted(received.items())},
         "engine_per_call": timing.get("engine_per_call", {}),
         "cpu": timing.get("cpu"),
+        # What the defaults chose: the rate jbps.init measured, and the chunk it led to.
+        "link_bytes_per_s": report.get("link_bytes_per_s"),
+        "link_probes": report.get("link_probes"),
+        "partition_bytes": timing.get("partition_bytes"),
     }
 
 
@@ -504,6 +508,16 @@ def format_table(doc: dict) -> str:
     for r in [head] + rows:
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip())
     lines.append("(jbps: time per psum, and its ratio to the formula)")
+    chosen = [(c["k"], c["jbps"]["defaults"]) for c in doc["cases"] if "defaults" in c["jbps"]]
+    if any(d.get("link_bytes_per_s") for _, d in chosen):
+        lines.append(
+            "jbps defaults: the busiest link as jbps.init measured it, and the chunk size chosen: "
+            + ", ".join(
+                f"k = {k}: {format_rate(8 * d['link_bytes_per_s'])}, {format_size(d['partition_bytes'])}"
+                for k, d in chosen
+                if d.get("link_bytes_per_s") and d.get("partition_bytes")
+            )
+        )
     check = doc.get("link_check")
     if check:
         lines.append(

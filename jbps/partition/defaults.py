@@ -26,10 +26,13 @@ few percent of the call. The ends are shorter still because a large tensor's
 first and last partition go in pieces of 1/8 to 1/2 of a chunk across hosts
 (plan.py, chunk_sizes): the first sums come back sooner and the last pulls
 follow the last pushes sooner.
-Measured, the rate does matter: at 200 Mbit/s 48 KiB chunks took 1.06-1.09x
-the formula where these took 1.08-1.13x, while at 1 Gbit/s on 2 cores they
-cost 10-25% more CPU and lost at k = 4 (README, Across hosts). Choosing by
-the rate needs the rate, measured the same on every worker: not done yet.
+Measured, the rate matters too: at 200 Mbit/s 48 KiB chunks took 1.06-1.09x
+the formula where M/(48·S) chunks (128 KiB for 32 MiB) took 1.08-1.13x,
+while at 1 Gbit/s 48 KiB chunks cost 10-25% more CPU and lost at k = 4.
+So across hosts a chunk is also at most about CHUNK_LINK_S of the link
+(the largest of the sizes above that fits), with the rate jbps.init
+measured (link_rate.py), the same on every worker: 48 KiB at 200 Mbit/s,
+no change from about 350 Mbit/s up for 32 MiB psums.
 """
 
 from __future__ import annotations
@@ -60,6 +63,12 @@ CHUNKS_PER_SERVER = 48
 # So that size is not chosen: 48 KiB instead.
 STALLING_PARTITION_BYTES = 64 << 10
 INSTEAD_OF_STALLING_BYTES = 48 << 10
+# The longest a chunk should take on the link across hosts. A chunk's sum
+# waits for every worker's copy, and each link holds a window of chunks, so
+# the waits grow with the chunk's time on the wire, and at low rates beyond
+# what the model above says (the workers drift further apart): at 200 Mbit/s
+# (25 MB/s) this gives 48 KiB, the size that measured best there.
+CHUNK_LINK_S = 0.003
 MIN_CREDIT = 4
 CREDIT_PER_SERVER_ONE_HOST = 2
 EXTRA_CREDIT_NETWORK = 2
@@ -79,8 +88,12 @@ def active_servers(fractions: Sequence[float]) -> int:
     return max(1, sum(f > 0 for f in fractions))
 
 
-def partition_bytes(call_bytes: int, fractions: Sequence[float], across_hosts: bool) -> int:
-    """The largest chunk of one psum call of `call_bytes` (all leaves, all shards)."""
+def partition_bytes(
+    call_bytes: int, fractions: Sequence[float], across_hosts: bool, link_bytes_per_s: float | None = None
+) -> int:
+    """The largest chunk of one psum call of `call_bytes` (all leaves, all
+    shards); across hosts, at most CHUNK_LINK_S of a link of
+    `link_bytes_per_s` when that is known."""
     if not across_hosts:
         return ONE_HOST_PARTITION_BYTES
     target = call_bytes / (CHUNKS_PER_SERVER * active_servers(fractions))
@@ -88,7 +101,21 @@ def partition_bytes(call_bytes: int, fractions: Sequence[float], across_hosts: b
     # The power of two nearest the target (whole elements of every dtype, few distinct plans).
     while size < MAX_NETWORK_PARTITION_BYTES and size * 1.414 < target:
         size *= 2
+    if link_bytes_per_s is not None:
+        size = min(size, _largest_at_most(link_bytes_per_s * CHUNK_LINK_S))
     return INSTEAD_OF_STALLING_BYTES if size == STALLING_PARTITION_BYTES else size
+
+
+def _largest_at_most(nbytes: float) -> int:
+    """The largest power of two from MIN_NETWORK_PARTITION_BYTES up that is at
+    most `nbytes` (64 KiB counting as the 48 KiB it becomes); the smallest if none."""
+    size = MIN_NETWORK_PARTITION_BYTES
+    while (
+        size < MAX_NETWORK_PARTITION_BYTES
+        and (INSTEAD_OF_STALLING_BYTES if size * 2 == STALLING_PARTITION_BYTES else size * 2) <= nbytes
+    ):
+        size *= 2
+    return size
 
 
 def largest_partition_bytes(across_hosts: bool) -> int:

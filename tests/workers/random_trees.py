@@ -66,6 +66,7 @@ def main():
 
     jax.config.update("jax_enable_x64", True)
     jbps.init()
+    at_init = jbps.engine_stats()  # across hosts, init's link probe has sent bytes already
     rank, workers, L = jbps.rank(), jbps.size(), jax.local_device_count()
     if args.mode == "pmap":
         step = jax.pmap(lambda t: jbps.psum(t, "i"), axis_name="i")
@@ -120,6 +121,8 @@ def main():
             digest.update(np.ascontiguousarray(got[0]).tobytes())
     stats = jbps.engine_stats()
     servers = list(jbps.runtime.config().servers)
+    link = jbps.runtime.link_bytes_per_s()
+    chunk_32mib = jbps.runtime.partition_bytes(32 << 20)  # the default chunk of a 32 MiB psum here
     jbps.shutdown()
     # One write per line: mpiexec interleaves ranks' output at write boundaries.
     sys.stdout.write(
@@ -130,7 +133,10 @@ def main():
                 "rounds": args.rounds,
                 "backend": jax.default_backend(),
                 "stats": stats,
+                "stats_at_init": at_init,
                 "servers": servers,
+                "link_bytes_per_s": link,
+                "chunk_32mib": chunk_32mib,
             }
         )
         + "\n"

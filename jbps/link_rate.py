@@ -1,0 +1,111 @@
+"""The network's rate, measured once when a job that spans hosts starts.
+
+The chunk size that keeps a psum's pipeline short depends on how long a chunk
+takes on the link (partition/defaults.py), so jbps.init times psums of
+doubling size through the job's own servers, from 256 KiB until one takes at
+least PROBE_MIN_S (or reaches PROBE_MAX_BYTES). The rate is the bytes the
+busiest NIC carried in the last doubling over the time it added, so a call's
+fixed costs cancel. Every worker must plan the same chunks, so the times are
+agreed, not local: each probe's seconds are summed by one more psum, and
+every worker reads the same sum from the servers and so derives the same
+rate. It costs about 0.3 s per init, at 200 Mbit/s and at 1 Gbit/s alike
+(at 10 Gbit/s it stops at 16 MiB, well above the rates where it matters).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from .extension import load_core
+from .partition import COLOCATED, make_plan
+from .partition.plan import leaf_key
+from .partition.traffic import busiest_nic_bytes
+
+PROBE_START_BYTES = 256 << 10
+PROBE_MAX_BYTES = 16 << 20
+# Long enough that a chunk's fill and drain and the calls' own latency are a
+# small part of it, so the rate is the link's and not the overheads'.
+PROBE_MIN_S = 0.08
+# Chunks of the size large psums get at 1 Gbit/s and up: smaller ones would
+# measure this machine's CPU per chunk as much as the link.
+PROBE_PARTITION_BYTES = 128 << 10
+NAME = "jbps.link_probe"
+_TREE_PATH = "<tree>"  # the tree check's key, as ops/ffi.py's
+_core = load_core()
+
+
+def busiest_nic_share(roles: Sequence[str], fractions: Sequence[float], num_workers: int) -> float:
+    """Bytes the busiest NIC carries (one direction) per byte of a worker's
+    psum, with one worker machine per colocated server (jbps's launchers'
+    placement; every worker on a machine of its own when no server is)."""
+    colocated = [f for r, f in zip(roles, fractions) if r == COLOCATED]
+    dedicated = [f for r, f in zip(roles, fractions) if r != COLOCATED]
+    machines = len(colocated) or num_workers
+    placement = list(range(len(colocated))) + [machines + i for i in range(len(dedicated))]
+    return busiest_nic_bytes(machines, placement, colocated + dedicated)
+
+
+def _psum_seconds(name: str, values: np.ndarray, fractions: Sequence[float], wait_s: float) -> float:
+    """Seconds of one psum of `values` (summed in place) through the running engine."""
+    plan = make_plan(
+        name,
+        ("",),
+        (values.shape,),
+        (values.dtype,),
+        1,
+        partition_bytes=PROBE_PARTITION_BYTES,
+        server_fractions=fractions,
+        ramp=True,
+    )
+    tree = f"psum {name}\n float32[{values.size}]"
+    return _core.engine_psum_host(
+        values,
+        key=plan.leaves[0].key,
+        name=name,
+        partition_bytes=plan.partition_bytes,
+        ramp=True,
+        servers=list(plan.chunk_servers),
+        tree=tree,
+        tree_key=leaf_key(name, _TREE_PATH),
+        wait_s=wait_s,
+    )
+
+
+def _agreed_seconds(name: str, nbytes: int, fractions: Sequence[float], num_workers: int, wait_s: float) -> float:
+    """One probe of `nbytes`: the workers' mean time, the same number on every worker."""
+    took = _psum_seconds(name, np.zeros(nbytes // 4, np.float32), fractions, wait_s)
+    agreed = np.array([took], np.float32)
+    _psum_seconds(f"{name}.seconds", agreed, fractions, wait_s)
+    return float(agreed[0]) / num_workers
+
+
+def measure(roles: Sequence[str], fractions: Sequence[float], num_workers: int, timeout_s: float) -> float | None:
+    """Bytes per second of the busiest link, the same number on every worker;
+    None where no byte crosses a NIC. Every worker of the job must call it at
+    the same point (jbps.init does), as every psum. The probes' sizes and
+    agreed times are left in `probes`."""
+    share = busiest_nic_share(roles, fractions, num_workers)
+    probes.clear()
+    if share <= 0:
+        return None
+    wait_s = 2 * timeout_s + 10
+    nbytes = PROBE_START_BYTES
+    # Once untimed: the connections' first bytes (slow start) are not the rate.
+    _psum_seconds(f"{NAME}.{nbytes}", np.zeros(nbytes // 4, np.float32), fractions, wait_s)
+    while True:
+        probes.append((nbytes, _agreed_seconds(f"{NAME}.{nbytes}", nbytes, fractions, num_workers, wait_s)))
+        if probes[-1][1] >= PROBE_MIN_S or nbytes >= PROBE_MAX_BYTES:
+            break
+        nbytes *= 2
+    (small, t_small), (large, t_large) = probes[-2:] if len(probes) > 1 else ((0, 0.0), probes[-1])
+    # The last doubling's bytes over its extra time: a call's fixed costs (its
+    # first chunk's round trip, waking threads) cancel out.
+    extra = t_large - t_small
+    if extra < t_large / 4:  # noise swamped the difference: the whole call, an underestimate
+        return share * large / t_large
+    return share * (large - small) / extra
+
+
+probes: list[tuple[int, float]] = []
