@@ -5,11 +5,12 @@ takes on the link (partition/defaults.py), so jbps.init times psums of
 doubling size through the job's own servers, from 256 KiB until one takes at
 least PROBE_MIN_S (or reaches PROBE_MAX_BYTES). The rate is the bytes the
 busiest NIC carried in the last doubling over the time it added, so a call's
-fixed costs cancel. Every worker must plan the same chunks, so the times are
-agreed, not local: each probe's seconds are summed by one more psum, and
-every worker reads the same sum from the servers and so derives the same
-rate. It costs about 0.3 s per init, at 200 Mbit/s and at 1 Gbit/s alike
-(at 10 Gbit/s it stops at 16 MiB, well above the rates where it matters).
+fixed costs cancel (or the last call's bytes over its time, if more). Every
+worker must plan the same chunks, so the times are agreed, not local: each
+probe's seconds are summed by one more psum, and every worker reads the same
+sum from the servers and so derives the same rate. It costs about 0.3 s per
+init, at 200 Mbit/s and at 1 Gbit/s alike (at 10 Gbit/s it stops at 16 MiB,
+well above the rates where it matters).
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ from .partition.traffic import busiest_nic_bytes
 PROBE_START_BYTES = 256 << 10
 PROBE_MAX_BYTES = 16 << 20
 # Long enough that a chunk's fill and drain and the calls' own latency are a
-# small part of it, so the rate is the link's and not the overheads'.
-PROBE_MIN_S = 0.08
+# small part of it, so the rate is the link's and not the overheads': at 200
+# Mbit/s, 1 MiB probes (~70 ms) read 96-160 Mbit/s, 2 MiB ones 160-190.
+PROBE_MIN_S = 0.12
 # Chunks of the size large psums get at 1 Gbit/s and up: smaller ones would
 # measure this machine's CPU per chunk as much as the link.
 PROBE_PARTITION_BYTES = 128 << 10
@@ -100,12 +102,15 @@ def measure(roles: Sequence[str], fractions: Sequence[float], num_workers: int, 
             break
         nbytes *= 2
     (small, t_small), (large, t_large) = probes[-2:] if len(probes) > 1 else ((0, 0.0), probes[-1])
-    # The last doubling's bytes over its extra time: a call's fixed costs (its
-    # first chunk's round trip, waking threads) cancel out.
-    extra = t_large - t_small
-    if extra < t_large / 4:  # noise swamped the difference: the whole call, an underestimate
-        return share * large / t_large
-    return share * (large - small) / extra
+    # The last doubling's bytes over the time it added, so that a call's fixed
+    # costs (its first chunk's round trip, waking threads) cancel; but never
+    # less than the whole last call gives, which counts those costs as link
+    # time: when the smaller call was quick by chance (tbf's burst lets its
+    # first bytes through at once), the difference alone underestimates.
+    whole = share * large / t_large
+    if t_large - t_small <= 0:
+        return whole
+    return max(whole, share * (large - small) / (t_large - t_small))
 
 
 probes: list[tuple[int, float]] = []

@@ -351,3 +351,25 @@ def test_a_job_size_without_servers_is_still_an_error(monkeypatch):
     monkeypatch.setenv("JBPS_NUM_WORKERS", "2")
     with pytest.raises(jbps.JbpsError, match="no summation servers: set JBPS_SERVERS"):
         jbps.init()
+
+
+def test_the_link_probes_host_psum_sums_and_names_bad_input(server):
+    # jbps.init's link probe (jbps/link_rate.py) sums host arrays outside XLA.
+    from jbps.link_rate import NAME, _psum_seconds
+
+    values = np.random.default_rng(3).standard_normal(70_000).astype(np.float32)  # several chunks
+    with jbps.init(servers=[server], num_workers=1, worker_rank=0, timeout_s=20):
+        got = values.copy()
+        seconds = _psum_seconds(f"{NAME}.test", got, [1.0], wait_s=30)
+        assert 0 < seconds < 30
+        # One worker: its own values come back. A real sum is checked across hosts
+        # (test_multihost.py): every worker must read the same agreed rate.
+        np.testing.assert_array_equal(got, values)
+        stats = jbps.engine_stats()
+        assert stats["bytes_pushed"] >= values.nbytes, stats
+        with pytest.raises(ValueError, match="0 routes for 1 chunks"):
+            _core.engine_psum_host(
+                got, key=1, name="x", partition_bytes=1 << 20, ramp=False, servers=[], tree="", tree_key=0, wait_s=5
+            )
+    with pytest.raises(RuntimeError, match="not running"):
+        _psum_seconds(f"{NAME}.test", got, [1.0], wait_s=30)
