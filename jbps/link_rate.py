@@ -8,8 +8,8 @@ busiest NIC carried in the last doubling over the time it added, so a call's
 fixed costs cancel (or the last call's bytes over its time, if more). Every
 worker must plan the same chunks, so the times are agreed, not local: each
 probe's seconds are summed by one more psum, and every worker reads the same
-sum from the servers and so derives the same rate. It costs about 0.3 s per
-init, at 200 Mbit/s and at 1 Gbit/s alike (at 10 Gbit/s it stops at 16 MiB,
+sum from the servers and so derives the same rate. It costs 0.3-0.5 s per
+init at 200 Mbit/s and at 1 Gbit/s alike (at 10 Gbit/s it stops at 16 MiB,
 well above the rates where it matters).
 """
 

@@ -139,11 +139,14 @@ def init(**overrides) -> Session:
                 _link_rate = link_rate.measure(
                     _core.engine_server_roles(), _fractions, config.num_workers, config.timeout_s
                 )
-            except RuntimeError as exc:
-                _core.engine_stop("")
+            except BaseException as exc:  # a failed probe, or Ctrl-C: nothing left running
+                # The servers hear why, unless the job's fault (another's) is the cause.
+                _core.engine_stop("" if _core.engine_fault() else f"its link probe at jbps.init failed: {exc}")
                 for server in hosted:
                     server.stop()
-                raise JbpsError(f"jbps.init() failed measuring the network: {exc}") from None
+                if isinstance(exc, RuntimeError):
+                    raise JbpsError(f"jbps.init() failed measuring the network: {exc}") from None
+                raise
         _config, _requested, _hosted = config, requested, hosted
         if not _atexit_registered:
             atexit.register(_shutdown_at_exit)

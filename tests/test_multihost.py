@@ -220,3 +220,26 @@ def test_mpirun_with_a_host_file_places_servers_by_host(hosts, tmp_path):
             assert abs(got - f * sum(pushed)) <= 6 * chunk, (pushed, fractions)
         assert r["stats"]["shm_servers"] == 1 and r["stats"]["bytes_shm"] > 0, r["stats"]
     check_measured_link(reports, hosts.rate, fractions)
+
+
+def test_a_worker_lost_during_the_link_probe_fails_init_naming_it(hosts):
+    # Worker 1 sets its own chunk size, so it skips the probe, and dies; worker
+    # 0's jbps.init is in the probe's psums, which must fail naming worker 1
+    # within the liveness bound, not wait for the psum timeout or forever.
+    timeout_s = 20
+    with EmulatedJob(
+        hosts,
+        WORKER_HOSTS,
+        SERVER_HOSTS,
+        [worker_script("probe_interrupted.py")],
+        env=job_free_env(JBPS_TIMEOUT_S=str(timeout_s)),
+        timeout_s=120,
+    ) as job:
+        try:
+            job.workers[0].wait(timeout=timeout_s + 30)
+        except subprocess.TimeoutExpired:
+            pytest.fail("worker 0's init still running:\n" + job.describe())
+        report = last_json(job.output("worker 0").stdout)
+    assert report["error"] and "measuring the network" in report["error"], report
+    assert "worker 1" in report["error"], report
+    assert report["seconds"] < timeout_s, report
