@@ -21,7 +21,7 @@ import numpy as np
 
 from .extension import load_core
 from .partition import COLOCATED, make_plan
-from .partition.plan import leaf_key
+from .partition.plan import tree_description, tree_key
 from .partition.traffic import busiest_nic_bytes
 
 PROBE_START_BYTES = 256 << 10
@@ -34,7 +34,6 @@ PROBE_MIN_S = 0.12
 # measure this machine's CPU per chunk as much as the link.
 PROBE_PARTITION_BYTES = 128 << 10
 NAME = "jbps.link_probe"
-_TREE_PATH = "<tree>"  # the tree check's key, as ops/ffi.py's
 _core = load_core()
 
 
@@ -61,7 +60,6 @@ def _psum_seconds(name: str, values: np.ndarray, fractions: Sequence[float], wai
         server_fractions=fractions,
         ramp=True,
     )
-    tree = f"psum {name}\n float32[{values.size}]"
     return _core.engine_psum_host(
         values,
         key=plan.leaves[0].key,
@@ -69,8 +67,8 @@ def _psum_seconds(name: str, values: np.ndarray, fractions: Sequence[float], wai
         partition_bytes=plan.partition_bytes,
         ramp=True,
         servers=list(plan.chunk_servers),
-        tree=tree,
-        tree_key=leaf_key(name, _TREE_PATH),
+        tree=tree_description(name, [""], [values.shape], [values.dtype]),
+        tree_key=tree_key(name),
         wait_s=wait_s,
     )
 
@@ -101,16 +99,15 @@ def measure(roles: Sequence[str], fractions: Sequence[float], num_workers: int, 
         if probes[-1][1] >= PROBE_MIN_S or nbytes >= PROBE_MAX_BYTES:
             break
         nbytes *= 2
-    (small, t_small), (large, t_large) = probes[-2:] if len(probes) > 1 else ((0, 0.0), probes[-1])
+    (small, t_small), (large, t_large) = ([(0, 0.0)] + probes)[-2:]
     # The last doubling's bytes over the time it added, so that a call's fixed
     # costs (its first chunk's round trip, waking threads) cancel; but never
     # less than the whole last call gives, which counts those costs as link
     # time: when the smaller call was quick by chance (tbf's burst lets its
     # first bytes through at once), the difference alone underestimates.
     whole = share * large / t_large
-    if t_large - t_small <= 0:
-        return whole
-    return max(whole, share * (large - small) / (t_large - t_small))
+    added = t_large - t_small
+    return whole if added <= 0 else max(whole, share * (large - small) / added)
 
 
 probes: list[tuple[int, float]] = []

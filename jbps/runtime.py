@@ -126,7 +126,8 @@ def init(**overrides) -> Session:
                 server.stop()
             raise JbpsError(f"jbps.init() failed: {exc}") from None
         _core.cuda_set_timeout(config.timeout_s)
-        _fractions = tuple(_fractions_for_roles(_core.engine_server_roles(), config.num_workers))
+        roles = _core.engine_server_roles()
+        _fractions = tuple(_fractions_for_roles(roles, config.num_workers))
         _spans_hosts = across
         if config.scheduling_credit is None:
             credit = defaults.credit(_fractions, across)
@@ -136,9 +137,7 @@ def init(**overrides) -> Session:
         if across and config.partition_bytes is None:
             # The default chunks fit the link (partition/defaults.py): measure it.
             try:
-                _link_rate = link_rate.measure(
-                    _core.engine_server_roles(), _fractions, config.num_workers, config.timeout_s
-                )
+                _link_rate = link_rate.measure(roles, _fractions, config.num_workers, config.timeout_s)
             except BaseException as exc:  # a failed probe, or Ctrl-C: nothing left running
                 # The servers hear why, unless the job's fault (another's) is the cause.
                 _core.engine_stop("" if _core.engine_fault() else f"its link probe at jbps.init failed: {exc}")

@@ -379,8 +379,9 @@ NB_MODULE(_core, m) {
   // One psum of a float32 host array outside XLA, for jbps.init's link probe
   // (jbps/link_rate.py): the sum replaces the values, and the answer is the
   // seconds from submit to sum. The plan's routing, tree and keys come from
-  // Python as a jbps_psum call's attributes do. The engine works on its own
-  // copy, so a call the backstop gives up on never writes a freed array.
+  // Python as a jbps_psum call's attributes do (Submit fails a call whose
+  // routes and chunks disagree). The engine works on its own copy, so a call
+  // the backstop gives up on never writes a freed array.
   m.def(
       "engine_psum_host",
       [](nb::ndarray<float, nb::ndim<1>, nb::c_contig, nb::device::cpu> values, int64_t key, const std::string& name,
@@ -388,10 +389,6 @@ NB_MODULE(_core, m) {
          double wait_s) {
         if (partition_bytes < 1) throw std::invalid_argument("engine_psum_host: partition_bytes must be positive");
         const size_t nbytes = values.size() * sizeof(float);
-        const size_t chunks = jbps::Engine::NumChunks(nbytes, jbps::DType::kF32, 0, partition_bytes, ramp);
-        if (servers.size() != chunks)
-          throw std::invalid_argument("engine_psum_host: " + std::to_string(servers.size()) + " routes for " +
-                                      std::to_string(chunks) + " chunks");
         auto copy = std::make_shared<std::vector<float>>(values.data(), values.data() + values.size());
         jbps::CallSpec spec;
         spec.names = name;

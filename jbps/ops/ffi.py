@@ -3,37 +3,15 @@ jbps_join, and the codecs' encoders and decoders and the 16-bit casts on XLA:CPU
 
 from __future__ import annotations
 
-import hashlib
 from typing import Sequence
 
 import jax
 import numpy as np
 
 from ..partition import CallPlan
-from ..partition.plan import leaf_key
+from ..partition.plan import tree_key
 from .. import runtime
 from ..runtime import FFI_TARGET, JOIN_TARGET
-
-
-# The tree check's key: a path no leaf has (keystr paths start with '[' or '.').
-TREE_PATH = "<tree>"
-# Longer descriptions travel as a digest (the server's limit is 1 MiB).
-MAX_TREE_BYTES = 1 << 20
-
-
-def tree_description(
-    name: str, paths: Sequence[str], shapes: Sequence[tuple[int, ...]], dtypes: Sequence[np.dtype | str]
-) -> str:
-    """ "psum NAME", then "PATH DTYPE[SHAPE]" per leaf: what every worker must
-    agree on. A dtype given as a string names a compressed leaf ("onebit")."""
-    lines = [f"psum {name}"] + [
-        f"{path} {dtype if isinstance(dtype, str) else np.dtype(dtype).name}[{','.join(map(str, shape))}]"
-        for path, shape, dtype in zip(paths, shapes, dtypes)
-    ]
-    text = "\n".join(lines)
-    if len(text.encode()) > MAX_TREE_BYTES:
-        text = f"psum {name}\n<{len(paths)} leaves> sha256:{hashlib.sha256(text.encode()).hexdigest()}"
-    return text
 
 
 def push_pull(
@@ -80,7 +58,7 @@ def push_pull(
         ramp=bool(plan.ramp),
         chunk_servers=np.array(routes, dtype=np.int32),
         tree=tree,
-        tree_key=np.int64(leaf_key(plan.name, TREE_PATH)),
+        tree_key=np.int64(tree_key(plan.name)),
     )
 
 

@@ -31,9 +31,10 @@ from jax._src.interpreters import ad, batching, mlir
 
 from .. import runtime
 from ..partition import make_plan
+from ..partition.plan import tree_description
 from . import buckets, kept_operands, mapped_axes, replication
 from .compression import feedback_codec
-from .ffi import join, push_pull, tree_description
+from .ffi import join, push_pull
 
 AxisName = Hashable
 WHAT = "jbps.psum"

@@ -84,6 +84,32 @@ def leaf_key(name: str, path: str) -> int:
     return int.from_bytes(digest, "little", signed=True)
 
 
+# The tree check's key: a path no leaf has (keystr paths start with '[' or '.').
+TREE_PATH = "<tree>"
+# Longer descriptions travel as a digest (the server's limit is 1 MiB).
+MAX_TREE_BYTES = 1 << 20
+
+
+def tree_key(name: str) -> int:
+    """Where a psum's tree check meets: the key of a leaf no tree has."""
+    return leaf_key(name, TREE_PATH)
+
+
+def tree_description(
+    name: str, paths: Sequence[str], shapes: Sequence[tuple[int, ...]], dtypes: Sequence[np.dtype | str]
+) -> str:
+    """ "psum NAME", then "PATH DTYPE[SHAPE]" per leaf: what every worker must
+    agree on. A dtype given as a string names a compressed leaf ("onebit")."""
+    lines = [f"psum {name}"] + [
+        f"{path} {dtype if isinstance(dtype, str) else np.dtype(dtype).name}[{','.join(map(str, shape))}]"
+        for path, shape, dtype in zip(paths, shapes, dtypes)
+    ]
+    text = "\n".join(lines)
+    if len(text.encode()) > MAX_TREE_BYTES:
+        text = f"psum {name}\n<{len(paths)} leaves> sha256:{hashlib.sha256(text.encode()).hexdigest()}"
+    return text
+
+
 def check_dtypes(paths: Sequence[str], dtypes: Sequence[np.dtype], what: str) -> None:
     """TypeError naming the first leaf whose dtype jbps cannot sum."""
     for path, dtype in zip(paths, dtypes):
