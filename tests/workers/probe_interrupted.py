@@ -1,17 +1,26 @@
 """A worker of tests/test_multihost.py: worker 1 joins the job with its own
-chunk size (so it skips jbps.init's link probe) and dies at once; worker 0's
-init, measuring the network, must fail naming it. Worker 0 prints one JSON
-line: {"rank", "error", "seconds"} with the init's error and how long it took."""
+chunk size (so its jbps.init skips the link probe), takes part in the probe's
+first psum only (so worker 0 is surely connected to every server, worker 1's
+own included, and inside the probe) and dies; worker 0's init, measuring the
+network, must fail naming it. Worker 0 prints one JSON line: {"rank", "error",
+"seconds"} with the init's error and how long it took."""
 
 import json
 import os
 import time
 
+import numpy as np
+
 import jbps
+from jbps import link_rate, runtime
 
 rank = int(os.environ["DMLC_WORKER_ID"])
 if rank == 1:
     jbps.init(partition_bytes=128 << 10)
+    # The probe's first, untimed psum (link_rate.measure), then gone.
+    nbytes = link_rate.PROBE_START_BYTES
+    values = np.zeros(nbytes // 4, np.float32)
+    link_rate._psum_seconds(f"{link_rate.NAME}.{nbytes}", values, runtime._fractions, 60.0)
     os._exit(3)  # no goodbye: as a crash
 start = time.monotonic()
 error = None
