@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from jbps.partition import (
+    defaults,
     COLOCATED,
     DEDICATED,
     assign_chunks,
@@ -231,6 +232,16 @@ def test_plan_cli_table_json_and_plot(tmp_path, capsys):
     table = capsys.readouterr().out
     assert "all-reduce ms" in table and table.count("\n") >= 4
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plan_cli_chunks_follow_the_bandwidth(capsys):
+    # jbps picks chunks by the link's measured rate; the plan by the rate given.
+    chunks = {}
+    for gbit in (0.2, 1.0, 100.0):
+        assert plan_main(["resnet50", "-n", "4", "-k", "0", "--bandwidth", str(gbit), "--json"]) == 0
+        chunks[gbit] = json.loads(capsys.readouterr().out)["rows"][0]["partition_bytes"]
+    assert chunks[0.2] <= 0.2e9 / 8 * defaults.CHUNK_LINK_S < chunks[1.0]
+    assert chunks[1.0] <= 1e9 / 8 * defaults.CHUNK_LINK_S < chunks[100.0]
 
 
 def test_plan_cli_rejects_unknown_model(capsys):

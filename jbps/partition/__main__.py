@@ -82,7 +82,8 @@ def plan_rows(
     local_devices: int,
 ) -> dict:
     """partition_bytes None: for each k, the chunk size jbps picks for this
-    model's psum across hosts (jbps/partition/defaults.py)."""
+    model's psum across hosts with NICs of this bandwidth (jbps/partition/defaults.py;
+    jbps.init measures the rate it uses)."""
     names, shapes, dtypes = load_model(model)
     bandwidth = bandwidth_gbit * 1e9 / 8  # bytes per second
     tree_bytes = sum(int(np.prod(s)) * np.dtype(d).itemsize for s, d in zip(shapes, dtypes))
@@ -90,7 +91,7 @@ def plan_rows(
     for k in cpu_servers:
         roles = [COLOCATED] * workers + [DEDICATED] * k
         fractions = server_fractions(roles, workers)
-        chunk = partition_bytes or defaults.partition_bytes(tree_bytes, fractions, across_hosts=True)
+        chunk = partition_bytes or defaults.partition_bytes(tree_bytes, fractions, True, bandwidth)
         plan = make_plan(
             model,
             names,
@@ -243,7 +244,7 @@ def main(argv=None, prog: str | None = None) -> int:
         type=_positive(parse_bytes),
         default=None,
         help="chunk size: bytes, or e.g. 4M (default: what jbps picks across hosts for this "
-        "model and k, jbps/partition/defaults.py)",
+        "model, k and bandwidth, jbps/partition/defaults.py)",
     )
     p.add_argument(
         "--local-devices",
