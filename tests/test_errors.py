@@ -61,6 +61,27 @@ def test_workers_disagreeing_after_agreeing_all_raise_naming_it(what, tensor, mi
         assert rep["recovered"]
 
 
+def test_workers_cutting_a_tree_into_different_chunks_all_raise_at_once():
+    # The same tree, so the tree check finds nothing to name; the chunks'
+    # sizes differ, which the servers see at the first push and say at once.
+    timeout_s = 20
+    results = run_job(
+        [worker_script("mismatch.py"), "--what", "chunks"],
+        workers=2,
+        servers=2,
+        env={"JBPS_TIMEOUT_S": str(timeout_s)},
+        env_per_rank={1: {"JBPS_PARTITION_BYTES": "64K"}},
+    )
+    for r in results:
+        assert r.returncode == 0, r.stderr[-3000:]
+        rep = last_json(r.stdout)
+        assert rep["error"] is not None, f"worker {r.rank} got no error but a sum: {rep['sum']}"
+        assert "mismatched['a']" in rep["error"] and "different chunks" in rep["error"], rep["error"]
+        assert "JBPS_PARTITION_BYTES" in rep["error"], rep["error"]
+        assert rep["seconds"] < timeout_s / 4, rep
+        assert rep["recovered"], f"worker {r.rank} could not psum after the failed call"
+
+
 def closed_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

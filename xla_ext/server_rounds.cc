@@ -175,21 +175,28 @@ void SummationServer::Impl::Process(Task& t, EngineThread* e) {
 
   // Pushes of calls whose trees differ are never summed: the round fails
   // for every worker, flagged, and the tree check names the difference.
-  if (st.error.empty() && t.digest != st.digest) {
+  // Pushes that differ under the same tree fail unflagged: the tree check
+  // finds nothing to name, so the workers must not wait for it.
+  const bool found_before = !st.error.empty();
+  if (!found_before && t.digest != st.digest) {
     st.error = "workers disagree on the tree of this psum: worker " + std::to_string(st.first_rank) + " and worker " +
                std::to_string(t.rank) + " called it with different trees (round " + std::to_string(t.round) + ")";
-  } else if (st.error.empty() && (t.dtype != st.dtype || t.param != st.param || nbytes != st.nbytes)) {
+    st.error_flags = kFlagTreeMismatch;
+  } else if (!found_before && (t.dtype != st.dtype || t.param != st.param || nbytes != st.nbytes)) {
     // Elements of topk are records of its workers' keep: different keeps never add up.
     st.error = "workers disagree on this tensor: worker " + std::to_string(st.first_rank) + " pushed " +
                std::to_string(st.nbytes / DTypeSize(st.dtype, st.param)) + " elements of " +
                DTypeDescription(st.dtype, st.param) + ", worker " + std::to_string(t.rank) + " pushed " +
                std::to_string(nbytes / DTypeSize(t.dtype, t.param)) + " elements of " +
                DTypeDescription(t.dtype, t.param) + " (round " + std::to_string(t.round) + ")";
-  } else if (!st.error.empty()) {
+    if (t.dtype == st.dtype && t.param == st.param) {
+      // The same tree cut differently: the workers' chunk settings differ.
+      st.error += ": the same tree cut into different chunks, as when the workers' JBPS_PARTITION_BYTES differ";
+    }
+  } else if (found_before) {
     SendError(t.conn, t.key, t.round, st.error, st.error_flags);
   }
-  if (!st.error.empty() && st.error_flags == 0) {  // found just now
-    st.error_flags = kFlagTreeMismatch;
+  if (!found_before && !st.error.empty()) {
     st.acc.reset();
     st.held.clear();
     for (auto& w : st.waiters) SendError(w, t.key, t.round, st.error, st.error_flags);
