@@ -35,6 +35,10 @@ NARROW_TARGET, WIDEN_TARGET = "jbps_narrow", "jbps_widen"
 # The start of an uncaught exception's message that a goodbye carries to the servers.
 _REASON_CHARS = 300
 _EXIT_GRACE_S = 0.5  # at exit, for threads woken by the psums the stop failed
+_PROBE_TIMEOUT_HINT = (
+    " (a worker whose JBPS_PARTITION_BYTES is set does not measure, so the others' measure waits for it:"
+    " set it on every worker or on none)"
+)
 
 _lock = threading.Lock()
 _ffi_lock = threading.Lock()  # apart from _lock: init() registers while holding it
@@ -144,7 +148,8 @@ def init(**overrides) -> Session:
                 for server in hosted:
                     server.stop()
                 if isinstance(exc, RuntimeError):
-                    raise JbpsError(f"jbps.init() failed measuring the network: {exc}") from None
+                    hint = "" if "timed out" not in str(exc) else _PROBE_TIMEOUT_HINT
+                    raise JbpsError(f"jbps.init() failed measuring the network: {exc}{hint}") from None
                 raise
         _config, _requested, _hosted = config, requested, hosted
         if not _atexit_registered:

@@ -1,10 +1,13 @@
 """A worker of tests/test_multihost.py: worker 1 joins the job with its own
-chunk size (so its jbps.init skips the link probe), takes part in the probe's
-first psum only (so worker 0 is surely connected to every server, worker 1's
-own included, and inside the probe) and dies; worker 0's init, measuring the
-network, must fail naming it. Worker 0 prints one JSON line: {"rank", "error",
-"seconds"} with the init's error and how long it took."""
+chunk size, so its jbps.init skips the link probe. With --then die it takes
+part in the probe's first psum only (so worker 0 is surely connected to every
+server, worker 1's own included, and inside the probe) and dies; worker 0's
+init, measuring the network, must fail naming it. With --then psum it goes on
+to a psum of its own, which worker 0's probe never matches. Worker 0 prints
+one JSON line: {"rank", "error", "seconds"} with the init's error and how long
+it took."""
 
+import argparse
 import json
 import os
 import time
@@ -14,9 +17,17 @@ import numpy as np
 import jbps
 from jbps import link_rate, runtime
 
+p = argparse.ArgumentParser()
+p.add_argument("--then", choices=["die", "psum"], required=True)
+args = p.parse_args()
 rank = int(os.environ["DMLC_WORKER_ID"])
 if rank == 1:
     jbps.init(partition_bytes=128 << 10)
+    if args.then == "psum":
+        try:
+            jbps.psum(np.ones(1024, np.float32), name="after_init")
+        finally:
+            os._exit(0)
     # The probe's first, untimed psum (link_rate.measure), then gone.
     nbytes = link_rate.PROBE_START_BYTES
     values = np.zeros(nbytes // 4, np.float32)
