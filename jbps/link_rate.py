@@ -81,6 +81,13 @@ def _agreed_seconds(name: str, nbytes: int, fractions: Sequence[float], num_work
     return float(agreed[0]) / num_workers
 
 
+def warm_up(fractions: Sequence[float], wait_s: float) -> None:
+    """The probe's first psum, untimed: the connections' first bytes (slow
+    start) are not the rate."""
+    name = f"{NAME}.{PROBE_START_BYTES}"
+    _psum_seconds(name, np.zeros(PROBE_START_BYTES // 4, np.float32), fractions, wait_s)
+
+
 def measure(roles: Sequence[str], fractions: Sequence[float], num_workers: int, timeout_s: float) -> float | None:
     """Bytes per second of the busiest link, the same number on every worker;
     None where no byte crosses a NIC. Every worker of the job must call it at
@@ -91,9 +98,8 @@ def measure(roles: Sequence[str], fractions: Sequence[float], num_workers: int, 
     if share <= 0:
         return None
     wait_s = 2 * timeout_s + 10
+    warm_up(fractions, wait_s)
     nbytes = PROBE_START_BYTES
-    # Once untimed: the connections' first bytes (slow start) are not the rate.
-    _psum_seconds(f"{NAME}.{nbytes}", np.zeros(nbytes // 4, np.float32), fractions, wait_s)
     while True:
         probes.append((nbytes, _agreed_seconds(f"{NAME}.{nbytes}", nbytes, fractions, num_workers, wait_s)))
         if probes[-1][1] >= PROBE_MIN_S or nbytes >= PROBE_MAX_BYTES:

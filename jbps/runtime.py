@@ -148,7 +148,7 @@ def init(**overrides) -> Session:
                 for server in hosted:
                     server.stop()
                 if isinstance(exc, RuntimeError):
-                    hint = "" if "timed out" not in str(exc) else _PROBE_TIMEOUT_HINT
+                    hint = _PROBE_TIMEOUT_HINT if "timed out" in str(exc) else ""
                     raise JbpsError(f"jbps.init() failed measuring the network: {exc}{hint}") from None
                 raise
         _config, _requested, _hosted = config, requested, hosted

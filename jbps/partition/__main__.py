@@ -91,7 +91,9 @@ def plan_rows(
     for k in cpu_servers:
         roles = [COLOCATED] * workers + [DEDICATED] * k
         fractions = server_fractions(roles, workers)
-        chunk = partition_bytes or defaults.partition_bytes(tree_bytes, fractions, True, bandwidth)
+        chunk = partition_bytes or defaults.partition_bytes(
+            tree_bytes, fractions, across_hosts=True, link_bytes_per_s=bandwidth
+        )
         plan = make_plan(
             model,
             names,

@@ -28,10 +28,7 @@ if rank == 1:
             jbps.psum(np.ones(1024, np.float32), name="after_init")
         finally:
             os._exit(0)
-    # The probe's first, untimed psum (link_rate.measure), then gone.
-    nbytes = link_rate.PROBE_START_BYTES
-    values = np.zeros(nbytes // 4, np.float32)
-    link_rate._psum_seconds(f"{link_rate.NAME}.{nbytes}", values, runtime._fractions, 60.0)
+    link_rate.warm_up(runtime._fractions, 60.0)  # the probe's first psum, then gone
     os._exit(3)  # no goodbye: as a crash
 start = time.monotonic()
 error = None
