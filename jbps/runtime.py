@@ -15,7 +15,7 @@ from .extension import load_core
 
 _core = load_core()
 # The rest after the extension, so that its absence is what an import error names.
-from . import bootstrap, link_rate, trace  # noqa: E402
+from . import bootstrap, cpu_loop_deadlock, link_rate, trace  # noqa: E402
 from .config import Config  # noqa: E402
 from .errors import JbpsError  # noqa: E402
 from .partition import defaults  # noqa: E402
@@ -152,6 +152,7 @@ def init(**overrides) -> Session:
                     raise JbpsError(f"jbps.init() failed measuring the network: {exc}{hint}") from None
                 raise
         _config, _requested, _hosted = config, requested, hosted
+        cpu_loop_deadlock.warn_if_affected(config.local_rank)
         if not _atexit_registered:
             atexit.register(_shutdown_at_exit)
             _atexit_registered = True

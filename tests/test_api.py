@@ -373,3 +373,41 @@ def test_the_link_probes_host_psum_sums_and_names_bad_input(server):
             )
     with pytest.raises(RuntimeError, match="not running"):
         _psum_seconds(f"{NAME}.test", got, [1.0], wait_s=30)
+
+
+@pytest.mark.parametrize(
+    "version,platform,devices,stalls",
+    [
+        ("0.5.0", "cpu", 2, True),
+        ("0.10.2", "cpu", 4, True),
+        ("0.11.2", "cpu", 2, True),
+        ("0.12.0", "cpu", 2, False),
+        ("0.12.0.1", "cpu", 8, False),
+        ("0.13.0.dev20270101", "cpu", 2, False),
+        ("0.10.2", "cpu", 1, False),
+        ("0.10.2", "gpu", 2, False),
+    ],
+)
+def test_which_jax_deadlocks_multi_device_cpu_loops(version, platform, devices, stalls):
+    # Measured (docs/loops.md): jax 0.5.0, 0.10.2 and 0.11.2 stall such loops, 0.12.0 does not.
+    from jbps import cpu_loop_deadlock
+
+    assert cpu_loop_deadlock.affected(version, platform, devices) is stalls
+
+
+def test_init_warns_once_where_multi_device_cpu_loops_can_deadlock(server):
+    # This process has 4 CPU devices (conftest): jbps.init warns on the jax versions that stall such loops.
+    import warnings
+
+    from jbps import cpu_loop_deadlock
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with jbps.init(servers=[server], num_workers=1, worker_rank=0, timeout_s=20):
+            pass
+    said = [w for w in caught if "deadlock a loop" in str(w.message)]
+    if cpu_loop_deadlock.loops_need_waits():
+        assert len(said) == 1 and jax.__version__ in str(said[0].message), [str(w.message) for w in caught]
+        assert "jax 0.12 fixes it" in str(said[0].message) and "block_until_ready" in str(said[0].message)
+    else:
+        assert said == []

@@ -1,5 +1,6 @@
 """Bad input gets a clear error naming what is at fault, and nothing hangs."""
 
+import re
 import socket
 import time
 
@@ -155,6 +156,27 @@ def test_a_missing_worker_times_out_naming_the_tensor_and_server():
             with pytest.raises(Exception, match=r"timed out.*lonely\['x'\].*" + addr):
                 jax.block_until_ready(jax.jit(lambda t: jbps.psum(t, name="lonely"))({"x": jnp.ones(4)}))
             assert time.monotonic() - start < 10
+    finally:
+        srv.stop()
+
+
+def test_a_timeout_names_the_worker_that_has_not_pushed():
+    # Worker 1 never comes; the server has waited half its timeout when worker
+    # 0's psum times out, and has told worker 0 which worker it waits for.
+    srv = _core.Server("127.0.0.1:0", 2, timeout_s=4.0)
+    addr = f"127.0.0.1:{srv.port}"
+    try:
+        with jbps.init(servers=[addr], num_workers=2, worker_rank=0, timeout_s=4.0):
+            with pytest.raises(Exception) as caught:
+                jax.block_until_ready(jax.jit(lambda t: jbps.psum(t, name="lonely"))({"x": jnp.ones(4)}))
+            message = str(caught.value)
+            assert re.search(
+                r"timed out after 4 s .*: worker 1 has not pushed tensor 'lonely\['x'\]' \(round 0\) to server "
+                + re.escape(addr)
+                + r", which had waited [0-9.]+ s for it",
+                message,
+            ), message
+            assert message.count("jbps:") == 1, message
     finally:
         srv.stop()
 

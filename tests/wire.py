@@ -4,7 +4,7 @@ protocol by hand (a raw worker, a hostile peer): 48 bytes, little-endian."""
 import struct
 
 HEADER = struct.Struct("<IHHQQIBBHIIQ")  # ... dtype, flags, param (topk's keep), sender, aux, nbytes
-MAGIC, VERSION = 0x5350424A, 4  # version 2: the onebit dtype; 3: topk; 4: the dtype's param
+MAGIC, VERSION = 0x5350424A, 5  # version 2: the onebit dtype; 3: topk; 4: the dtype's param; 5: kStall
 HELLO, HELLO_OK, PUSH, ERROR, BYE, TREE, PUSH_SHM, SHM_OFFER, SHM_ACCEPT = 1, 2, 3, 6, 7, 8, 10, 13, 14
 TOPK = 6  # the topk dtype, whose param is the values each record keeps
 

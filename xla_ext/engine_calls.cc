@@ -18,11 +18,14 @@ std::string Engine::Impl::TimeoutMessage(const CallPtr& c) {
   }
   std::string msg = "jbps: psum timed out after " + FormatSeconds(opt.timeout_s) + " s (JBPS_TIMEOUT_S)";
   size_t remaining;
+  std::string stalled;
   {
     std::lock_guard<std::mutex> lock(c->mu);
     remaining = c->remaining;
     if (!c->deferred.empty()) return c->deferred;  // a known cause beats "timed out"
+    stalled = c->stalled;
   }
+  if (!stalled.empty()) return msg + ": " + stalled + ": is it stuck (or gone), or calling psum with a different tree?";
   msg += ": " + std::to_string(remaining) + " of " + std::to_string(c->total_chunks) + " chunks not summed";
   if (first_op >= 0) {
     msg += "; tensor '" + c->TensorName(first_op) + "' is waiting on server";

@@ -115,6 +115,9 @@ struct Call {
   // leaves; the call's deadline bounds the wait (TimeoutMessage then gives it).
   bool tree_pending = false;
   std::string deferred;
+  // A server's word that some workers have not pushed one of this call's
+  // chunks (kStall): what the call's timeout then says.
+  std::string stalled;
   RoundKey tree_round{0, 0};  // the tree check's key and round, while pending
   // Stage stamps (Engine::SetStageTiming), guarded by mu.
   bool timed = false;
@@ -339,6 +342,7 @@ struct Engine::Impl {
   // The receiver's handling of a round's answer (engine_link.cc).
   ChunkPtr TakeAnswered(ServerConn* sc, const Frame& f);
   bool OnError(ServerConn* sc, const Frame& f, std::string* why);
+  void OnStall(ServerConn* sc, const Frame& f);
   bool OnSum(ServerConn* sc, const Frame& f, FrameReader* reader, std::string* why);
   void AttachShm(ServerConn* sc);
   IoStatus SendRelease(ServerConn* sc, const FrameHeader& sum);

@@ -170,6 +170,7 @@ void Engine::Impl::RecvLoop(ServerConn* sc) {
       }
       case MsgType::kAbort: SetFault(f.text); break;
       case MsgType::kError: ok = OnError(sc, f, &why); break;
+      case MsgType::kStall: OnStall(sc, f); break;
       case MsgType::kSum:
       case MsgType::kSumShm: ok = OnSum(sc, f, &reader, &why); break;
       default: ok = false; why = "protocol error: unexpected message type " + std::to_string(f.header.type);
@@ -238,6 +239,27 @@ bool Engine::Impl::OnError(ServerConn* sc, const Frame& f, std::string* why) {
     return false;
   }
   return true;
+}
+
+// kStall: a round of one of our calls waits on workers that have not pushed
+// it; the call's timeout names them (TimeoutMessage). The round stays pending.
+void Engine::Impl::OnStall(ServerConn* sc, const Frame& f) {
+  CallPtr call;
+  int op = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = pending.find(RoundKey{f.header.key, f.header.round});
+    if (it == pending.end() || it->second->tree) return;
+    call = it->second->call;
+    op = it->second->op;
+  }
+  char waited[32];
+  std::snprintf(waited, sizeof(waited), "%.1f", f.header.aux / 1000.0);
+  const std::string note = f.text + " not pushed tensor '" + call->TensorName(op) + "' (round " +
+                           std::to_string(f.header.round) + ") to server " + sc->addr.ToString() +
+                           ", which had waited " + waited + " s for it";
+  std::lock_guard<std::mutex> lock(call->mu);
+  if (call->stalled.empty()) call->stalled = note;
 }
 
 // kSum / kSumShm: the sum lands in the call's output buffers (read from the

@@ -57,7 +57,8 @@ FrameStatus FrameReader::Next(Frame* f, std::string* why, bool stamp) {
       break;
     case MsgType::kError:
     case MsgType::kAbort:
-    case MsgType::kBye:  // ValidateHeader: at most kMaxErrorBytes
+    case MsgType::kBye:
+    case MsgType::kStall:  // ValidateHeader: at most kMaxErrorBytes
       f->text.resize(h.nbytes);
       st = h.nbytes == 0 ? IoStatus::kOk : RecvAll(fd_, f->text.data(), f->text.size(), stall_ms_, stall_ms_);
       break;

@@ -19,6 +19,10 @@
 //                               naming the first leaf that differs
 //   server -> worker  kAbort    payload = why the job failed (a worker was lost); the server
 //                               closes the connection after it
+//   server -> worker  kStall    key, round, aux = ms waited, payload = which workers have not
+//                               pushed that round ("worker 1 has"), sent once to the workers that
+//                               have, when it has waited long (kStallNoteFraction of the
+//                               timeout): their timeout then names the missing workers
 //
 // With shared memory (shm.h; worker and server on one host):
 //   worker -> server  kShmOffer  on the server's Unix socket, with the worker's push
@@ -45,7 +49,7 @@ constexpr uint32_t kMagic = 0x5350424a;  // "JBPS" in little-endian bytes
 // 2: the onebit dtype (5) on the wire; 3: the topk dtype (6); 4: a dtype's
 // parameter (`param`: topk's values per record). A peer of another version is
 // refused at the hello, naming both.
-constexpr uint16_t kProtocolVersion = 4;
+constexpr uint16_t kProtocolVersion = 5;
 // Largest payload a header may announce. Chunks are at most the partition size
 // (default 4 MiB); this bound only stops a hostile length from being trusted.
 constexpr uint64_t kMaxPayloadBytes = uint64_t{1} << 31;
@@ -58,6 +62,11 @@ constexpr uint64_t kTreeDigestBytes = 8;  // before the description in a kTree p
 // sends until either bound is reached (both ends count alike, so a worker
 // knows which the server has); later ones travel with every check.
 constexpr size_t kMaxDescribedTrees = 4096;
+// A round that has waited this share of the server's timeout (at most
+// kStallNoteMaxSeconds) for some workers' pushes is reported to the workers
+// that pushed it (kStall), so that their timeout names the missing workers.
+constexpr double kStallNoteFraction = 0.5;
+constexpr double kStallNoteMaxSeconds = 5.0;
 constexpr uint64_t kMaxDescribedTreeBytes = uint64_t{64} << 20;
 
 // Where a server runs, which decides its share of the bytes (docs/design.md,
@@ -79,6 +88,7 @@ enum class MsgType : uint16_t {
   kRelease = 12,
   kShmOffer = 13,
   kShmAccept = 14,
+  kStall = 15,
 };
 
 // Where a payload lies in shared memory: the payload of kPushShm and kSumShm.
@@ -145,7 +155,7 @@ inline std::string ValidateHeader(const FrameHeader& h, uint64_t token) {
   if (h.version != kProtocolVersion)
     return "protocol version " + std::to_string(h.version) + ", expected " + std::to_string(kProtocolVersion);
   if (h.token != token) return "wrong job token";
-  if (h.type < static_cast<uint16_t>(MsgType::kHello) || h.type > static_cast<uint16_t>(MsgType::kShmAccept))
+  if (h.type < static_cast<uint16_t>(MsgType::kHello) || h.type > static_cast<uint16_t>(MsgType::kStall))
     return "unknown message type " + std::to_string(h.type);
   const bool carries_data =
       h.type == static_cast<uint16_t>(MsgType::kPush) || h.type == static_cast<uint16_t>(MsgType::kSum);
@@ -163,7 +173,7 @@ inline std::string ValidateHeader(const FrameHeader& h, uint64_t token) {
       if (h.nbytes % DTypeSize(dtype, h.param) != 0) return "payload length not a multiple of the element size";
     }
   } else if (h.type == static_cast<uint16_t>(MsgType::kError) || h.type == static_cast<uint16_t>(MsgType::kAbort) ||
-             h.type == static_cast<uint16_t>(MsgType::kBye)) {
+             h.type == static_cast<uint16_t>(MsgType::kBye) || h.type == static_cast<uint16_t>(MsgType::kStall)) {
     if (h.nbytes > kMaxErrorBytes) return "error message too long";
   } else if (h.type == static_cast<uint16_t>(MsgType::kTree)) {
     if (h.nbytes < kTreeDigestBytes || h.nbytes > kTreeDigestBytes + kMaxTreeBytes)

@@ -329,6 +329,8 @@ struct RoundState {
   // Timed pushes (kFlagTimed): each waiter's read time, and the latest.
   std::vector<int64_t> read_ns;
   int64_t last_read_ns = 0;
+  int64_t first_ns = 0;      // when its first push was taken (SteadyNs)
+  bool stall_noted = false;  // kStall sent to the workers that pushed (NoteStalls)
 };
 
 struct EngineThread {
@@ -347,6 +349,7 @@ struct EngineThread {
   // feedback), added to its next sum. A new job starts from zeros.
   std::unordered_map<uint64_t, std::vector<float>> residuals;
   std::atomic<uint64_t> epoch{0};  // rounds of older jobs are dropped; written under run_mu
+  int64_t next_stall_scan_ns = 0;  // guarded by run_mu (NoteStalls)
   uint64_t next_epoch = 0;         // guarded by mu: a job ended, drop its rounds now (DropEndedJobs)
 };
 
@@ -426,6 +429,8 @@ struct SummationServer::Impl {
   bool ReadTreeCheck(const ConnPtr& c, const FrameHeader& h, FrameReader* reader, std::string* why);
   void CheckTree(const ConnPtr& c, const FrameHeader& h, uint64_t digest, std::shared_ptr<const std::string> text);
   void RunTask(EngineThread* e, Task& t);
+  void NoteStalls(EngineThread* e);
+  int64_t StallNoteNs() const;
   void ReapFinishedConns();
   void MarkFinished();
   std::string Name() const { return opt.bind.substr(0, opt.bind.rfind(':')) + ":" + std::to_string(port); }

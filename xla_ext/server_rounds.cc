@@ -21,25 +21,62 @@ EngineThread* SummationServer::Impl::ThreadFor(uint64_t key, uint64_t nbytes) {
 
 void SummationServer::Impl::EngineLoop(EngineThread* e) {
   NameThisThread("jbps-sum");
+  // Wakes at least this often to look for stalled rounds (NoteStalls).
+  const auto tick = std::chrono::nanoseconds(std::max<int64_t>(StallNoteNs() / 4, 50'000'000));
   for (;;) {
+    bool woken;
     {
       std::unique_lock<std::mutex> lock(e->mu);
-      e->cv.wait(lock, [&] { return e->stop || !e->queue.empty() || e->next_epoch > e->epoch; });
+      woken = e->cv.wait_for(lock, tick, [&] { return e->stop || !e->queue.empty() || e->next_epoch > e->epoch; });
       if (e->stop) return;
     }
     std::lock_guard<std::mutex> running(e->run_mu);
-    Task t;
-    bool have = false;
-    {
-      std::lock_guard<std::mutex> lock(e->mu);
-      if (!e->queue.empty()) {  // readers add their own pushes only when it is empty
-        t = std::move(e->queue.front());
-        e->queue.pop_front();
-        have = true;
+    if (woken) {
+      Task t;
+      {
+        std::lock_guard<std::mutex> lock(e->mu);
+        if (!e->queue.empty()) {  // readers add their own pushes only when it is empty
+          t = std::move(e->queue.front());
+          e->queue.pop_front();
+        }
       }
+      RunTask(e, t);  // without a push (t.conn null) when only a job ended
     }
-    (void)have;
-    RunTask(e, t);  // without a push (t.conn null) when only a job ended
+    NoteStalls(e);
+  }
+}
+
+int64_t SummationServer::Impl::StallNoteNs() const {
+  return static_cast<int64_t>(std::min(std::max(opt.timeout_s, 1.0) * kStallNoteFraction, kStallNoteMaxSeconds) * 1e9);
+}
+
+// With e->run_mu held: tells the workers that pushed a round which has
+// waited StallNoteNs() for the others which workers those are (kStall, once
+// per round), so that their timeout names the stalled worker, not only the
+// tensor. Scans at most once a tick.
+void SummationServer::Impl::NoteStalls(EngineThread* e) {
+  const int64_t now = SteadyNs();
+  if (now < e->next_stall_scan_ns) return;
+  const int64_t after = StallNoteNs();
+  e->next_stall_scan_ns = now + std::max<int64_t>(after / 4, 50'000'000);
+  for (auto& kv : e->rounds) {
+    RoundState& st = kv.second;
+    if (st.stall_noted || !st.error.empty() || st.pushes >= static_cast<int>(opt.num_workers)) continue;
+    if (now - st.first_ns < after) continue;
+    st.stall_noted = true;
+    std::string missing;
+    int count = 0;
+    for (size_t r = 0; r < st.pushed.size(); ++r) {
+      if (st.pushed[r]) continue;
+      missing += (count++ ? ", " : "") + std::to_string(r);
+    }
+    const std::string who = count == 1 ? "worker " + missing + " has" : "workers " + missing + " have";
+    for (auto& w : st.waiters) {
+      OutMsg m{RoundFrame(MsgType::kStall, opt.token, kv.first.key, kv.first.round), nullptr, who};
+      m.header.nbytes = m.text.size();
+      m.header.aux = static_cast<uint32_t>(std::min<int64_t>((now - st.first_ns) / 1'000'000, UINT32_MAX));
+      Deliver(w, std::move(m));
+    }
   }
 }
 
@@ -159,6 +196,7 @@ void SummationServer::Impl::Process(Task& t, EngineThread* e) {
     st.nbytes = nbytes;
     st.first_rank = t.rank;
     st.digest = t.digest;
+    st.first_ns = SteadyNs();
   }
   if (st.pushed[t.rank]) {
     // A second push of the same round from one worker is a protocol error;

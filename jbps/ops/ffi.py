@@ -12,6 +12,7 @@ from ..partition import CallPlan
 from ..partition.plan import tree_key
 from .. import runtime
 from ..runtime import FFI_TARGET, JOIN_TARGET
+from . import replication
 
 
 def push_pull(
@@ -143,4 +144,6 @@ def cast(target: str, values: jax.Array, dtype) -> jax.Array:
     (xla_ext/ffi_casts_cpu.cc). Elementwise, so a batch (vmap) is more values."""
     runtime.register_ffi_targets()
     call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(values.shape, dtype), vmap_method="broadcast_all")
-    return call(values)
+    # Elementwise: the result varies over the mapped axes its input does (an
+    # ffi_call's result is typed as varying over none).
+    return replication.pvary(call(values), tuple(replication.varying(replication.aval_of(values))))
