@@ -3,12 +3,12 @@
     jbps run -n 2 python train.py                       # a whole job on this machine
     jbps scheduler                                      # the DMLC_* rendezvous
     jbps server --bind 0.0.0.0:9000 --num-workers 4    # a summation server
-    jbps bench --sizes 4M,64M                           # jbps psum vs MPI and gloo
-    jbps bench network --workers 4 --cpu-hosts 0-4      # the same across emulated hosts (root)
-    jbps bench overlap --workers 2 --cpu-hosts 0,2      # a training step's overlap there (root)
+    jbps run -n 2 jbps bench --sizes 4K-64M             # this job's psum by size (each worker runs it)
     jbps plan resnet50 --workers 4 --cpu-servers 0-4    # traffic split and predicted time
 
-Each subcommand's own options follow it (`jbps bench --help`).
+Each subcommand's own options follow it (`jbps bench --help`). The lab's
+benchmarks against MPI, JAX's gloo psum and the formula, on emulated hosts
+too, run from a checkout: `python -m benchmarks --help`.
 """
 
 from __future__ import annotations
@@ -20,15 +20,7 @@ from . import __version__
 
 
 def _bench(argv: list[str]) -> int:
-    if argv[:1] == ["network"]:  # across emulated hosts (needs root)
-        from .bench.network import main as network
-
-        return network(argv[1:], prog="jbps bench network")
-    if argv[:1] == ["overlap"]:  # a training step across emulated hosts (needs root)
-        from .bench.overlap import main as overlap
-
-        return overlap(argv[1:], prog="jbps bench overlap")
-    from .bench.__main__ import main
+    from .bench import main
 
     return main(argv, prog="jbps bench")
 
@@ -60,7 +52,7 @@ def _server(argv: list[str]) -> int:
 _COMMANDS = {
     "bench": (
         _bench,
-        "benchmark jbps psum against MPI Allreduce and JAX gloo psum (`jbps bench network`: across emulated hosts)",
+        "time this job's psum by size on its real hosts (run by every worker, like nccl-tests)",
     ),
     "plan": (_plan, "predict a model's traffic per server and communication time vs CPU machines"),
     "run": (_run, "run a whole job on this machine: scheduler, servers and workers"),

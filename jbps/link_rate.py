@@ -60,12 +60,14 @@ def _psum_seconds(name: str, values: np.ndarray, fractions: Sequence[float], wai
         server_fractions=fractions,
         ramp=True,
     )
+    sizes, _, alone = plan.chunk_table([0])
     return _core.engine_psum_host(
         values,
         key=plan.leaves[0].key,
         name=name,
         partition_bytes=plan.partition_bytes,
-        ramp=True,
+        chunk_bytes=sizes,
+        chunk_alone=[int(a) for a in alone],
         servers=list(plan.chunk_servers),
         tree=tree_description(name, [""], [values.shape], [values.dtype]),
         tree_key=tree_key(name),

@@ -10,8 +10,16 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import pytest
 
 import jbps
-from jbps import _core, emulated_job
-from jbps.local_cluster import _REPO_ROOT, LocalCluster, last_json_line
+from jbps import _core
+
+# The checkout, last on the path: its benchmarks/ (the lab: local and emulated
+# clusters, the peers) are found there, while `import jbps` stays the installed package.
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.append(REPO)
+
+from benchmarks import emulated_job  # noqa: E402
+from benchmarks.local_cluster import _REPO_ROOT, LocalCluster, last_json_line  # noqa: E402
 
 WORKERS = os.path.join(os.path.dirname(__file__), "workers")
 
@@ -73,7 +81,7 @@ def check_results(results, rounds):
 
 def _emulated_hosts_unavailable() -> str | None:
     """Why network namespaces cannot be made here (not root, no iproute2), or None."""
-    from jbps.emulated_network import NetworkError, check_tools
+    from benchmarks.emulated_network import NetworkError, check_tools
 
     try:
         check_tools()
@@ -82,7 +90,7 @@ def _emulated_hosts_unavailable() -> str | None:
     return None
 
 
-# Tests across emulated hosts (jbps.emulated_network): skipped, saying why, where they cannot run.
+# Tests across emulated hosts (benchmarks/emulated_network.py): skipped, saying why, where they cannot run.
 needs_emulated_hosts = pytest.mark.skipif(
     _emulated_hosts_unavailable() is not None, reason=_emulated_hosts_unavailable() or ""
 )

@@ -11,7 +11,7 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
 import jbps
-from jbps.emulated_job import JOB_VARIABLE_PREFIXES
+from benchmarks.emulated_job import JOB_VARIABLE_PREFIXES
 from jbps import _core
 
 L = 4
@@ -367,10 +367,32 @@ def test_the_link_probes_host_psum_sums_and_names_bad_input(server):
         np.testing.assert_array_equal(got, values)
         stats = jbps.engine_stats()
         assert stats["bytes_pushed"] >= values.nbytes, stats
-        with pytest.raises(RuntimeError, match="routes 0 chunks, the engine cut 1"):
-            _core.engine_psum_host(
-                got, key=1, name="x", partition_bytes=1 << 20, ramp=False, servers=[], tree="", tree_key=0, wait_s=5
-            )
+        # The engine cuts by the plan's chunk table alone, and refuses one that does not add up.
+        bad_tables = [
+            ([4 * 70_000], [0], [], "routes 0 chunks, its table cuts 1"),
+            ([4 * 69_999], [0], [0], "add up to 279996 bytes, its shard has 280000"),
+            (
+                [6, 4 * 70_000 - 6],
+                [0, 0],
+                [0, 0],
+                "chunk 0 of tensor 0 has 6 bytes, not a positive multiple of its 4-byte",
+            ),
+            ([4 * 70_000], [0, 0], [0], "marks 2 chunks, it cuts 1"),
+        ]
+        for sizes, alone, servers, why in bad_tables:
+            with pytest.raises(RuntimeError, match=why):
+                _core.engine_psum_host(
+                    got,
+                    key=1,
+                    name="x",
+                    partition_bytes=1 << 20,
+                    chunk_bytes=sizes,
+                    chunk_alone=alone,
+                    servers=servers,
+                    tree="",
+                    tree_key=0,
+                    wait_s=5,
+                )
     with pytest.raises(RuntimeError, match="not running"):
         _psum_seconds(f"{NAME}.test", got, [1.0], wait_s=30)
 
@@ -389,7 +411,7 @@ def test_the_link_probes_host_psum_sums_and_names_bad_input(server):
     ],
 )
 def test_which_jax_deadlocks_multi_device_cpu_loops(version, platform, devices, stalls):
-    # Measured (docs/loops.md): jax 0.5.0, 0.10.2 and 0.11.2 stall such loops, 0.12.0 does not.
+    # Measured (docs/guide/loops.md): jax 0.5.0, 0.10.2 and 0.11.2 stall such loops, 0.12.0 does not.
     from jbps import cpu_loop_deadlock
 
     assert cpu_loop_deadlock.affected(version, platform, devices) is stalls

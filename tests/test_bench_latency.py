@@ -8,9 +8,10 @@ import sys
 
 import pytest
 
-from jbps.bench import latency, peers
-from jbps.bench.__main__ import format_table
-from jbps.bench.stages import STAGES, call_stages, typical_stages
+from conftest import REPO
+from benchmarks import latency, peers
+from benchmarks.__main__ import format_table
+from benchmarks.stages import STAGES, call_stages, typical_stages
 
 SWEEP = [4096, 16384]
 
@@ -21,7 +22,7 @@ def doc():
         [
             sys.executable,
             "-m",
-            "jbps.bench",
+            "benchmarks",
             "--sizes",
             "64K",
             "--iters",
@@ -37,8 +38,8 @@ def doc():
         capture_output=True,
         text=True,
         timeout=300,
-        cwd="/",
-    )  # the installed package, not the source tree
+        cwd=REPO,
+    )  # the lab runs from the checkout
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout)
 

@@ -46,7 +46,7 @@ def test_network_bench_runs_every_tool_and_reports_the_split(tmp_path):
     dump = tmp_path / "xla"
     env = job_free_env(XLA_FLAGS=f"--xla_dump_to={dump}", JBPS_PARTITION_BYTES="not a size")
     doc = _run_json(
-        "jbps.bench.network",
+        "benchmarks.network",
         "--workers",
         "2",
         "--cpu-hosts",
@@ -89,7 +89,7 @@ def test_network_bench_runs_every_tool_and_reports_the_split(tmp_path):
 
 def test_overlap_bench_times_every_case():
     doc = _run_json(
-        "jbps.bench.overlap",
+        "benchmarks.overlap",
         "--cpu-hosts",
         "0",
         "--layers",
@@ -125,12 +125,12 @@ def test_overlap_bench_times_every_case():
 @pytest.mark.parametrize(
     "module,argv,needle",
     [
-        ("jbps.bench.network", ["--rate", "fast"], "fast"),
-        ("jbps.bench.network", ["--size", "12 apples"], "12 apples"),
-        ("jbps.bench.network", ["--workers", "200", "--cpu-hosts", "60"], "254"),
-        ("jbps.bench.network", ["--compression", "int8"], "int8"),
-        ("jbps.bench.overlap", ["--rate", "fast"], "fast"),
-        ("jbps.bench.overlap", ["--bucket-bytes", "lots"], "lots"),
+        ("benchmarks.network", ["--rate", "fast"], "fast"),
+        ("benchmarks.network", ["--size", "12 apples"], "12 apples"),
+        ("benchmarks.network", ["--workers", "200", "--cpu-hosts", "60"], "254"),
+        ("benchmarks.network", ["--compression", "int8"], "int8"),
+        ("benchmarks.overlap", ["--rate", "fast"], "fast"),
+        ("benchmarks.overlap", ["--bucket-bytes", "lots"], "lots"),
     ],
 )
 def test_bad_input_is_one_line_naming_it(module, argv, needle):

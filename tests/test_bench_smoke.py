@@ -10,8 +10,9 @@ import jax
 import numpy as np
 import pytest
 
-from jbps.bench import peers
-from jbps.bench.__main__ import format_table, plot
+from conftest import REPO
+from benchmarks import peers
+from benchmarks.__main__ import format_table, plot
 
 TREE_LEAVES = 8
 
@@ -22,7 +23,7 @@ def bench_doc():
         [
             sys.executable,
             "-m",
-            "jbps.bench",
+            "benchmarks",
             "--sizes",
             "4K,64K",
             "--iters",
@@ -47,8 +48,8 @@ def bench_doc():
         capture_output=True,
         text=True,
         timeout=300,
-        cwd="/",
-    )  # the installed package, not the source tree
+        cwd=REPO,
+    )  # the lab runs from the checkout
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout)
 
@@ -124,7 +125,7 @@ def test_bench_ratios_and_table(bench_doc):
 
 def test_bench_help_names_what_it_measures():
     out = subprocess.run(
-        [sys.executable, "-m", "jbps.bench", "--help"], capture_output=True, text=True, timeout=120, cwd="/"
+        [sys.executable, "-m", "benchmarks", "--help"], capture_output=True, text=True, timeout=120, cwd=REPO
     )
     assert out.returncode == 0, out.stderr
     assert "--skip-small-tensors" in out.stdout and "--memory-rounds" in out.stdout
@@ -134,7 +135,7 @@ def test_bench_help_names_what_it_measures():
 
 def test_bench_worker_help_and_json_keys_name_what_they_measure(bench_doc):
     out = subprocess.run(
-        [sys.executable, "-m", "jbps.bench.jbps_worker", "--help"], capture_output=True, text=True, timeout=120, cwd="/"
+        [sys.executable, "-m", "benchmarks.jbps_worker", "--help"], capture_output=True, text=True, timeout=120, cwd=REPO
     )
     assert out.returncode == 0, out.stderr
     assert "many small tensors:" in out.stdout and "memory:" in out.stdout
@@ -176,7 +177,7 @@ def test_gloo_peer_times_the_tree():
 
 
 def test_floor_growth_ignores_buffers_that_come_and_go():
-    from jbps.bench.memory import floor_growth
+    from benchmarks.memory import floor_growth
 
     m = 4 << 20
     assert floor_growth([0, 0, m, 0, 2 * m, m, 0, 2 * m]) == 0
@@ -184,7 +185,7 @@ def test_floor_growth_ignores_buffers_that_come_and_go():
 
 
 def test_goals_from_rows_and_kernel():
-    from jbps.bench.goals import make_goals
+    from benchmarks.goals import make_goals
 
     doc = {
         "rows": [{"bytes": 64 << 20, "jbps_over_mpi": 0.9, "jbps_over_gloo": 0.6}],
@@ -205,7 +206,7 @@ def test_goals_from_rows_and_kernel():
 def test_cpu_load_counts_busy_time_by_kind():
     import os
 
-    from jbps.bench import cpu_load
+    from benchmarks import cpu_load
 
     # user nice system idle iowait irq softirq steal guest guest_nice: 2 s of user (half of it a
     # guest's, counted in user already), 1 of system, half of softirq, 4.5 idle (and iowait), 1
@@ -225,14 +226,14 @@ def test_cpu_load_counts_busy_time_by_kind():
 
 def test_codecs_bench_runs_every_codec_on_every_kind_of_values():
     out = subprocess.run(
-        [sys.executable, "-m", "jbps.bench.codecs", "--size", "1M", "--reps", "1", "--json"],
+        [sys.executable, "-m", "benchmarks.codecs", "--size", "1M", "--reps", "1", "--json"],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
-    from jbps.bench import codecs
+    from benchmarks import codecs
 
     assert [(r["codec"], r["data"]) for r in doc["rows"]] == [(c, d) for c in codecs.CODECS for d in codecs.DATA]
     for r in doc["rows"]:
@@ -242,7 +243,7 @@ def test_codecs_bench_runs_every_codec_on_every_kind_of_values():
 
 
 def test_codecs_bench_check_fails_on_a_wrong_decode_or_residual():
-    from jbps.bench import codecs
+    from benchmarks import codecs
 
     values = np.arange(2048, dtype=np.float32)
     records = np.zeros((2, 20), np.uint32)
@@ -257,7 +258,7 @@ def test_codecs_bench_check_fails_on_a_wrong_decode_or_residual():
 
 
 def test_codecs_bench_step_check_fails_on_a_wrong_encode_added_or_decode_into():
-    from jbps.bench import codecs
+    from benchmarks import codecs
 
     values = np.arange(2048, dtype=np.float32)
     records = np.zeros((2, 20), np.uint32)
@@ -272,7 +273,7 @@ def test_codecs_bench_step_check_fails_on_a_wrong_encode_added_or_decode_into():
 
 
 def test_network_compression_goals_hold_each_codec_to_its_target_beside_the_cpu_floor():
-    from jbps.bench.network import compression_goals
+    from benchmarks.network import compression_goals
 
     cpu = {"busy_core_s": 0.06, "cores": 2}
     results = {

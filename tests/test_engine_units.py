@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from jbps import _core
+from cxx_hooks import hooks
 
 
 class ReferenceQueue:
@@ -36,7 +36,7 @@ class ReferenceQueue:
 def test_credit_queue_matches_the_reference(seed):
     rng = random.Random(seed)
     credit = rng.randint(1, 6)
-    engine, reference = _core.ChunkQueue(credit), ReferenceQueue(credit)
+    engine, reference = hooks().ChunkQueue(credit), ReferenceQueue(credit)
     next_id = 0
     for _ in range(2000):
         op = rng.random()
@@ -55,7 +55,7 @@ def test_credit_queue_matches_the_reference(seed):
 
 def test_a_high_priority_chunk_waits_behind_the_window_only():
     credit = 3
-    q = _core.ChunkQueue(credit)
+    q = hooks().ChunkQueue(credit)
     for i in range(100):
         q.push(i, -100)
     sent = [q.send() for _ in range(credit)]
@@ -69,7 +69,7 @@ def test_a_high_priority_chunk_waits_behind_the_window_only():
 
 def fuse(chunks, partition):
     nbytes, dtypes, servers, priorities = (list(x) for x in zip(*chunks))
-    return _core.fuse_small_chunks(nbytes, dtypes, servers, priorities, partition)
+    return hooks().fuse_small_chunks(nbytes, dtypes, servers, priorities, partition)
 
 
 def test_fusion_groups_small_chunks_per_server_and_dtype():

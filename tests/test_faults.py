@@ -12,7 +12,7 @@ import time
 import jbps
 from conftest import last_json, worker_script
 from jbps import _core
-from jbps.local_cluster import LocalCluster
+from benchmarks.local_cluster import LocalCluster
 from leftovers import tcp_sockets
 
 TIMEOUT_S = 5  # JBPS_TIMEOUT_S of these jobs: a detection by timeout would take this long

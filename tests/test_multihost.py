@@ -1,5 +1,5 @@
 """Jobs across hosts: every host a network namespace with its own capped link
-(jbps.emulated_network), the job started through the DMLC_* scheduler as on a
+(benchmarks/emulated_network.py), the job started through the DMLC_* scheduler as on a
 real cluster: TCP between hosts, shared memory between a worker and the server
 on its own host. Needs root and iproute2 (CI has both); skipped, saying why,
 where they are missing."""
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from conftest import job_free_env, last_json, needs_emulated_hosts, worker_script
-from jbps.emulated_job import EmulatedJob, run_job
-from jbps.emulated_network import MPI_TCP_ENV, EmulatedNetwork
+from benchmarks.emulated_job import EmulatedJob, run_job
+from benchmarks.emulated_network import MPI_TCP_ENV, EmulatedNetwork
 from jbps.partition import defaults, server_fractions
 from jbps.procs import terminate
 

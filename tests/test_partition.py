@@ -1,7 +1,6 @@
 """The optimal split, byte-balanced routing, priorities and `jbps plan`,
 checked against first-principles traffic counts and published formulas."""
 
-import itertools
 import json
 import os
 import random
@@ -251,12 +250,12 @@ def test_plan_cli_rejects_unknown_model(capsys):
 
 
 @pytest.mark.parametrize("seed", range(5))
-def test_the_plan_cuts_shards_as_the_engine_does(seed):
-    # The plan routes chunks that the engine cuts on its own; Submit fails a
-    # call whose counts differ. Both must agree for every dtype and partition.
+def test_the_plan_cuts_shards_into_whole_elements_within_a_partition(seed):
+    # The plan is the one chunk table: the engine cuts by it (CheckChunkTable
+    # refuses one that does not add up, tests/test_errors.py). For every dtype
+    # and partition its chunks tile each shard in whole elements.
     import jax.numpy as jnp
 
-    from jbps import _core
     from jbps.ops import onebit, topk
 
     dtypes = {
@@ -286,12 +285,20 @@ def test_the_plan_cuts_shards_as_the_engine_does(seed):
         )
         leaf = plan.leaves[0]
         what = (name, partition, size, param, ramp)
-        assert leaf.chunk_bytes == _core.engine_chunk_bytes(name, partition, param), what
-        engine = _core.engine_chunk_sizes(leaf.shard_bytes, name, partition, param, ramp)
-        sizes = leaf.chunk_sizes()
-        assert [nbytes for _, nbytes in engine] == sizes and leaf.num_chunks == len(engine), what
-        # The chunks tile the shard, in order, none empty, none over a partition.
-        assert [offset for offset, _ in engine] == [0, *itertools.accumulate(sizes)][:-1], what
+        itemsize = np.dtype(dtype).itemsize
+        # A chunk is as many whole elements as fit a partition (at least one).
+        assert leaf.chunk_bytes % itemsize == 0 and leaf.chunk_bytes <= max(partition, itemsize), what
+        assert leaf.chunk_bytes + itemsize > partition or leaf.chunk_bytes == itemsize, what
+        sizes, counts, alone = plan.chunk_table([0])
+        assert sizes == leaf.chunk_sizes() and counts == [leaf.num_chunks] == [len(sizes)] == [len(alone)], what
+        # The chunks tile the shard, none empty, none over a partition, each whole elements.
         assert sum(sizes) == leaf.shard_bytes and all(0 < b <= leaf.chunk_bytes for b in sizes), what
+        assert all(b % itemsize == 0 for b in sizes), what
+        # A ramp's pieces (the first and last four) travel alone; nothing else does.
+        if leaf.ramped:
+            assert sizes[:4] == [leaf.chunk_bytes // 8 * e for e in (1, 1, 2, 4)] == sizes[-4:][::-1], what
+            assert alone == [True] * 4 + [False] * (len(sizes) - 8) + [True] * 4, what
+        else:
+            assert not any(alone), what
         ramped += leaf.ramped
     assert ramped > 10  # the ramps were exercised, not only the plain cut

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import WORKERS, check_results, last_json, run_job, worker_script
 from jbps import _core
-from jbps.local_cluster import LocalCluster
+from benchmarks.local_cluster import LocalCluster
 from jbps.partition import make_plan, server_fractions
 from jbps.trace import read_trace, trace_path
 
@@ -32,7 +32,7 @@ def test_servers_receive_the_planned_bytes(tmp_path):
     # 2 workers, two colocated servers and one dedicated: the split gives each
     # colocated server y = 1/4 and the dedicated one x = 1/2 of the bytes.
     roles = ["colocated", "colocated", "dedicated"]
-    servers = [_core.Server("127.0.0.1:0", 2, engine_threads=3, role=r, keep_alive=True) for r in roles]
+    servers = [_core.Server("127.0.0.1:0", 2, sum_threads=3, role=r, keep_alive=True) for r in roles]
     try:
         rounds, partition = 3, 16384
         with LocalCluster(2, 0, timeout_s=180, env={"JBPS_PARTITION_BYTES": str(partition)}) as cluster:

@@ -6,7 +6,7 @@ import sys
 import time
 
 from conftest import last_json, worker_script
-from jbps.local_cluster import LocalCluster
+from benchmarks.local_cluster import LocalCluster
 
 
 def test_shutdown_twice_then_init_again_leaves_no_socket_thread_or_child():

@@ -8,7 +8,7 @@ import sys
 
 
 from conftest import last_json, worker_script
-from jbps.local_cluster import LocalCluster
+from benchmarks.local_cluster import LocalCluster
 
 
 def test_soak_rounds_match_numpy_and_memory_stays_flat(request):

@@ -1,5 +1,5 @@
 """The servers' summation kernels (xla_ext/sum_kernels.cc) against numpy, called through
-jbps._core's bindings of the very functions the server runs: every dtype's init, add and
+jbps_testing's bindings (tests/cxx_hooks.py) of the very functions the server runs: every dtype's init, add and
 finish, on sizes that exercise the vector bodies and the scalar tails, with the 16-bit
 floats' special values (NaN, inf, subnormals, -0.0, overflow) and rounding ties."""
 
@@ -7,7 +7,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from jbps import _core
+from cxx_hooks import hooks
 
 # Vector bodies are 8 or 16 elements wide: these sizes hit empty, tail-only, exact and ragged ends.
 SIZES = [0, 1, 7, 8, 9, 15, 16, 17, 31, 33, 1000, 4099]
@@ -116,7 +116,7 @@ def finish_inputs(dtype, n, seed):
 def test_init_widens(dtype, n):
     src = values(WIRE[dtype], n, seed=n)
     acc = np.full(n, 7, ACC[dtype])
-    _core.accumulator_init(dtype, acc, raw(src))
+    hooks().accumulator_init(dtype, acc, raw(src))
     assert_same(acc, src.astype(ACC[dtype]))
 
 
@@ -128,7 +128,7 @@ def test_add_matches_numpy(dtype, n):
     # numpy's int32 add wraps around, as the kernel's does.
     with np.errstate(over="ignore", invalid="ignore"):
         want = acc + src.astype(ACC[dtype])
-    _core.accumulate(dtype, acc, raw(src))
+    hooks().accumulate(dtype, acc, raw(src))
     assert_same(acc, want)
 
 
@@ -140,7 +140,7 @@ def test_init_sum_matches_numpy(dtype, n):
     with np.errstate(over="ignore", invalid="ignore"):
         want = a.astype(ACC[dtype]) + b.astype(ACC[dtype])
     acc = np.full(n, 5, ACC[dtype])
-    _core.accumulator_init_sum(dtype, acc, raw(a), raw(b))
+    hooks().accumulator_init_sum(dtype, acc, raw(a), raw(b))
     assert_same(acc, want)
 
 
@@ -149,7 +149,7 @@ def test_init_sum_matches_numpy(dtype, n):
 def test_finish_narrows(dtype, n):
     acc = finish_inputs(dtype, n, seed=n) if dtype in ("float16", "bfloat16") else values(ACC[dtype], n, seed=n)
     dst = np.full(n, 3, WIRE[dtype])
-    _core.accumulator_finish(dtype, raw(dst), acc)
+    hooks().accumulator_finish(dtype, raw(dst), acc)
     with np.errstate(over="ignore"):
         assert_same(dst, acc.astype(WIRE[dtype]))
 
@@ -158,7 +158,7 @@ def test_finish_narrows(dtype, n):
 def test_finish_in_place_for_wire_accumulators(dtype):
     acc = values(WIRE[dtype], 100, seed=5)
     want = acc.copy()
-    _core.accumulator_finish(dtype, acc, acc)
+    hooks().accumulator_finish(dtype, acc, acc)
     assert_same(acc, want)
 
 
@@ -166,12 +166,12 @@ def test_16bit_rounding_ties_go_to_even():
     # Written out, so this does not rest on numpy and ml_dtypes rounding correctly.
     f16 = np.array([1 + 2**-11, 1 + 3 * 2**-11, 65519.0, 65520.0, 2**-25, 3 * 2**-25, -(1 + 2**-11)], np.float32)
     dst = np.empty(len(f16), np.float16)
-    _core.accumulator_finish("float16", dst, f16)
+    hooks().accumulator_finish("float16", dst, f16)
     np.testing.assert_array_equal(dst, np.array([1, 1 + 2**-9, 65504, np.inf, 0, 2**-23, -1], np.float16))
 
     bf16 = np.array([0x3F808000, 0x3F818000, 0x7F7FFFFF, 0x00008000, 0x80018000], np.uint32).view(np.float32)
     dst = np.empty(len(bf16), np.uint16)
-    _core.accumulator_finish("bfloat16", dst, bf16)
+    hooks().accumulator_finish("bfloat16", dst, bf16)
     np.testing.assert_array_equal(dst, np.array([0x3F80, 0x3F82, 0x7F80, 0x0000, 0x8002], np.uint16))
 
 
@@ -180,13 +180,13 @@ def test_nan_stays_nan(dtype, snan):
     # Signalling and quiet NaNs of both signs, in the vector body and the tail.
     words = np.resize(np.array([snan, snan | 0x8000, 0x7E00 if dtype == "float16" else 0x7FC0], np.uint16), 19)
     acc = np.zeros(19, np.float32)
-    _core.accumulator_init(dtype, acc, words)
+    hooks().accumulator_init(dtype, acc, words)
     assert np.isnan(acc).all()
     acc = np.zeros(19, np.float32)
-    _core.accumulate(dtype, acc, words)
+    hooks().accumulate(dtype, acc, words)
     assert np.isnan(acc).all()
     out = np.zeros(19, np.uint16)
-    _core.accumulator_finish(
+    hooks().accumulator_finish(
         dtype, out, np.resize(np.array([0x7F800001, 0xFF800001, 0x7FC00000], np.uint32), 19).view(np.float32)
     )
     assert np.isnan(out.view(WIRE[dtype]).astype(np.float32)).all()
@@ -195,21 +195,21 @@ def test_nan_stays_nan(dtype, snan):
 def test_bad_arguments_are_refused():
     acc = np.zeros(8, np.float32)
     with pytest.raises(ValueError, match="unknown dtype 'float8'"):
-        _core.accumulate("float8", acc, acc.copy())
+        hooks().accumulate("float8", acc, acc.copy())
     with pytest.raises(ValueError, match="src must be float32"):
-        _core.accumulate("float32", acc, np.zeros(8, np.float64))
+        hooks().accumulate("float32", acc, np.zeros(8, np.float64))
     with pytest.raises(ValueError, match="acc must be float32"):
-        _core.accumulate("float16", np.zeros(8, np.float64), np.zeros(8, np.float16))
+        hooks().accumulate("float16", np.zeros(8, np.float64), np.zeros(8, np.float16))
     with pytest.raises(ValueError, match="acc has 8 elements, src 9"):
-        _core.accumulate("float32", acc, np.zeros(9, np.float32))
+        hooks().accumulate("float32", acc, np.zeros(9, np.float32))
     with pytest.raises(ValueError, match="overlap"):
-        _core.accumulate("float32", acc, acc)
+        hooks().accumulate("float32", acc, acc)
     with pytest.raises(ValueError, match="overlap"):
-        _core.accumulator_finish("float16", acc.view(np.uint16)[:8], acc)
+        hooks().accumulator_finish("float16", acc.view(np.uint16)[:8], acc)
 
 
 def test_bench_summation_reports_every_case_and_goal():
-    from jbps.bench.summation import bench_summation, format_summation
+    from benchmarks.summation import bench_summation, format_summation
 
     result = bench_summation(1 << 20, reps=2)
     assert result["bytes"] == 1 << 20 and result["elements"] == 1 << 18
@@ -231,6 +231,6 @@ def test_stream_copy_copies_every_byte(n, misalign):
     src = rng.integers(0, 256, n + misalign, dtype=np.uint8)[misalign:]
     room = np.full(n + misalign + 64, 0xAB, np.uint8)
     dst = room[misalign : misalign + n]
-    _core.stream_copy(dst, src)
+    hooks().stream_copy(dst, src)
     np.testing.assert_array_equal(dst, src)
     assert (room[:misalign] == 0xAB).all() and (room[misalign + n :] == 0xAB).all()

@@ -37,6 +37,7 @@ def push_pull(
         raise ValueError("push_pull: empty leaves have nothing to send")
     chosen = set(leaves)
     routes = [server for (_, leaf, _, _), server in zip(plan.chunks(), plan.chunk_servers) if leaf in chosen]
+    sizes, counts, alone = plan.chunk_table(leaves)
     call = jax.ffi.ffi_call(
         FFI_TARGET,
         [jax.ShapeDtypeStruct(s.shape, s.dtype) for s in shards],
@@ -49,17 +50,22 @@ def push_pull(
         # for this worker's push), so in place is safe.
         input_output_aliases={i + 1: i for i in range(len(shards)) if in_place is None or in_place[i]},
     )
-    return call(
-        shard_index,
-        *shards,
-        leaf_keys=np.array([plan.leaves[i].key for i in leaves], dtype=np.int64),
-        priorities=np.array([plan.leaves[i].priority for i in leaves], dtype=np.int64),
-        names="\n".join(f"{plan.name}{plan.leaves[i].path}" for i in leaves),
-        partition_bytes=np.int64(plan.partition_bytes),
-        ramp=bool(plan.ramp),
-        chunk_servers=np.array(routes, dtype=np.int32),
-        tree=tree,
-        tree_key=np.int64(tree_key(plan.name)),
+    return list(
+        call(
+            shard_index,
+            *shards,
+            leaf_keys=np.array([plan.leaves[i].key for i in leaves], dtype=np.int64),
+            priorities=np.array([plan.leaves[i].priority for i in leaves], dtype=np.int64),
+            names="\n".join(f"{plan.name}{plan.leaves[i].path}" for i in leaves),
+            partition_bytes=np.int64(plan.partition_bytes),
+            # The plan's chunk table of one shard: the engine cuts by it alone.
+            chunk_bytes=np.array(sizes, dtype=np.int64),
+            chunk_counts=np.array(counts, dtype=np.int64),
+            chunk_alone=np.array(alone, dtype=np.int32),
+            chunk_servers=np.array(routes, dtype=np.int32),
+            tree=tree,
+            tree_key=np.int64(tree_key(plan.name)),
+        )
     )
 
 

@@ -326,11 +326,14 @@ class _Wire:
         return into
 
     def planned(self, i: int, blocks: int | None = None) -> tuple[tuple[int, ...], np.dtype]:
-        """(shape, dtype) the plan cuts into chunks: compressed records count as
-        elements (`blocks` of them for a piece)."""
+        """(shape, dtype) the plan cuts into chunks, across every reduced
+        device (the plan cuts a shard of each): compressed records count as
+        elements, `blocks` of them per shard for a piece."""
         codec = self.codec[i]
         if codec:
-            return ((self.padded(i) // codec.BLOCK if blocks is None else blocks),), codec.RECORD_DTYPE
+            return (
+                (self.padded(i) // codec.BLOCK if blocks is None else blocks * self.num_shards),
+            ), codec.RECORD_DTYPE
         return self.leaves[i].shape, self.leaves[i].dtype
 
     def unpack(self, i: int, summed: jax.Array) -> jax.Array:

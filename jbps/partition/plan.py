@@ -45,6 +45,12 @@ class LeafPlan:
         """Bytes of each chunk of a shard, in order."""
         return chunk_sizes(self.shard_bytes, self.chunk_bytes, self.ramped)
 
+    def chunks_alone(self) -> list[bool]:
+        """Per chunk of a shard: whether it travels alone, never fused with other
+        small chunks (a ramp's pieces: they are small so that they go sooner)."""
+        pieces = len(RAMP_EIGHTHS) if self.ramped else 0
+        return [c < pieces or c >= self.num_chunks - pieces for c in range(self.num_chunks)]
+
 
 @dataclasses.dataclass(frozen=True)
 class CallPlan:
@@ -68,6 +74,17 @@ class CallPlan:
         for (_, _, _, nbytes), server in zip(self.chunks(), self.chunk_servers):
             out[server] += nbytes
         return out
+
+    def chunk_table(self, leaves: Sequence[int]) -> tuple[list[int], list[int], list[bool]]:
+        """What the engine cuts a shard of each of `leaves` by, and it alone
+        (xla_ext/engine/engine.h, CallSpec): every chunk's bytes, leaf by leaf;
+        each leaf's chunk count; whether each chunk travels alone."""
+        sizes, counts, alone = [], [], []
+        for i in leaves:
+            sizes += self.leaves[i].chunk_sizes()
+            counts.append(self.leaves[i].num_chunks)
+            alone += self.leaves[i].chunks_alone()
+        return sizes, counts, alone
 
     def chunks(self):
         """(slot, leaf index, chunk, bytes) in chunk_servers order."""
@@ -131,8 +148,8 @@ def chunk_size(partition_bytes: int, itemsize: int) -> int:
 # to cross every link and the last pulls for the last pushes, each wait about
 # one chunk's time on a link per worker. A shard of at least RAMP_MIN_PARTS
 # partitions therefore goes with its first partition in pieces of RAMP_EIGHTHS
-# eighths of it, and its last in the same pieces backwards; the engine cuts
-# the same (xla_ext/engine.h, ChunkLayout).
+# eighths of it, and its last in the same pieces backwards. The engine cuts by
+# the table this plan gives it (CallPlan.chunk_table), never by a rule of its own.
 RAMP_EIGHTHS = (1, 1, 2, 4)
 RAMP_MIN_PARTS = 8
 

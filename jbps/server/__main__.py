@@ -61,9 +61,11 @@ def parse_args(argv=None, prog: str = "python -m jbps.server") -> argparse.Names
         "JBPS_NUM_WORKERS / DMLC_NUM_WORKER)",
     )
     p.add_argument(
-        "--engine-threads",
+        "--sum-threads",
+        "--engine-threads",  # BytePS's name for them
+        dest="sum_threads",
         type=int,
-        default=env["engine_threads"],
+        default=env["sum_threads"],
         help="summation threads (default: min(4, cores); env JBPS_SERVER_ENGINE_THREADS / BYTEPS_SERVER_ENGINE_THREAD)",
     )
     p.add_argument(
@@ -124,7 +126,7 @@ def start(args):
             bind,
             num_workers,
             token,
-            args.engine_threads,
+            args.sum_threads,
             args.timeout,
             args.keep_alive,
             role,

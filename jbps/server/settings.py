@@ -43,7 +43,7 @@ def settings_from_environment(environ: Mapping[str, str] | None = None) -> dict:
         "token": env_value("job_token", environ),
         "timeout_s": env_value("timeout_s", environ),
         "shm": env_value("shm", environ),
-        "engine_threads": int(threads),
+        "sum_threads": int(threads),
         "scheduler": Config.resolve({}, environ).scheduler,
         "num_workers": env_value("num_workers", environ, default=None),
         "role": role,

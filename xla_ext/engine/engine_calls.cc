@@ -1,0 +1,198 @@
+// A call's lifetime: I/O references, completion on the device's completion
+// thread, failure, the watchdog's deadlines, stage stamps and the trace.
+#include "engine/engine_impl.h"
+
+namespace jbps {
+
+std::string Engine::Impl::TimeoutMessage(const CallPtr& c) {
+  // Called with mu held.
+  std::vector<std::string> waiting;
+  int first_op = -1;
+  size_t missing = 0;
+  for (auto& kv : pending) {
+    if (kv.second->call != c || kv.second->tree) continue;
+    ++missing;
+    if (first_op < 0) first_op = kv.second->op;
+    std::string name = conns[kv.second->server]->addr.ToString();
+    if (std::find(waiting.begin(), waiting.end(), name) == waiting.end()) waiting.push_back(name);
+  }
+  std::string msg = "jbps: psum timed out after " + FormatSeconds(opt.timeout_s) + " s (JBPS_TIMEOUT_S)";
+  size_t remaining;
+  std::string stalled;
+  {
+    std::lock_guard<std::mutex> lock(c->mu);
+    remaining = c->remaining;
+    if (!c->deferred.empty()) return c->deferred;  // a known cause beats "timed out"
+    stalled = c->stalled;
+  }
+  if (!stalled.empty()) return msg + ": " + stalled + ": is it stuck (or gone), or calling psum with a different tree?";
+  msg += ": " + std::to_string(remaining) + " of " + std::to_string(c->total_chunks) + " chunks not summed";
+  if (first_op >= 0) {
+    msg += "; tensor '" + c->TensorName(first_op) + "' is waiting on server";
+    for (auto& w : waiting) msg += " " + w;
+    msg += " for the other workers' pushes (is a worker missing, or calling psum with a different tree?)";
+  } else {
+    msg += " (chunks still queued: the credit window is held by other calls)";
+  }
+  return msg;
+}
+
+void Engine::Impl::WatchdogLoop() {
+  NameThisThread("jbps-watchdog");
+  std::unique_lock<std::mutex> lock(mu);
+  for (;;) {
+    if (stopping) return;
+    if (active.empty()) {
+      watchdog_cv.wait(lock);
+      continue;
+    }
+    CallPtr first = active.begin()->second;
+    if (Clock::now() < first->deadline) {
+      watchdog_cv.wait_until(lock, first->deadline);
+      continue;
+    }
+    EraseActive(first->id);
+    std::string msg = TimeoutMessage(first);
+    lock.unlock();
+    FailCall(first, msg);
+    lock.lock();
+  }
+}
+
+void Engine::Impl::AddActive(const CallPtr& c) {
+  if (active.empty()) busy_since = Clock::now();
+  active[c->id] = c;
+}
+
+void Engine::Impl::EraseActive(uint64_t id) {
+  if (active.erase(id) == 0 || !active.empty()) return;
+  busy_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - busy_since).count();
+}
+
+void Engine::Impl::ReleaseIo(Call* c) {
+  bool complete;
+  {
+    std::lock_guard<std::mutex> lock(c->mu);
+    complete = --c->io_refs == 0;
+  }
+  if (complete) Complete(c);
+}
+
+void Engine::Impl::ChunkDone(Call* c) {
+  bool complete = false;
+  {
+    std::lock_guard<std::mutex> lock(c->mu);
+    if (--c->remaining == 0 && !c->base_released) {
+      c->base_released = true;
+      complete = --c->io_refs == 0;
+    }
+  }
+  if (complete) Complete(c);
+}
+
+void Engine::Impl::FailCall(const CallPtr& c, const std::string& msg) {
+  bool complete;
+  {
+    std::lock_guard<std::mutex> lock(c->mu);
+    if (c->base_released) return;
+    c->base_released = true;
+    c->error = msg;
+    c->failed = true;
+    complete = --c->io_refs == 0;
+  }
+  {
+    // Forget its outstanding chunks: their sums, if they come, are drained.
+    std::lock_guard<std::mutex> lock(mu);
+    for (auto it = pending.begin(); it != pending.end();) {
+      it = it->second->call == c ? pending.erase(it) : std::next(it);
+    }
+  }
+  if (complete) Complete(c.get());
+}
+
+void Engine::Impl::Complete(Call* c) {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EraseActive(c->id);
+    // Matching trees get no answer: the check's entry goes with its call.
+    auto it = pending.find(c->tree_round);
+    if (it != pending.end() && it->second->call.get() == c) pending.erase(it);
+  }
+  if (c->failed) ++calls_failed;
+  // A timed call's stages end when the caller is handed the result.
+  std::optional<StageRecord> stage;
+  if (c->timed) {
+    std::lock_guard<std::mutex> lock(c->mu);
+    stage = c->stage;
+    stage->failed = c->failed;
+  }
+  if (c->early) {
+    const int64_t handed = stage ? SteadyNs() : 0;
+    if (c->early(c->error)) {
+      if (stage) KeepStage(std::move(*stage), handed);
+      return;
+    }
+  }
+  std::function<void()> fn = [this, done = std::move(c->done), error = c->error, stage = std::move(stage)]() mutable {
+    if (stage) KeepStage(std::move(*stage), SteadyNs());
+    done(error);
+  };
+  std::lock_guard<std::mutex> lock(completer_mu);
+  auto& completer = completers[c->spec.shard];
+  if (!completer) completer = std::make_unique<Completer>();
+  completer->Post(std::move(fn));
+}
+
+void Engine::Impl::KeepStage(StageRecord stage, int64_t done) {
+  stage.done = done;
+  std::lock_guard<std::mutex> lock(stages_mu);
+  if (stages.size() < kMaxStageRecords) stages.push_back(std::move(stage));
+}
+
+// A data sum of a timed call is in its output: the call's stages follow its
+// latest sum, with the server's own timings when it sent them.
+void Engine::Impl::StampSum(Call* c, const FrameHeader& h, int64_t header_read) {
+  const int64_t now = SteadyNs();
+  std::lock_guard<std::mutex> lock(c->mu);
+  if (header_read < c->stage.sum_arrived) return;
+  c->stage.sum_arrived = header_read;
+  c->stage.pulled = now;
+  const bool timed = (h.flags & kFlagTimed) != 0;
+  c->stage.server_ns = timed ? static_cast<int64_t>(h.aux) * kTimedUnitNs : 0;
+  c->stage.peer_wait_ns = timed ? static_cast<int64_t>(h.sender) * kTimedUnitNs : 0;
+}
+
+// One record per part: a fused message shows up under each tensor it carried,
+// with that tensor's bytes and priority and the message's times and key.
+void Engine::Impl::Record(const Chunk& ch, double pulled) {
+  std::lock_guard<std::mutex> lock(trace_mu);
+  for (const Part& p : ch.parts) {
+    // A bound on memory for long traced runs; the Python side says when it was hit.
+    if (trace.size() >= kMaxTraceRecords) return;
+    TraceRecord r;
+    r.key = ch.key;
+    r.round = ch.round;
+    r.shard = ch.call->spec.shard;
+    r.server = ch.server;
+    r.priority = ch.call->spec.operands[p.op].priority;
+    r.nbytes = p.nbytes;
+    r.tensor = ch.call->TensorName(p.op);
+    r.times = ch.times;
+    r.times.pulled = pulled;
+    trace.push_back(std::move(r));
+  }
+}
+
+void Engine::Impl::SetFault(const std::string& msg) {
+  std::vector<CallPtr> victims;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (stopping || !fault.empty()) return;
+    fault = msg;
+    for (auto& kv : active) victims.push_back(kv.second);
+  }
+  LogWarning("%s", msg.c_str());
+  for (auto& c : victims) FailCall(c, msg);
+}
+
+}  // namespace jbps
