@@ -1,5 +1,5 @@
 """The CUDA handler's costs on a GPU machine (first run on an H100 on
-2026-11-26: README's GPUs section has the numbers, docs/cuda-staging-h100.json
+2026-11-26: docs/guide/gpus.md has the numbers, docs/cuda-staging-h100.json
 the document).
 
     python -m benchmarks.cuda_staging [--sizes 4M,64M] [--iters 20] [--out results.json]
@@ -29,7 +29,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import jbps  # noqa: E402
-from jbps import _core  # noqa: E402
+from benchmarks.cxx_hooks import hooks  # noqa: E402
 from jbps.sizes import parse_bytes  # noqa: E402
 
 
@@ -87,7 +87,7 @@ def main() -> None:
     p.add_argument("--out", help="also write the JSON here")
     args = p.parse_args()
     if not jbps.has_cuda_support():
-        raise SystemExit("jbps was built without the CUDA handler (see JBPS_CUDA in the README)")
+        raise SystemExit("jbps was built without the CUDA handler (see JBPS_CUDA in docs/guide/gpus.md)")
     gpu, cpu = jax.devices("gpu")[0], jax.devices("cpu")[0]
     try:
         sizes = [parse_bytes(s) for s in args.sizes.split(",")]
@@ -96,7 +96,7 @@ def main() -> None:
     report = {"device": gpu.device_kind, "jax": jax.__version__, "iters": args.iters, "staging": []}
     with jbps.init():
         for nbytes in sizes:
-            d2h, h2d = _core.cuda_pinned_copy_seconds(nbytes, args.iters)
+            d2h, h2d = hooks().cuda_pinned_copy_seconds(nbytes, args.iters)
             on_gpu, on_cpu = psum_seconds(nbytes, gpu, args.iters), psum_seconds(nbytes, cpu, args.iters)
             report["staging"].append(
                 {

@@ -1,10 +1,11 @@
-"""jbps_testing, the tests' hooks into jbps's C++ (xla_ext/python/testing_module.cc):
-the servers' summation kernels, the engine's copy, scheduling policy and fusion.
-It is never part of the installed package, so the tests build it from this
-checkout with CMake (option JBPS_BUILD_TESTING), once per Python, into
-build/testing-<python tag>/, or load it from JBPS_TESTING_DIR when CI built it.
+"""jbps_testing, the tests' and the lab's hooks into jbps's C++
+(xla_ext/python/testing_module.cc): the servers' summation kernels, the
+engine's copy, scheduling policy and fusion, the CUDA staging copy's timing.
+It is never part of the installed package: this builds it from the checkout
+with CMake (option JBPS_BUILD_TESTING), once per Python, into
+build/testing-<python tag>/, or loads it from JBPS_TESTING_DIR (CI builds it once).
 
-    from cxx_hooks import hooks
+    from benchmarks.cxx_hooks import hooks
     hooks().accumulate("float32", acc, src)
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import fcntl
 import importlib
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -41,10 +43,14 @@ def _build(where: Path) -> None:
         "-DJBPS_BUILD_TESTING=ON",
         "-DJBPS_EXTENSION_IN_SOURCE_TREE=OFF",
     ]
+    if shutil.which("ninja") and not (where / "Makefile").exists():
+        configure += ["-G", "Ninja"]
     for cmd in (configure, ["cmake", "--build", str(where), "--target", "jbps_testing", "-j", str(os.cpu_count())]):
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
-            raise RuntimeError(f"building jbps_testing failed: {' '.join(cmd)}\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+            raise RuntimeError(
+                f"building jbps_testing failed: {' '.join(cmd)}\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
+            )
 
 
 def hooks():

@@ -1,8 +1,11 @@
 """A worker of a jbps job: sums a gradient-like tree over every device of
 every worker with jbps.psum inside pmap, and checks the result.
 
-Start servers and workers by hand (see README), or run
-`python examples/local_job.py`, which starts them all on this machine.
+Run it as a job on this machine (2 workers with 2 devices each):
+
+    jbps run -n 2 --local-devices 2 python examples/psum_pmap.py
+
+or start servers and workers any other way (docs/guide/starting-jobs.md).
 """
 
 import jax

@@ -28,7 +28,7 @@ DEFAULT_SIZES = "4K-64M"
 
 
 def parse_sizes(text: str) -> list[int]:
-    """"4K,1M,64M" or a range "4K-64M" (every fourth power of two: x4 steps); ValueError naming what is wrong."""
+    """ "4K,1M,64M" or a range "4K-64M" (every fourth power of two: x4 steps); ValueError naming what is wrong."""
     text = text.strip()
     if "-" in text and "," not in text:
         low, high = (parse_bytes(part) for part in text.split("-", 1))
@@ -92,7 +92,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     p = argparse.ArgumentParser(
         prog=prog or "python -m jbps.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--sizes", default=DEFAULT_SIZES, help=f"bytes per psum: a list or a range (default {DEFAULT_SIZES})")
+    p.add_argument(
+        "--sizes", default=DEFAULT_SIZES, help=f"bytes per psum: a list or a range (default {DEFAULT_SIZES})"
+    )
     p.add_argument("--iters", type=int, default=20, help="timed psums per size (default 20)")
     p.add_argument("--warmup", type=int, default=3, help="untimed psums per size first (default 3)")
     p.add_argument("--json", action="store_true", help="worker 0 also prints the rows as one JSON line")

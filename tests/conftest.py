@@ -94,3 +94,66 @@ def _emulated_hosts_unavailable() -> str | None:
 needs_emulated_hosts = pytest.mark.skipif(
     _emulated_hosts_unavailable() is not None, reason=_emulated_hosts_unavailable() or ""
 )
+
+
+# What each test file needs, as markers (`pytest -m ...` picks; README, Tests):
+#   unit       one process: the in-process engine and a server on threads, or pure Python
+#   cluster    real server and worker processes on this machine (jbps run, LocalCluster, mpirun)
+#   multihost  emulated hosts: network namespaces (root and iproute2)
+#   gpu        a CUDA device
+#   packaging  wheels, checkouts, the build files, Bazel
+#   docs       the documentation: its links, commands and build
+# and `slow`: the tests that take more than about 20 s on 2 cores (SLOW below).
+FILE_MARKERS = {
+    "test_api.py": "unit",
+    "test_bazel_smoke.py": "packaging",
+    "test_bench_latency.py": "cluster",
+    "test_bench_network.py": "multihost",
+    "test_bench_smoke.py": "cluster",
+    "test_binding.py": "cluster",
+    "test_buckets.py": "cluster",
+    "test_build_sources.py": "packaging",
+    "test_checkout.py": "packaging",
+    "test_compression.py": "cluster",
+    "test_cuda_build.py": "packaging",
+    "test_cuda_gpu.py": "gpu",
+    "test_docs.py": "docs",
+    "test_engine_units.py": "unit",
+    "test_errors.py": "cluster",
+    "test_examples.py": "cluster",
+    "test_faults.py": "cluster",
+    "test_fresh_outputs.py": "unit",
+    "test_hostile_input.py": "cluster",
+    "test_keep_alive.py": "unit",
+    "test_launch.py": "cluster",
+    "test_lax_conformance.py": "cluster",
+    "test_loops.py": "cluster",
+    "test_mixed_transports.py": "cluster",
+    "test_models.py": "unit",
+    "test_multihost.py": "multihost",
+    "test_onebit.py": "cluster",
+    "test_onebit_adam.py": "cluster",
+    "test_optax.py": "cluster",
+    "test_partition.py": "unit",
+    "test_portable_kernels.py": "cluster",
+    "test_psum_cluster.py": "cluster",
+    "test_scheduling.py": "cluster",
+    "test_shm.py": "cluster",
+    "test_shutdown.py": "cluster",
+    "test_soak.py": "cluster",
+    "test_sum_kernels.py": "unit",
+    "test_topk.py": "unit",
+    "test_wheel.py": "packaging",
+}
+# Node ids (or their start) of the tests over about 20 s each on 2 cores (pytest --durations=0).
+SLOW: tuple[str, ...] = ()
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        name = os.path.basename(str(item.fspath))
+        if name not in FILE_MARKERS:
+            raise pytest.UsageError(f"tests/conftest.py: {name} has no entry in FILE_MARKERS (what it needs)")
+        item.add_marker(getattr(pytest.mark, FILE_MARKERS[name]))
+        if item.nodeid.startswith(SLOW):
+            item.add_marker(pytest.mark.slow)

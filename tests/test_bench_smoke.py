@@ -135,7 +135,11 @@ def test_bench_help_names_what_it_measures():
 
 def test_bench_worker_help_and_json_keys_name_what_they_measure(bench_doc):
     out = subprocess.run(
-        [sys.executable, "-m", "benchmarks.jbps_worker", "--help"], capture_output=True, text=True, timeout=120, cwd=REPO
+        [sys.executable, "-m", "benchmarks.jbps_worker", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
     )
     assert out.returncode == 0, out.stderr
     assert "many small tensors:" in out.stdout and "memory:" in out.stdout

@@ -30,7 +30,9 @@ def test_pip_install_places_the_extension_in_the_checkout():
 
 
 @needs_built_checkout
-@pytest.mark.parametrize("module", ["jbps.server", "jbps.scheduler", "jbps.bench", "jbps.partition", "jbps", "benchmarks"])
+@pytest.mark.parametrize(
+    "module", ["jbps.server", "jbps.scheduler", "jbps.bench", "jbps.partition", "jbps", "benchmarks"]
+)
 def test_python_m_commands_run_from_the_checkout_root(module):
     proc = subprocess.run(
         [sys.executable, "-m", module, "--help"],

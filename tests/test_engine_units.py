@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from cxx_hooks import hooks
+from benchmarks.cxx_hooks import hooks
 
 
 class ReferenceQueue:

@@ -1,5 +1,5 @@
 """The servers' summation kernels (xla_ext/sum_kernels.cc) against numpy, called through
-jbps_testing's bindings (tests/cxx_hooks.py) of the very functions the server runs: every dtype's init, add and
+jbps_testing's bindings (benchmarks/cxx_hooks.py) of the very functions the server runs: every dtype's init, add and
 finish, on sizes that exercise the vector bodies and the scalar tails, with the 16-bit
 floats' special values (NaN, inf, subnormals, -0.0, overflow) and rounding ties."""
 
@@ -7,7 +7,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from cxx_hooks import hooks
+from benchmarks.cxx_hooks import hooks
 
 # Vector bodies are 8 or 16 elements wide: these sizes hit empty, tail-only, exact and ragged ends.
 SIZES = [0, 1, 7, 8, 9, 15, 16, 17, 31, 33, 1000, 4099]
