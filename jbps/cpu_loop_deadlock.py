@@ -10,7 +10,7 @@ device's queue of in-flight computations (about 32). jaxlib then aborts after
 ever), and the other workers of a jbps job time out waiting for its pushes.
 
 It is XLA's, not jbps's: the same loop with `lax.psum` and no jbps stalls as
-often. Measured (docs/loops.md): jax 0.5.0, 0.10.2 and 0.11.2 stall; 0.12.0
+often. Measured (docs/guide/loops.md): jax 0.5.0, 0.10.2 and 0.11.2 stall; 0.12.0
 does not. The loop finishes when no more than a few steps are in flight:
 waiting for a step's result every WAIT_EVERY steps.
 """
@@ -28,7 +28,7 @@ ADVICE = (
     f"jax {{version}}'s CPU runtime can deadlock a loop of multi-device steps dispatched back to back "
     f"(XLA aborts: 'Termination timeout for ... RendezvousKey'); jax {FIXED_IN[0]}.{FIXED_IN[1]} fixes it. "
     f"Until then wait for a step's result every few steps, e.g. "
-    f"`if step % {WAIT_EVERY} == 0: jax.block_until_ready(state)` (docs/loops.md)"
+    f"`if step % {WAIT_EVERY} == 0: jax.block_until_ready(state)` (docs/guide/loops.md)"
 )
 
 

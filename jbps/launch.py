@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         type=int,
         default=None,
         help="CPU devices per worker (sets --xla_force_host_platform_device_count); with jax < 0.12, wait for a "
-        "step's result every few steps, or loops of steps can deadlock in XLA (docs/loops.md; worker 0 warns)",
+        "step's result every few steps, or loops of steps can deadlock in XLA (docs/guide/loops.md; worker 0 warns)",
     )
     p.add_argument(
         "--timeout",

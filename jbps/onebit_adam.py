@@ -49,7 +49,7 @@ class OneBitAdamState(NamedTuple):
     lives on the device and checkpoints with the rest (the servers'
     residuals start from zero in a new job)."""
 
-    count: jax.Array
+    count: jax.Array  # type: ignore[assignment]  # shadows tuple.count, as optax's ScaleByAdamState does
     mu: Any
     nu: Any
     residuals: Any

@@ -16,7 +16,7 @@ from typing import NamedTuple
 import jax.numpy as jnp
 import numpy as np
 
-from .ops import psum
+from .ops.psum import psum
 from .runtime import rank, size
 
 

@@ -7,7 +7,7 @@ or a one-process optax run.
 
 Where jax's CPU runtime deadlocks such loops (jax < 0.12 with several local
 devices: jbps/cpu_loop_deadlock.py) the worker waits for a step's result every
-few steps, as jbps's warning and docs/loops.md advise; elsewhere nothing
+few steps, as jbps's warning and docs/guide/loops.md advise; elsewhere nothing
 waits. tests/stress_loops.py runs the family many times."""
 
 import pytest

@@ -88,7 +88,7 @@ def running_ranks(pid: int, rank_variable: str) -> dict[int, int]:
 
 def mapped_segments(pids) -> set[str]:
     """MPICH's shared-memory files (not yet removed) that any of `pids` maps."""
-    found = set()
+    found: set[str] = set()
     for pid in pids:
         try:
             with open(f"/proc/{pid}/maps") as f:
@@ -166,7 +166,7 @@ def main() -> None:
     deadline, phase, waited_s = None, "", 0.0
     segments: set[str] = set()
     buffered = b""
-    stdin = sys.stdin.buffer.raw
+    stdin = sys.stdin.buffer.raw  # type: ignore[union-attr]  # stdin is a file here, not a BinaryIO stub
     while True:
         segments |= mapped_segments([args.pid])
         if deadline is not None:

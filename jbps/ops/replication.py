@@ -41,7 +41,7 @@ except ImportError:  # pragma: no cover - every supported jax has the module
 
 
 # The abstract value of a concrete or traced array (core.get_aval in older jax, 0.5 among them).
-aval_of: Callable[[Any], Any] = getattr(core, "typeof", None) or core.get_aval
+aval_of: Callable[[Any], Any] = getattr(core, "typeof", None) or getattr(core, "get_aval")
 
 
 def typed() -> bool:

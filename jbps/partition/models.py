@@ -53,11 +53,11 @@ def resnet50() -> list[Tensor]:
 
 def vgg16() -> list[Tensor]:
     # Configuration D; "M" is a max-pool. Indices are torchvision's nn.Sequential slots.
-    config = [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"]
+    config: list[int | str] = [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"]
     tensors: list[Tensor] = []
     index, c_in = 0, 3
     for layer in config:
-        if layer == "M":
+        if not isinstance(layer, int):  # "M"
             index += 1
             continue
         tensors += [(f"features.{index}.weight", (layer, c_in, 3, 3)), (f"features.{index}.bias", (layer,))]
