@@ -103,7 +103,7 @@ needs_emulated_hosts = pytest.mark.skipif(
 #   gpu        a CUDA device
 #   packaging  wheels, checkouts, the build files, Bazel
 #   docs       the documentation: its links, commands and build
-# and `slow`: the tests that take more than about 20 s on 2 cores (SLOW below).
+# and `slow`: the tests that take more than about 3 s on 2 cores (SLOW below).
 FILE_MARKERS = {
     "test_api.py": "unit",
     "test_bazel_smoke.py": "packaging",
@@ -145,8 +145,85 @@ FILE_MARKERS = {
     "test_topk.py": "unit",
     "test_wheel.py": "packaging",
 }
-# Node ids (or their start) of the tests over about 20 s each on 2 cores (pytest --durations=0).
-SLOW: tuple[str, ...] = ()
+# The tests that start a job of several processes or take more than about 3 s on
+# 2 cores (from `pytest --durations=0`, 2026-11-28), by node id without
+# parameters, and whole files whose module fixtures start jobs.
+SLOW = (
+    "tests/test_bench_smoke.py::",
+    "tests/test_bench_latency.py::",
+    "tests/test_bench_network.py::",
+    "tests/test_multihost.py::",
+    "tests/test_buckets.py::test_random_trees_in_small_buckets_match_numpy",
+    "tests/test_checkout.py::test_the_readme_mpmd_line_runs_from_the_checkout_root",
+    "tests/test_compression.py::test_compressed_sums_equal_numpys_sum_of_the_rounded_inputs",
+    "tests/test_docs.py::test_every_command_the_docs_show_still_parses",
+    "tests/test_docs.py::test_the_docs_build_without_a_warning",
+    "tests/test_errors.py::test_a_timeout_names_the_worker_that_has_not_pushed",
+    "tests/test_errors.py::test_workers_cutting_a_tree_into_different_chunks_all_raise_at_once",
+    "tests/test_errors.py::test_workers_disagreeing_after_agreeing_all_raise_naming_it",
+    "tests/test_errors.py::test_workers_disagreeing_on_a_tensor_all_raise_naming_it",
+    "tests/test_examples.py::test_mesh_example_equals_one_process_with_two_workers",
+    "tests/test_examples.py::test_mnist_reaches_95_percent_with_two_workers",
+    "tests/test_examples.py::test_mnist_with_onebit_compression_reaches_97_percent",
+    "tests/test_examples.py::test_resnet_under_mpirun_reports_throughput",
+    "tests/test_examples.py::test_transformer_runs_alone_and_its_loss_goes_down",
+    "tests/test_faults.py::test_a_killed_server_fails_every_workers_psums_naming_it",
+    "tests/test_faults.py::test_a_killed_worker_fails_every_other_workers_psums_naming_it",
+    "tests/test_hostile_input.py::test_server_survives_hostile_connections_and_keeps_summing",
+    "tests/test_launch.py::test_a_missing_worker_fails_everyone_naming_it",
+    "tests/test_launch.py::test_a_server_that_cannot_start_fails_every_member",
+    "tests/test_launch.py::test_a_worker_that_never_connects_ends_the_servers_naming_it",
+    "tests/test_launch.py::test_communication_share_is_the_jobs_not_a_workers_waits",
+    "tests/test_launch.py::test_environment_bootstrap_in_any_start_order",
+    "tests/test_launch.py::test_jbps_run_job_with_prefixed_output",
+    "tests/test_launch.py::test_jbps_run_listens_on_loopback_only_and_ctrl_c_ends_everything",
+    "tests/test_launch.py::test_jbps_run_names_the_worker_that_raised_not_the_one_it_ended",
+    "tests/test_launch.py::test_jbps_run_propagates_a_crash_and_leaves_nothing",
+    "tests/test_launch.py::test_mpirun_every_rank_a_worker",
+    "tests/test_launch.py::test_mpirun_mpmd_with_dedicated_server_ranks",
+    "tests/test_launch.py::test_mpirun_rank_that_ends_before_joining_ends_the_job_naming_it",
+    "tests/test_launch.py::test_mpirun_rank_that_never_joins_aborts_the_job_within_the_timeout",
+    "tests/test_launch.py::test_two_jobs_at_once_on_one_host",
+    "tests/test_lax_conformance.py::test_one_worker_alone_agrees_with_lax",
+    "tests/test_lax_conformance.py::test_two_workers_agree_with_lax_over_both",
+    "tests/test_loops.py::test_loops_dispatched_back_to_back_finish_with_numpy_sums",
+    "tests/test_mixed_transports.py::test_many_fused_pushes_in_one_write_over_tcp",
+    "tests/test_mixed_transports.py::test_workers_on_tcp_and_on_shared_memory_sum_together",
+    "tests/test_onebit.py::test_a_large_leaf_sent_in_pieces_sums_as_numpy_with_residuals_going_in",
+    "tests/test_onebit.py::test_error_feedback_makes_the_mean_of_the_sums_approach_the_true_sum",
+    "tests/test_onebit.py::test_sums_and_residuals_equal_numpys_decode_sum_encode",
+    "tests/test_onebit_adam.py::test_two_workers_end_with_the_same_parameters_and_fit",
+    "tests/test_optax.py::test_broadcast_gives_every_worker_the_roots_bits",
+    "tests/test_optax.py::test_multisteps_communicates_once_per_real_step",
+    "tests/test_optax.py::test_optax_multisteps_around_distributed_is_correct",
+    "tests/test_optax.py::test_two_workers_end_where_one_process_on_the_full_batch_ends",
+    "tests/test_partition.py::test_routing_identical_across_processes",
+    "tests/test_portable_kernels.py::test_the_portable_loops_give_the_bits_of_the_vector_kernels",
+    "tests/test_psum_cluster.py::test_fifty_rounds_with_a_slow_worker",
+    "tests/test_psum_cluster.py::test_random_trees_match_numpy",
+    "tests/test_scheduling.py::test_deterministic_sums_are_bitwise_stable",
+    "tests/test_scheduling.py::test_high_priority_call_overtakes_queued_chunks",
+    "tests/test_shm.py::test_one_worker_on_tcp_and_one_on_shared_memory",
+    "tests/test_shm.py::test_shared_memory_and_tcp_give_the_same_sums",
+    "tests/test_shutdown.py::test_shutdown_twice_then_init_again_leaves_no_socket_thread_or_child",
+    "tests/test_soak.py::test_soak_rounds_match_numpy_and_memory_stays_flat",
+)
+
+
+# Files whose outcome depends on the jax version (tracing, lowering, optax and
+# flax, XLA's runtime): CI runs them, slow or not, on the oldest and newest jax
+# too; elsewhere it runs the quick part (.ci/run).
+JAX_VERSIONS = {
+    "test_buckets.py",
+    "test_compression.py",
+    "test_examples.py",
+    "test_lax_conformance.py",
+    "test_loops.py",
+    "test_onebit.py",
+    "test_onebit_adam.py",
+    "test_optax.py",
+    "test_psum_cluster.py",
+}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -157,3 +234,5 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(getattr(pytest.mark, FILE_MARKERS[name]))
         if item.nodeid.startswith(SLOW):
             item.add_marker(pytest.mark.slow)
+        if name in JAX_VERSIONS:
+            item.add_marker(pytest.mark.jax_versions)
