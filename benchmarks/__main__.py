@@ -50,6 +50,7 @@ from .local_cluster import last_json_line
 from . import latency
 from .goals import format_cases, make_goals, tree_leaf_sizes
 from .report import parse_report
+from .plotting import finish
 from .summation import bench_summation, format_summation
 
 log = logging.getLogger("benchmarks")
@@ -398,25 +399,27 @@ def format_table(doc: dict) -> str:
     return "\n".join(lines)
 
 
-def plot(doc: dict, path: str) -> None:
+def plot(doc: dict, path: str):
     import matplotlib
 
     matplotlib.use("Agg")  # files only; no display needed
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(7.5, 4))
     colors = {}
+    highest = 0.0
     for key, tool in doc["tools"].items():
         if tool is None:
             continue
         sizes = sorted(tool["results"])
-        [line] = ax.plot(
-            sizes, [s / tool["results"][s]["median_s"] / 1e9 for s in sizes], marker="o", label=tool["tool"]
-        )
+        rates = [s / tool["results"][s]["median_s"] / 1e9 for s in sizes]
+        highest = max([highest, *rates])
+        [line] = ax.plot(sizes, rates, marker="o", label=tool["tool"])
         colors[key] = line.get_color()
     # Many small tensors: the tree's bandwidth (total bytes / time) at its total size, in its tool's colour.
     for key, r in (doc.get("small_tensors") or {}).items():
         if isinstance(r, dict) and "tree" in r:
+            highest = max(highest, r["bytes"] / r["tree"]["median_s"] / 1e9)
             ax.plot(
                 [r["bytes"]],
                 [r["bytes"] / r["tree"]["median_s"] / 1e9],
@@ -429,15 +432,13 @@ def plot(doc: dict, path: str) -> None:
     ax.set_xscale("log", base=2)
     ax.set_xticks(doc["config"]["sizes"], [format_size(s) for s in doc["config"]["sizes"]])
     ax.minorticks_off()
-    ax.set_ylim(bottom=0)
     ax.set_xlabel("buffer size (float32)")
     ax.set_ylabel("algorithm bandwidth (GB/s)")
     ax.set_title("sum across processes on one machine")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    finish(fig, ax, path, highest)
     plt.close(fig)
+    return fig
 
 
 def _json_ready(doc: dict) -> dict:

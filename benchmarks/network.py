@@ -41,6 +41,7 @@ from .emulated_network import MPI_TCP_ENV, EmulatedNetwork, NetworkError, format
 from jbps.partition.split import allreduce_time_s, optimal_split
 from jbps.procs import terminate
 from . import cpu_load
+from .plotting import finish
 from .report import parse_report
 
 log = logging.getLogger("benchmarks.network")
@@ -584,33 +585,36 @@ def _cpu_text(cpu: dict | None) -> str:
     )
 
 
-def plot(doc: dict, path: str) -> None:
+def plot(doc: dict, path: str):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     ks = [c["k"] for c in doc["cases"]]
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    ax.plot(ks, [c["formula_s"] for c in doc["cases"]], "k-", label="optimal split (formula)")
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    shown = [c["formula_s"] for c in doc["cases"]]
+    ax.plot(ks, shown, "k-", label="optimal split (formula)")
     for v in doc["variants"]:
-        ax.plot(ks, [c["jbps"][v]["median_s"] for c in doc["cases"]], "o-", label=f"jbps ({v})")
+        times = [c["jbps"][v]["median_s"] for c in doc["cases"]]
+        shown += times
+        ax.plot(ks, times, "o-", label=f"jbps ({v})")
     styles = {"gloo": ("JAX gloo psum", "--"), "mpi": ("MPI Allreduce (TCP)", ":")}
     for key, (label, style) in styles.items():
         if key in doc["peers"]:
+            shown.append(doc["peers"][key]["median_s"])
             ax.axhline(
                 doc["peers"][key]["median_s"], linestyle=style, color="gray" if key == "mpi" else "tab:red", label=label
             )
     ax.set_xlabel("CPU-only hosts k")
     ax.set_ylabel("seconds per psum")
     ax.set_xticks(ks)
-    ax.set_ylim(bottom=0)
     ax.set_title(
         f"{doc['workers']} worker hosts, {format_rate(doc['rate_bits_per_s'])}, {format_size(doc['bytes'])} per worker"
     )
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    finish(fig, ax, path, max(shown), legend_fontsize=8)
+    plt.close(fig)
+    return fig
 
 
 def main(argv=None, prog=None) -> int:

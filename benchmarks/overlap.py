@@ -326,7 +326,7 @@ def format_table(doc: dict) -> str:
     return "\n".join(lines)
 
 
-def plot(doc: dict, path: str) -> None:
+def plot(doc: dict, path: str):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -354,12 +354,16 @@ def plot(doc: dict, path: str) -> None:
             Patch(color="tab:orange", label="pulls (sum arriving)"),
             Line2D([], [], marker="|", linestyle="", markersize=14, color="black", label="call entered"),
         ],
-        loc="lower right",
+        loc="upper left",
+        bbox_to_anchor=(1.02, 1.0),
+        borderaxespad=0.0,
         fontsize=8,
     )
     ax.set_title(f"One bucketed step, k = {k} CPU hosts, {format_rate(doc['rate_bits'])}")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return fig
 
 
 def main(argv=None, prog=None) -> int:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import re
+import sys
 from typing import Iterator
 
 # Failures inside a running psum come out of XLA with this prefix.
@@ -47,3 +49,33 @@ def converted() -> Iterator[None]:
         message = str(exc)
         start = message.find(PREFIX)
         raise JbpsError(message[start:] if start >= 0 else message) from exc
+
+
+# A failed step's error reaches the next steps as their input's error, each
+# wrapping it once more: "Error dispatching computation: " hundreds of times.
+_REPEATED = re.compile(r"((?:[^:\n]{1,80}): )\1+")
+
+
+def collapse_repeats(text: str) -> str:
+    """`text` with every prefix repeated back to back said once, with its count:
+    "Error dispatching computation (x287): jbps: psum timed out ..."."""
+
+    def once(match: re.Match) -> str:
+        unit = match.group(1)
+        return f"{unit[:-2]} (x{len(match.group(0)) // len(unit)}): "
+
+    return _REPEATED.sub(once, text)
+
+
+def _collapsing_excepthook(exc_type, value, tb) -> None:
+    """Python's own traceback, its repeated prefixes collapsed (collapse_repeats)."""
+    import traceback
+
+    sys.stderr.write(collapse_repeats("".join(traceback.format_exception(exc_type, value, tb))))
+
+
+def install_excepthook() -> None:
+    """An uncaught exception's traceback prints with its repeats collapsed;
+    a hook the program installed itself is left alone."""
+    if sys.excepthook is sys.__excepthook__:
+        sys.excepthook = _collapsing_excepthook

@@ -18,6 +18,7 @@ import argparse
 import logging
 import os
 import queue
+import re
 import shutil
 import signal
 import subprocess
@@ -25,6 +26,7 @@ import sys
 import threading
 import time
 
+from . import unknown_settings
 from .config import Config, argparse_type, exit_for_environment
 from .errors import JbpsError
 from .procs import signal_group, terminate
@@ -66,22 +68,33 @@ def _environment_config(timeout_s: float | None) -> Config:
     return Config.resolve({"timeout_s": timeout_s}, environ)
 
 
+# What a server says of the worker that ended the job: its own uncaught
+# exception (its goodbye carries it), or its loss. The first such line names
+# the cause, whichever worker exits first (the others fail on its account).
+_CAUSE = re.compile(
+    rb"jbps: (worker \d+) \([^)]*\) (left the job: it exited with an uncaught exception: .*?|was lost: .*?); seen by"
+)
+
+
 class _Output:
-    """Copies a child's output to ours line by line, each line prefixed."""
+    """Copies a child's output to ours line by line, each line prefixed, and
+    keeps the first line that names the worker that ended the job (causes)."""
 
     lock = threading.Lock()
 
-    def __init__(self, pipe, sink, prefix: str):
-        self.thread = threading.Thread(target=self._pump, args=(pipe, sink, prefix.encode()), daemon=True)
+    def __init__(self, pipe, sink, prefix: str, causes: list):
+        self.thread = threading.Thread(target=self._pump, args=(pipe, sink, prefix.encode(), causes), daemon=True)
         self.thread.start()
 
     @classmethod
-    def _pump(cls, pipe, sink, prefix: bytes) -> None:
+    def _pump(cls, pipe, sink, prefix: bytes, causes: list) -> None:
         with pipe:
             for line in iter(pipe.readline, b""):
                 with cls.lock:
                     sink.write(prefix + line if line.endswith(b"\n") else prefix + line + b"\n")
                     sink.flush()
+                    if not causes and (found := _CAUSE.search(line)):
+                        causes.append((found.group(1).decode(), found.group(2).decode(errors="replace")))
 
 
 class Job:
@@ -90,6 +103,7 @@ class Job:
         self.local_devices, self.timeout_s = local_devices, timeout_s
         self.children: list[tuple[str, subprocess.Popen]] = []
         self.outputs: list[_Output] = []
+        self.causes: list[tuple[str, str]] = []  # (worker, what happened to it): the first a server named
         self.scheduler_error: str | None = None
         self.stop_signal: int | None = None  # the signal that ends the job, if one does
         self.ending = False
@@ -105,6 +119,7 @@ class Job:
             DMLC_PS_ROOT_PORT=port,
             JBPS_TIMEOUT_S=str(self.timeout_s),
             PYTHONUNBUFFERED="1",
+            **{unknown_settings.CHECKED: "1"},  # named once, here, not by every child
             **extra,
         )
         if self.local_devices:
@@ -123,8 +138,8 @@ class Job:
             start_new_session=True,
         )
         self.children.append((name, proc))
-        self.outputs.append(_Output(proc.stdout, sys.stdout.buffer, f"[{name}] "))
-        self.outputs.append(_Output(proc.stderr, sys.stderr.buffer, f"[{name}] "))
+        self.outputs.append(_Output(proc.stdout, sys.stdout.buffer, f"[{name}] ", self.causes))
+        self.outputs.append(_Output(proc.stderr, sys.stderr.buffer, f"[{name}] ", self.causes))
 
     def _rendezvous(self, scheduler: Scheduler) -> None:
         try:
@@ -196,13 +211,24 @@ class Job:
                     return 0
                 continue
             if code != 0:
+                # The servers' word on who started it may still be on its way: a moment for it.
+                settle = time.monotonic() + 1.0
+                while not self.causes and time.monotonic() < settle:
+                    time.sleep(0.02)
                 others = [n for n, p in self.children if n != name and p.poll() is None]
-                log.error(
-                    "%s exited with %d: jbps run is ending the job%s",
-                    name,
-                    code,
-                    f" (stopping {', '.join(others)})" if others else "",
-                )
+                stopping = f", stopping {', '.join(others)}" if others else ""
+                if self.causes and self.causes[0][0] != name:  # another worker's failure ended this one
+                    worker, what = self.causes[0]
+                    log.error(
+                        "%s %s: jbps run is ending the job (%s exited with %d%s)", worker, what, name, code, stopping
+                    )
+                else:
+                    log.error(
+                        "%s exited with %d: jbps run is ending the job%s",
+                        name,
+                        code,
+                        f" ({stopping[2:]})" if others else "",
+                    )
                 return code if code > 0 else 128 - code  # killed by a signal: 128 + its number
             succeeded.add(name)
             if len(succeeded) == len(self.children):
@@ -265,6 +291,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         args.timeout = _environment_config(args.timeout).timeout_s
     except JbpsError as exc:
         exit_for_environment(prog, exc)
+    for line in unknown_settings.messages({k: v for k, v in _inherited().items() if k not in _SET}):
+        print(f"{prog}: {line.removeprefix('jbps: ')}", file=sys.stderr, flush=True)
     if shutil.which(args.command[0]) is None:
         print(f"{prog}: {args.command[0]}: command not found (not on PATH, or not executable)", file=sys.stderr)
         return 127  # as a shell says of a command it cannot find

@@ -41,6 +41,7 @@ __all__ = [
     "distributed",
     "onebit_adam",
     "psum_gradients",
+    "switch_compression",
     "zero_residuals",
 ]
 
@@ -119,18 +120,30 @@ def distributed(
         return _with_feedback(inner, **psum_args)
 
     def update_fn(updates, state, params=None, **extra_args):
+        if isinstance(state, FeedbackState):
+            raise ValueError(_WRONG_STATE.format(made=_HOLDS, now="keeps none"))
         return inner.update(psum(updates, **psum_args), state, params, **extra_args)
 
     return optax.GradientTransformationExtraArgs(inner.init, update_fn)
 
 
+# A checkpoint restored into another optimizer than the one that saved it.
+_WRONG_STATE = (
+    "jbps.optax.distributed: this optimizer state {made}, and this optimizer {now}: restore a checkpoint with the "
+    "optimizer that saved it, then convert its state with jbps.optax.switch_compression(opt_state, params, compression=...)"
+)
+_HOLDS = "holds error-feedback residuals (it was made with compression='onebit' or 'topk')"
+_LACKS = "has no error-feedback residuals (it was made without compression, or with 'bf16'/'fp16')"
+
+
 class FeedbackState(NamedTuple):
     """distributed(tx, compression="onebit" or "topk")'s state: tx's, and per leaf what
-    this worker's encodings have not sent yet (float32, the leaf's
-    shape; an empty array for leaves that travel as they are: integers and
-    leaves of fewer than 1024 values). It lives on
-    the device and checkpoints with the rest; restored, it resumes the
-    feedback exactly (the servers' residuals start from zero in a new job)."""
+    this worker's encodings have not sent yet (float32, the leaf's shape;
+    None for leaves that travel as they are: integers and leaves of fewer
+    than 1024 values). It lives on the device and checkpoints with the rest
+    (orbax, flax's msgpack); restored, it resumes the feedback exactly (the
+    servers' residuals start from zero in a new job). switch_compression
+    converts it to and from tx's own state."""
 
     residuals: Any
     inner_state: Any
@@ -146,6 +159,8 @@ def _with_feedback(inner, **psum_args) -> optax.GradientTransformationExtraArgs:
         return FeedbackState(zero_residuals(params), inner.init(params))
 
     def update_fn(updates, state, params=None, **extra_args):
+        if not isinstance(state, FeedbackState):
+            raise ValueError(_WRONG_STATE.format(made=_LACKS, now="needs them"))
         reduced, residuals = psum_with_feedback(updates, state.residuals, **psum_args)
         new_updates, inner_state = inner.update(reduced, state.inner_state, params, **extra_args)
         return new_updates, FeedbackState(residuals, inner_state)
@@ -154,6 +169,22 @@ def _with_feedback(inner, **psum_args) -> optax.GradientTransformationExtraArgs:
 
 
 DistributedOptimizer = distributed
+
+
+def switch_compression(opt_state: Any, params: Any, compression: str | None) -> Any:
+    """`opt_state` of jbps.optax.distributed(tx, ...) as distributed(tx,
+    compression=compression) needs it, for a checkpoint that changes its
+    compression on restore: with error feedback ("onebit", "topk") the state
+    is a FeedbackState holding tx's and the residuals (zeros when they start);
+    without, tx's own. Dropping residuals drops what earlier encodings had not
+    sent yet: a little of the last steps' gradients, once."""
+    wire.check(compression, "jbps.optax.switch_compression", stateful_ok=True)
+    inner = opt_state.inner_state if isinstance(opt_state, FeedbackState) else opt_state
+    if not wire.stateful(compression):
+        return inner
+    if isinstance(opt_state, FeedbackState):
+        return opt_state  # the same leaves travel compressed under onebit and topk: keep the residuals
+    return FeedbackState(zero_residuals(params), inner)
 
 
 class MultiStepsState(NamedTuple):

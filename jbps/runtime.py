@@ -8,6 +8,7 @@ import itertools
 import sys
 import threading
 import time
+import warnings
 
 import jax
 
@@ -15,9 +16,9 @@ from .extension import load_core
 
 _core = load_core()
 # The rest after the extension, so that its absence is what an import error names.
-from . import bootstrap, cpu_loop_deadlock, link_rate, trace  # noqa: E402
+from . import bootstrap, cpu_loop_deadlock, link_rate, trace, unknown_settings  # noqa: E402
 from .config import Config  # noqa: E402
-from .errors import JbpsError  # noqa: E402
+from .errors import JbpsError, collapse_repeats, install_excepthook  # noqa: E402
 from .partition import defaults  # noqa: E402
 from .partition import server_fractions as _fractions_for_roles  # noqa: E402
 
@@ -108,6 +109,10 @@ def init(**overrides) -> Session:
             _raise_fault()
             return Session(_config)
         register_ffi_targets()
+        # Misspelled settings are named before the bootstrap, which may wait for a scheduler.
+        unknown_settings.warn(
+            lambda line: warnings.warn(line, RuntimeWarning, stacklevel=4), local_rank=requested.local_rank or 0
+        )
         config, hosted = bootstrap.complete(requested)
         across = defaults.spans_hosts(config.servers)
         # Until the servers' roles are known, the window as if every server got bytes (the most).
@@ -153,6 +158,7 @@ def init(**overrides) -> Session:
                 raise
         _config, _requested, _hosted = config, requested, hosted
         cpu_loop_deadlock.warn_if_affected(config.local_rank)
+        install_excepthook()
         if not _atexit_registered:
             atexit.register(_shutdown_at_exit)
             _atexit_registered = True
@@ -175,7 +181,7 @@ def _uncaught_exception() -> str:
         # servers heard the cause from whoever caused it, and a plain goodbye
         # keeps them from blaming this worker instead.
         return ""
-    text = str(exc).strip().splitlines()
+    text = collapse_repeats(str(exc)).strip().splitlines()
     first = text[0] if text else ""
     if len(first) > _REASON_CHARS:
         first = first[:_REASON_CHARS] + "..."

@@ -114,6 +114,7 @@ FILE_MARKERS = {
     "test_buckets.py": "cluster",
     "test_build_sources.py": "packaging",
     "test_checkout.py": "packaging",
+    "test_checkpoints.py": "cluster",
     "test_compression.py": "cluster",
     "test_cuda_build.py": "packaging",
     "test_cuda_gpu.py": "gpu",
@@ -135,6 +136,7 @@ FILE_MARKERS = {
     "test_onebit_adam.py": "cluster",
     "test_optax.py": "cluster",
     "test_partition.py": "unit",
+    "test_plots.py": "unit",
     "test_portable_kernels.py": "cluster",
     "test_psum_cluster.py": "cluster",
     "test_scheduling.py": "cluster",
@@ -149,6 +151,12 @@ FILE_MARKERS = {
 # 2 cores (from `pytest --durations=0`, 2026-11-28), by node id without
 # parameters, and whole files whose module fixtures start jobs.
 SLOW = (
+    "tests/test_launch.py::test_a_misspelled_setting",
+    "tests/test_launch.py::test_a_scheduler_missing",
+    "tests/test_launch.py::test_a_stalled_workers_timeout",
+    "tests/test_checkpoints.py::test_a_checkpoint_moves_between",
+    "tests/test_checkpoints.py::test_a_resumed_run_ends_where",
+    "tests/test_checkpoints.py::test_a_checkpoint_restores_into",
     "tests/test_bench_smoke.py::",
     "tests/test_bench_latency.py::",
     "tests/test_bench_network.py::",

@@ -433,3 +433,38 @@ def test_init_warns_once_where_multi_device_cpu_loops_can_deadlock(server):
         assert "jax 0.12 fixes it" in str(said[0].message) and "block_until_ready" in str(said[0].message)
     else:
         assert said == []
+
+
+def test_repeated_prefixes_are_said_once_with_their_count():
+    from jbps.errors import collapse_repeats
+
+    wrapped = "INTERNAL: " + "Error dispatching computation: " * 287 + "jbps: psum timed out after 20 s: a: b"
+    assert (
+        collapse_repeats(wrapped)
+        == "INTERNAL: Error dispatching computation (x287): jbps: psum timed out after 20 s: a: b"
+    )
+    assert (
+        collapse_repeats("jbps: worker 1 (127.0.0.1:5) left the job: x")
+        == "jbps: worker 1 (127.0.0.1:5) left the job: x"
+    )
+
+
+def test_unknown_settings_are_named_with_the_nearest_known_one():
+    from jbps import unknown_settings
+
+    environ = {
+        "JBPS_TIMOUT_S": "5",
+        "BYTEPS_PARTITION_BYTE": "4M",
+        "DMLC_NUM_WORKERS": "2",
+        "JBPS_TIMEOUT_S": "5",  # known
+        "JBPS_CI_MARKERS": "x",  # CI's own
+        "HOME": "/root",  # not ours
+    }
+    assert unknown_settings.unknown(environ) == [
+        ("BYTEPS_PARTITION_BYTE", "BYTEPS_PARTITION_BYTES"),
+        ("DMLC_NUM_WORKERS", "DMLC_NUM_WORKER"),
+        ("JBPS_TIMOUT_S", "JBPS_TIMEOUT_S"),
+    ]
+    said = []
+    assert unknown_settings.warn(said.append, {**environ, unknown_settings.CHECKED: "1"}) == []  # jbps run said it
+    assert unknown_settings.warn(said.append, environ, local_rank=1) == []  # the host's first worker says it

@@ -26,6 +26,13 @@ PYTHON = sys.executable
 MPIEXEC = os.path.join(os.path.dirname(PYTHON), "mpiexec")
 
 
+def free_port():
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def base_env(**extra):
     env = job_free_env()
     env["JAX_PLATFORMS"] = "cpu"
@@ -351,9 +358,23 @@ def test_jbps_run_names_the_worker_that_raised_not_the_one_it_ended():
     # Worker 1's own code raises at step 20; worker 0 is healthy. Worker 1's
     # goodbye carries the exception, so the servers end the job naming it,
     # and worker 0 (ended by the job's failure, or by jbps run) is blamed nowhere.
+    # Worker 1 lingers before it exits, so worker 0 exits first: jbps run's
+    # summary still names worker 1 and its exception.
     env = base_env()
     proc, out, err = jbps_run(
-        ["-n", "2", PYTHON, worker_script("raise_at_step.py"), "--raise-rank", "1", "--raise-step", "20"], env
+        [
+            "-n",
+            "2",
+            PYTHON,
+            worker_script("raise_at_step.py"),
+            "--raise-rank",
+            "1",
+            "--raise-step",
+            "20",
+            "--linger",
+            "5",
+        ],
+        env,
     )
     assert proc.returncode == 1, err[-3000:]
     cause = (
@@ -368,7 +389,33 @@ def test_jbps_run_names_the_worker_that_raised_not_the_one_it_ended():
     ]
     assert blamed and all(cause[0] in line and cause[1] in line for line in blamed), err[-3000:]
     assert "jbps: worker 0 " not in err and "was lost" not in err, err[-3000:]
-    assert re.search(r"\[jbps\.run\] worker [01] exited with 1: jbps run is ending the job", err), err[-3000:]
+    summary = [line for line in err.splitlines() if line.startswith("[jbps.run]")]
+    assert len(summary) == 1, err[-3000:]
+    assert summary[0].startswith(
+        "[jbps.run] worker 1 left the job: it exited with an uncaught exception: ValueError: a bug in worker 1's own "
+        "code at step 20: jbps run is ending the job (worker 0 exited with 1"
+    ), summary
+    # The cause said once per process that saw it: worker 1's traceback, one line per server,
+    # worker 0's traceback, and jbps run's summary.
+    said = [line for line in (out + err).splitlines() if "a bug in worker 1's own code at step 20" in line]
+    assert len(said) == 5, "\n".join(said)
+    assert_nothing_left(env)
+
+
+def test_a_stalled_workers_timeout_prints_its_repeats_collapsed():
+    # Worker 1 stops pushing; worker 0 dispatched 40 steps back to back, so its
+    # error reaches it through 40 wrappings ("Error dispatching computation: "
+    # each time): its traceback says the prefix once with its count, and names the worker.
+    env = base_env(JBPS_TIMEOUT_S="6")
+    proc, out, err = jbps_run(
+        ["-n", "2", PYTHON, worker_script("raise_at_step.py"), "--steps", "40", "--raise-step", "3", "--stall"], env
+    )
+    assert proc.returncode != 0, err[-3000:]
+    failure = [line for line in err.splitlines() if line.startswith("[worker 0]") and "jbps: psum timed out" in line]
+    assert len(failure) == 1, err[-5000:]
+    assert re.search(r"Error dispatching computation \(x\d+\): ", failure[0]), failure[0]
+    assert "Error dispatching computation: Error dispatching computation" not in err, err[-3000:]
+    assert "worker 1 has not pushed tensor" in failure[0], failure[0]
     assert_nothing_left(env)
 
 
@@ -571,3 +618,43 @@ def test_a_killed_mpirun_job_leaves_nothing(sig):
             terminate([proc], grace_s=3)
         assert_nothing_left(env)
     segments.assert_none_left()
+
+
+def test_a_misspelled_setting_is_named_once_with_the_nearest_known_one():
+    # jbps run names it before it starts anything; its children do not repeat it.
+    env = base_env(JBPS_TIMOUT_S="5", JBPS_PARTITON_BYTES="4M", BYTEPS_LOG_LEVEL="INFO")
+    proc, out, err = jbps_run(["-n", "2", PYTHON, worker_script("launch_probe.py")], env)
+    assert proc.returncode == 0, err[-3000:]
+    said = [line for line in err.splitlines() if "is not a setting jbps reads" in line]
+    assert said == [
+        "jbps run: BYTEPS_LOG_LEVEL is not a setting jbps reads: it has no effect",
+        "jbps run: JBPS_PARTITON_BYTES is not a setting jbps reads: did you mean JBPS_PARTITION_BYTES?",
+        "jbps run: JBPS_TIMOUT_S is not a setting jbps reads: did you mean JBPS_TIMEOUT_S?",
+    ], err[-3000:]
+    assert_nothing_left(env)
+
+
+def test_a_scheduler_missing_its_worker_count_refuses_the_members_at_once():
+    # DMLC_NUM_WORKERS for DMLC_NUM_WORKER: the scheduler cannot run the job, and
+    # tells every member that comes why, so they fail at once, not after JBPS_TIMEOUT_S.
+    port = str(free_port())
+    common = dict(DMLC_NUM_WORKERS="1", DMLC_NUM_SERVER="1", DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=port)
+    env = base_env(JBPS_TIMEOUT_S="60", **common)
+    scheduler = subprocess.Popen(
+        [PYTHON, "-m", "jbps.scheduler"],
+        env={**env, "DMLC_ROLE": "scheduler"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        start = time.monotonic()
+        proc, out, err = run([PYTHON, "-c", "import jbps; jbps.init()"], {**env, "DMLC_ROLE": "worker"}, timeout=60)
+        took = time.monotonic() - start
+        assert proc.returncode != 0 and took < 30, (took, err[-3000:])
+        assert "jbps scheduler refused this member" in err and "did you mean DMLC_NUM_WORKER?" in err, err[-3000:]
+    finally:
+        terminate([scheduler], grace_s=3)
+    assert "did you mean DMLC_NUM_WORKER?" in scheduler.stderr.read()
+    assert_nothing_left(env)

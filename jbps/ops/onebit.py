@@ -43,10 +43,11 @@ def compressed(shape, dtype) -> bool:
     return jnp.issubdtype(dtype, jnp.floating) and math.prod(shape) >= MIN_ELEMENTS
 
 
-def zero_residual(shape, dtype) -> jax.Array:
+def zero_residual(shape, dtype) -> jax.Array | None:
     """A leaf's residual before its first step: float32 zeros of its shape
-    where it travels as onebit, an empty placeholder where it does not."""
-    return jnp.zeros(shape if compressed(shape, dtype) else (0,), jnp.float32)
+    where it travels as onebit, None where it does not (no array at all, so a
+    checkpoint holds nothing for it: orbax refuses arrays of zero size)."""
+    return jnp.zeros(shape, jnp.float32) if compressed(shape, dtype) else None
 
 
 def encode(values: jax.Array, counts: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -108,8 +108,8 @@ def psum_with_feedback(
     topk.py): returns (the sums, the new residuals). `residuals` has the
     tree's structure, a float32 array of the shape of each leaf that travels
     compressed (onebit.compressed; zeros at first), anything for the other
-    leaves, which travel as they are; the optax wrappers keep it in their
-    state."""
+    leaves, which travel as they are (None in the residuals returned); the
+    optax wrappers keep it in their state."""
     if wire.feedback_codec(compression, "jbps.psum_with_feedback") is None:
         raise ValueError(
             f"jbps.psum_with_feedback: compression must be 'onebit', 'topk' or 'topk:FRACTION', got {compression!r}"
@@ -155,7 +155,8 @@ def _psum(tree, residuals, axis_name, *, average, name, priority, bucket_bytes, 
         held = _residual_leaves(residuals, treedef, paths, leaves, compression)
         results = bind(list(leaves) + held, spec)
         out = results[: len(leaves)]
-        new_residuals = jax.tree_util.tree_unflatten(treedef, results[len(leaves) :])
+        kept = [r if onebit.compressed(x.shape, x.dtype) else None for x, r in zip(leaves, results[len(leaves) :])]
+        new_residuals = jax.tree_util.tree_unflatten(treedef, kept)
     else:
         out = wire.decompress(bind(wire.compress(leaves, compression), spec), leaves)
     if average:
@@ -165,7 +166,8 @@ def _psum(tree, residuals, axis_name, *, average, name, priority, bucket_bytes, 
 
 def _residual_leaves(residuals, treedef, paths, leaves, compression) -> list[jax.Array]:
     """The residual of every leaf, checked: a float32 array of the leaf's
-    shape for the leaves that travel compressed; a placeholder for the others."""
+    shape for the leaves that travel compressed; for the others (None in the
+    state) an empty placeholder, which the primitive passes through."""
     try:
         held = treedef.flatten_up_to(residuals)
     except (ValueError, TypeError) as e:
@@ -175,7 +177,7 @@ def _residual_leaves(residuals, treedef, paths, leaves, compression) -> list[jax
     out = []
     for path, leaf, r in zip(paths, leaves, held):
         if not onebit.compressed(leaf.shape, leaf.dtype):
-            out.append(onebit.zero_residual(leaf.shape, leaf.dtype))
+            out.append(jnp.zeros((0,), jnp.float32))
             continue
         r = jnp.asarray(r)
         if r.shape != leaf.shape or r.dtype != jnp.float32:

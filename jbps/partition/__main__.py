@@ -143,9 +143,13 @@ def _span(values: list[int]) -> str:
 
 def _partition(report: dict) -> str:
     if report["partition_bytes"] is not None:
-        return format_bytes(report["partition_bytes"])
+        return f"chunks of at most {format_bytes(report['partition_bytes'])} (--partition-bytes)"
     sizes = sorted({r["partition_bytes"] for r in report["rows"]})
-    return "the across-hosts default: " + ", ".join(format_bytes(b) for b in sizes)
+    if len(sizes) == 1:
+        return f"chunks of at most {format_bytes(sizes[0])} (jbps's default across hosts)"
+    return (
+        f"chunks of at most {format_bytes(sizes[0])} to {format_bytes(sizes[-1])} (jbps's default across hosts, by k)"
+    )
 
 
 def format_table(report: dict) -> str:
@@ -153,7 +157,7 @@ def format_table(report: dict) -> str:
     header = (
         f"{report['model']}: {rows[0]['model_bytes'] / MiB:.1f} MiB of gradient per worker, "
         f"n = {report['workers']} workers, {report['bandwidth_gbit']:g} Gbit/s per NIC, "
-        f"partition {_partition(report)}, {report['local_devices']} local device(s)"
+        f"{_partition(report)}, {report['local_devices']} local device(s)"
     )
     cols = [
         "k",
@@ -195,7 +199,7 @@ def format_table(report: dict) -> str:
     return "\n".join(lines)
 
 
-def plot(report: dict, path: str) -> None:
+def plot(report: dict, path: str):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -203,7 +207,7 @@ def plot(report: dict, path: str) -> None:
 
     rows = report["rows"]
     ks = [r["k"] for r in rows]
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(7.5, 4))
     ax.plot(ks, [r["jbps_s"] * 1e3 for r in rows], "o-", label="jbps (planned routing)")
     ax.plot(ks, [r["formula_s"] * 1e3 for r in rows], "--", label="optimal-split formula")
     ax.plot(ks, [r["allreduce_s"] * 1e3 for r in rows], "s-", label="all-reduce")
@@ -212,12 +216,14 @@ def plot(report: dict, path: str) -> None:
     ax.set_xlabel("k (CPU-only machines)")
     ax.set_ylabel("communication time per step (ms)")
     ax.set_title(f"{report['model']}, n = {report['workers']}, {report['bandwidth_gbit']:g} Gbit/s")
-    ax.set_ylim(bottom=0)
+    shown = [v for r in rows for v in (r["jbps_s"], r["formula_s"], r["allreduce_s"], r["ps_s"]) if v is not None]
+    ax.set_ylim(0, max(shown) * 1e3 * 1.12)  # no point at the top cut
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)  # beside the data, never on it
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
+    return fig
 
 
 def main(argv=None, prog: str | None = None) -> int:

@@ -17,9 +17,10 @@ import argparse
 import logging
 import sys
 
+from .. import unknown_settings
 from ..config import Config, argparse_type, exit_for_environment
 from ..errors import JbpsError
-from .rendezvous import Scheduler
+from .rendezvous import Scheduler, refuse
 
 log = logging.getLogger("jbps.scheduler")
 
@@ -60,8 +61,16 @@ def main(argv=None, prog: str | None = None) -> int:
         help="seconds to wait for everyone (env JBPS_TIMEOUT_S)",
     )
     args = p.parse_args(argv)
+    unknown_settings.warn(lambda line: print(line, file=sys.stderr, flush=True))
     if args.num_workers is None or args.num_servers is None:
-        p.error("--num-workers and --num-servers are required (or DMLC_NUM_WORKER and DMLC_NUM_SERVER)")
+        reason = "--num-workers and --num-servers are required (or DMLC_NUM_WORKER and DMLC_NUM_SERVER)"
+        misspelled = [f"{var} is not read (did you mean {near}?)" for var, near in unknown_settings.unknown() if near]
+        if misspelled:
+            reason += "; " + "; ".join(misspelled)
+        print(f"{p.prog}: error: {reason}", file=sys.stderr, flush=True)
+        # The members started beside it would wait out their timeout for it: tell them instead.
+        refuse(args.bind, reason, args.timeout)
+        return 2
     try:
         scheduler = Scheduler(
             args.num_workers, args.num_servers, bind=args.bind, timeout_s=args.timeout, token=env.job_token

@@ -252,3 +252,33 @@ class Registration:
     def close(self) -> None:
         self.reader.close()
         self.conn.close()
+
+
+def refuse(bind: str, reason: str, timeout_s: float) -> None:
+    """A scheduler that cannot run the job (its own settings are wrong) still
+    answers every member that comes, for `timeout_s`, with `reason`: they fail
+    at once saying why, instead of waiting out their timeout for a scheduler
+    that is gone."""
+    host, _, port = bind.rpartition(":")
+    if not host or not port.isdigit() or int(port) == 0:
+        return  # no fixed address: nobody could have been told where to come
+    try:
+        sock = socket.create_server((host, int(port)), reuse_port=False)
+    except OSError:
+        return
+    deadline = time.monotonic() + timeout_s
+    message = f"jbps scheduler refused this member: {reason}"
+    with sock:
+        while (left := deadline - time.monotonic()) > 0:
+            sock.settimeout(min(left, 1.0))
+            try:
+                conn, _ = sock.accept()
+            except socket.timeout:
+                continue
+            with conn:
+                conn.settimeout(2.0)
+                try:
+                    _recv(conn.makefile("r"), "a member")  # its hello, so the answer is read as one
+                    _send(conn, {"error": message})
+                except (OSError, ValueError, ConnectionError):
+                    pass

@@ -29,6 +29,7 @@ import signal
 import sys
 import threading
 
+from .. import unknown_settings
 from ..bootstrap.mpi import under_mpirun
 from ..config import argparse_type, exit_for_environment
 from ..errors import JbpsError
@@ -155,6 +156,7 @@ def start(args):
 def main(argv=None, prog: str = "python -m jbps.server") -> int:
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     args = parse_args(argv, prog)
+    unknown_settings.warn(lambda line: print(line, file=sys.stderr, flush=True))
     try:
         server, host, num_workers, role = start(args)
     except (RuntimeError, ValueError, JbpsError) as exc:
@@ -174,18 +176,20 @@ def main(argv=None, prog: str = "python -m jbps.server") -> int:
         pass
     server.stop()
     stats = server.stats()
+    # The cause of a job that ended early was said when it happened (one line
+    # naming the worker): not again here. Exit 0 all the same: the lost
+    # worker's own exit status tells launchers what failed.
+    ended_early = "; the job ended early (see above)" if server.failure() and not stop.is_set() else ""
     log.info(
-        "done: %d pushes, %.1f MiB received (%d bytes), %d sums sent, %d connections refused, %d workers lost",
+        "done: %d pushes, %.1f MiB received (%d bytes), %d sums sent, %d connections refused, %d workers lost%s",
         stats["pushes"],
         stats["bytes_received"] / 2**20,
         stats["bytes_received"],
         stats["sums_sent"],
         stats["rejected"],
         stats["workers_lost"],
+        ended_early,
     )
-    if server.failure() and not stop.is_set():
-        # Exit 0 all the same: the lost worker's own exit status tells launchers what failed.
-        log.warning("the job ended early: %s", server.failure())
     return 0
 
 

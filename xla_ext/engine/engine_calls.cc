@@ -183,7 +183,7 @@ void Engine::Impl::Record(const Chunk& ch, double pulled) {
   }
 }
 
-void Engine::Impl::SetFault(const std::string& msg) {
+void Engine::Impl::SetFault(const std::string& msg, bool said_by_server) {
   std::vector<CallPtr> victims;
   {
     std::lock_guard<std::mutex> lock(mu);
@@ -191,7 +191,9 @@ void Engine::Impl::SetFault(const std::string& msg) {
     fault = msg;
     for (auto& kv : active) victims.push_back(kv.second);
   }
-  LogWarning("%s", msg.c_str());
+  // A server that ends the job says why itself, and every psum here fails
+  // with it: this worker says it only when it alone saw it (a lost server).
+  if (!said_by_server) LogWarning("%s", msg.c_str());
   for (auto& c : victims) FailCall(c, msg);
 }
 

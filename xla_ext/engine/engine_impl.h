@@ -333,7 +333,7 @@ struct Engine::Impl {
   void StampSum(Call* c, const FrameHeader& h, int64_t header_read);
   void KeepStage(StageRecord stage, int64_t done);
   void ConnFailed(ServerConn* sc, const std::string& why);
-  void SetFault(const std::string& msg);
+  void SetFault(const std::string& msg, bool said_by_server = false);
   void DropSkipped(ServerConn* sc);
   // With mu held: a push of sc acknowledged (its credit back); false when it was not waiting for one.
   bool AckLocked(ServerConn* sc, const RoundKey& rk);

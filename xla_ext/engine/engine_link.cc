@@ -158,7 +158,7 @@ void Engine::Impl::RecvLoop(ServerConn* sc) {
         FailLost(lost);
         break;
       }
-      case MsgType::kAbort: SetFault(f.text); break;
+      case MsgType::kAbort: SetFault(f.text, /*said_by_server=*/true); break;
       case MsgType::kError: ok = OnError(sc, f, &why); break;
       case MsgType::kStall: OnStall(sc, f); break;
       case MsgType::kSum:
