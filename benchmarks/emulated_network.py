@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from jbps.procs import terminate
+from jbps.sizes import format_rate, parse_rate  # noqa: F401 (the lab's rate words are the package's)
 
 log = logging.getLogger(__name__)
 
@@ -72,24 +73,6 @@ MPI_TCP_ENV = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp", "MPIR_CVAR_N
 
 class NetworkError(RuntimeError):
     """The emulated network cannot be made here (not root, no iproute2, bad input)."""
-
-
-def parse_rate(text: str) -> float:
-    """Bits per second from '1G', '200M', '1gbit', '200mbit', '2.5Gbit/s' or a bare
-    number of Mbit/s ('200')."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)(?:bit|b)?(?:/s|ps)?\s*", str(text))
-    if not m:
-        raise ValueError(f"rate {text!r} is not a number of bits per second like 1G, 200M, 1gbit or 200 (Mbit/s)")
-    value = float(m.group(1)) * {"": 1e6, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2).lower()]
-    if not value >= 1e5:
-        raise ValueError(f"rate {text!r} is below 100 kbit/s")
-    return value
-
-
-def format_rate(bits_per_s: float) -> str:
-    if bits_per_s >= 1e9 and bits_per_s % 1e8 == 0:
-        return f"{bits_per_s / 1e9:g} Gbit/s"
-    return f"{bits_per_s / 1e6:g} Mbit/s"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,7 +148,9 @@ class EmulatedNetwork:
     everything is made on enter and removed on exit, on error and on SIGTERM/SIGINT
     (which the caller sees as KeyboardInterrupt/SystemExit)."""
 
-    def __init__(self, num_hosts: int, rate: float | str, *, queue_s: float = QUEUE_S):
+    def __init__(
+        self, num_hosts: int, rate: float | str, *, queue_s: float = QUEUE_S, host_rates: dict[int, float] | None = None
+    ):
         if not isinstance(num_hosts, int) or num_hosts < 1:
             raise NetworkError(f"need at least one host, got {num_hosts!r}")
         if num_hosts > MAX_HOSTS:
@@ -179,6 +164,13 @@ class EmulatedNetwork:
         except ValueError as exc:
             raise NetworkError(str(exc)) from None
         self.queue_s = queue_s
+        # Hosts whose NIC differs from `rate` (bits/s each way), by index.
+        self.host_rates = dict(host_rates or {})
+        for host, host_rate in self.host_rates.items():
+            if not 0 <= host < num_hosts:
+                raise NetworkError(f"a rate for host {host}, but the hosts are 0 to {num_hosts - 1}")
+            if not host_rate >= 1e5:
+                raise NetworkError(f"host {host}'s rate {host_rate!r} bits/s is below 100 kbit/s")
         self.run_id = f"jbps-{os.getpid()}-{secrets.token_hex(3)}"
         self.bridge_ns = f"{self.run_id}-br"
         self.hosts = [Host(i, f"{self.run_id}-h{i}", str(FIRST_ADDRESS + i)) for i in range(num_hosts)]
@@ -210,11 +202,28 @@ class EmulatedNetwork:
         if threading.current_thread() is threading.main_thread():
             self._old_handlers[signal.SIGTERM] = signal.signal(signal.SIGTERM, on_term)
 
-    def _tbf(self) -> list[str]:
-        rate_bytes = self.rate / 8
+    def rate_of(self, host: int) -> float:
+        """Host `host`'s NIC rate, bits/s each way."""
+        return self.host_rates.get(host, self.rate)
+
+    def _tbf(self, rate: float) -> list[str]:
+        rate_bytes = rate / 8
         burst = max(MIN_BURST_BYTES, int(rate_bytes * BURST_S))
         limit = max(MIN_QUEUE_BYTES, int(rate_bytes * self.queue_s))
-        return ["tbf", "rate", f"{int(self.rate)}bit", "burst", str(burst), "limit", str(limit)]
+        return ["tbf", "rate", f"{int(rate)}bit", "burst", str(burst), "limit", str(limit)]
+
+    def set_rate(self, host: int, rate: float) -> None:
+        """Changes host `host`'s NIC rate (bits/s each way) while everything runs: a
+        throttled NIC, another tenant (tc qdisc change)."""
+        self.host_rates[host] = float(rate)
+        h, port = self.hosts[host], f"p{host}"
+        _run(
+            ["tc", "-n", h.name, "qdisc", "change", "dev", "eth0", "root", *self._tbf(rate)], f"host {host}: upload cap"
+        )
+        _run(
+            ["tc", "-n", self.bridge_ns, "qdisc", "change", "dev", port, "root", *self._tbf(rate)],
+            f"host {host}: download cap",
+        )
 
     def _make(self) -> None:
         _run(["ip", "netns", "add", self.bridge_ns], "creating the bridge namespace")
@@ -269,16 +278,19 @@ class EmulatedNetwork:
             _run(ns + ["link", "set", "eth0", "up"], f"host {h.index}: link up")
             # The cap each way: the host's upload on its side, its download on the bridge's.
             _run(
-                ["tc", "-n", h.name, "qdisc", "add", "dev", "eth0", "root", *self._tbf()], f"host {h.index}: upload cap"
+                ["tc", "-n", h.name, "qdisc", "add", "dev", "eth0", "root", *self._tbf(self.rate_of(h.index))],
+                f"host {h.index}: upload cap",
             )
             _run(
-                ["tc", "-n", self.bridge_ns, "qdisc", "add", "dev", port, "root", *self._tbf()],
+                ["tc", "-n", self.bridge_ns, "qdisc", "add", "dev", port, "root", *self._tbf(self.rate_of(h.index))],
                 f"host {h.index}: download cap",
             )
             etc = NETNS_ETC / h.name
             etc.mkdir(parents=True, exist_ok=True)
             (etc / "hosts").write_text(f"127.0.0.1 localhost\n{h.address} {hostname}\n{names}")
         log.info("%d emulated hosts at %s each way (%s)", len(self.hosts), format_rate(self.rate), self.run_id)
+        for host, host_rate in sorted(self.host_rates.items()):
+            log.info("host %d at %s each way", host, format_rate(host_rate))
 
     def close(self) -> None:
         """Ends every process started with run(), then removes what was made. Safe to call twice."""

@@ -339,6 +339,9 @@ def main(argv=None):
     try:
         report = {"tool": TOOL, "workers": jbps.size(), "link_bytes_per_s": jbps.runtime.link_bytes_per_s()}
         report["link_probes"] = list(jbps.link_rate.probes)  # (bytes, seconds) behind that rate
+        rates = jbps.runtime.server_rates()  # each server's link as jbps.init measured it, and the split it led to
+        report["server_rates_bytes_per_s"] = None if rates is None else list(rates)
+        report["server_fractions"] = list(jbps.runtime.server_fractions())
         if args.memory:
             peak_bytes, peak_rounds, round_bytes, rounds = args.memory
             report["memory"] = memory.run(

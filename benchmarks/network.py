@@ -38,6 +38,8 @@ from pathlib import Path
 
 from .emulated_job import JobFailed, job_free_env, python_env, run_job
 from .emulated_network import MPI_TCP_ENV, EmulatedNetwork, NetworkError, format_rate, parse_rate
+from jbps.partition import COLOCATED, DEDICATED
+from jbps.partition.rated_split import parse_host_rates, rated_split
 from jbps.partition.split import allreduce_time_s, optimal_split
 from jbps.procs import terminate
 from . import cpu_load
@@ -120,6 +122,12 @@ def parse_args(argv=None, prog=None) -> argparse.Namespace:
         default=parse_rate("1G"),
         help="each NIC's rate in each direction: 1G, 200M, 2.5G (bits/s; default 1G)",
     )
+    p.add_argument(
+        "--rates",
+        default="",
+        help="hosts whose NIC differs from --rate: w<i>=RATE for worker host i, s<j>=RATE for CPU host j "
+        "(e.g. s1=400M,w0=800M); the table then holds the optimum for those links (partition/rated_split.py)",
+    )
     p.add_argument("--iters", type=int, default=8, help="timed calls per case (default 8)")
     p.add_argument("--warmup", type=int, default=2, help="untimed calls first (default 2)")
     p.add_argument(
@@ -165,12 +173,26 @@ def parse_args(argv=None, prog=None) -> argparse.Namespace:
     if bad:
         p.error(f"--compression: {bad[0]!r} is not bf16, fp16, onebit, topk or topk:FRACTION")
     args.variants = variants(partitions, credits, compressions)
+    try:
+        args.host_rates = parse_host_rates(args.rates, args.workers, max(args.cpu_hosts))
+    except ValueError as exc:
+        p.error(f"--rates: {exc}")
     if args.plot:
         import importlib.util
 
         if importlib.util.find_spec("matplotlib") is None:
             p.error("--plot needs matplotlib: pip install matplotlib")
     return args
+
+
+def optimum_s(n: int, k: int, size: int, rate: float, host_rates: dict[int, float]) -> float:
+    """The least time a psum of `size` per worker can take on these links: split.py's
+    formula on equal links, else rated_split's optimum for the hosts' own rates."""
+    if not any(host < n + k for host in host_rates):
+        return optimal_split(n, k).time_s(size, rate / 8)
+    roles = [COLOCATED] * n + [DEDICATED] * k
+    rates = [host_rates.get(h, rate) / 8 for h in range(n + k)]
+    return rated_split(roles, rates, n).time_s(size)
 
 
 def variants(partitions: list[int], credits: list[int], compressions: list[str] = ()) -> list[dict]:
@@ -224,6 +246,8 @@ def bench_jbps(net: EmulatedNetwork, n: int, k: int, args, variant: dict) -> dic
         "link_bytes_per_s": report.get("link_bytes_per_s"),
         "link_probes": report.get("link_probes"),
         "partition_bytes": timing.get("partition_bytes"),
+        "server_rates_bytes_per_s": report.get("server_rates_bytes_per_s"),
+        "server_fractions": report.get("server_fractions"),
     }
 
 
@@ -396,12 +420,12 @@ def run(args) -> dict:
         "cases": [],
         "peers": {},
     }
-    with EmulatedNetwork(n + max(ks), args.rate) as net:
+    doc["host_rates_bits_per_s"] = {str(h): r for h, r in sorted(args.host_rates.items())}
+    with EmulatedNetwork(n + max(ks), args.rate, host_rates=args.host_rates) as net:
         log.info("%d emulated hosts at %s; link check ...", len(net.hosts), format_rate(args.rate))
         doc["link_check"] = link_check(net, len(net.hosts))
         for k in ks:
-            split = optimal_split(n, k)
-            case = {"k": k, "formula_s": split.time_s(args.size, bandwidth), "jbps": {}}
+            case = {"k": k, "formula_s": optimum_s(n, k, args.size, args.rate, args.host_rates), "jbps": {}}
             for v in args.variants:
                 log.info("jbps, k = %d, %s ...", k, v["name"])
                 try:
@@ -493,7 +517,15 @@ def format_table(doc: dict) -> str:
         f"median of {doc['iters']} calls (slowest process)",
         "",
     ]
-    head = ["k", "formula"] + [f"jbps {v}" for v in names]
+    rated = bool(doc.get("host_rates_bits_per_s"))
+    if rated:
+        lines.insert(
+            1,
+            "hosts at other rates: "
+            + ", ".join(f"host {h} {format_rate(r)}" for h, r in doc["host_rates_bits_per_s"].items())
+            + " (hosts 0..n-1 are the worker hosts, then the CPU hosts)",
+        )
+    head = ["k", "optimum" if rated else "formula"] + [f"jbps {v}" for v in names]
     if gloo:
         head += ["gloo / jbps"]
     rows = []
@@ -508,7 +540,19 @@ def format_table(doc: dict) -> str:
     widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
     for r in [head] + rows:
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip())
-    lines.append("(jbps: time per psum, and its ratio to the formula)")
+    lines.append(
+        "(jbps: time per psum, and its ratio to "
+        + ("the optimum for these links: partition/rated_split.py)" if rated else "the formula)")
+    )
+    for c in doc["cases"]:
+        d = c["jbps"].get("defaults", {})
+        if rated and d.get("server_rates_bytes_per_s"):
+            lines.append(
+                f"k = {c['k']}: servers' links as jbps.init measured them "
+                + ", ".join(format_rate(8 * r) for r in d["server_rates_bytes_per_s"])
+                + "; shares "
+                + ", ".join(f"{f:.3f}" for f in d["server_fractions"])
+            )
     chosen = [(c["k"], c["jbps"]["defaults"]) for c in doc["cases"] if "defaults" in c["jbps"]]
     if any(d.get("link_bytes_per_s") for _, d in chosen):
         lines.append(

@@ -119,3 +119,49 @@ def measure(roles: Sequence[str], fractions: Sequence[float], num_workers: int, 
 
 
 probes: list[tuple[int, float]] = []
+
+
+# Each server's own link, probed alone: every chunk of a psum of `nbytes` goes
+# to that one server, whose NIC then carries n·nbytes each way (dedicated) or
+# (n-1)·nbytes (colocated: its own worker's push stays on the machine).
+SERVER_PROBE_S = 0.06  # aimed at this long on a link of the job's busiest-link rate
+SERVER_PROBE_MIN_BYTES = 256 << 10
+# Rates within this factor of each other are the same link, read with the
+# probe's error (up to 20% low): the split stays the formula's.
+SAME_RATE = 1.3
+
+
+def _one_server(count: int, server: int) -> list[float]:
+    return [1.0 if i == server else 0.0 for i in range(count)]
+
+
+def server_rates(roles: Sequence[str], num_workers: int, link_bytes_per_s: float, timeout_s: float) -> list[float]:
+    """Bytes per second each server's NIC carries each way, the same numbers on
+    every worker: a psum routed to that server alone, timed by every worker,
+    the times agreed (one psum of all of them). Every worker calls it at the
+    same point, after measure()."""
+    n, count = num_workers, len(roles)
+    wait_s = 2 * timeout_s + 10
+    seconds = np.zeros(count, np.float32)
+    loads = []
+    for s, role in enumerate(roles):
+        per_byte = n if role != COLOCATED else max(1, n - 1)
+        nbytes = int(min(PROBE_MAX_BYTES, max(SERVER_PROBE_MIN_BYTES, link_bytes_per_s * SERVER_PROBE_S / per_byte)))
+        nbytes -= nbytes % 4
+        seconds[s] = _psum_seconds(
+            f"{NAME}.server{s}", np.zeros(nbytes // 4, np.float32), _one_server(count, s), wait_s
+        )
+        loads.append(per_byte * nbytes)
+    _psum_seconds(f"{NAME}.server_seconds", seconds, [1.0 / count] * count, wait_s)
+    return [load / (float(t) / n) for load, t in zip(loads, seconds)]
+
+
+def fractions_for_rates(roles: Sequence[str], rates: Sequence[float], num_workers: int) -> list[float] | None:
+    """The split for these measured rates (partition/rated_split.py), or None
+    when they are all within SAME_RATE of each other: links alike, as far as
+    the probe can tell, so the formula's split stands."""
+    from .partition.rated_split import rated_split
+
+    if not rates or max(rates) <= SAME_RATE * min(rates):
+        return None
+    return list(rated_split(roles, rates, num_workers).fractions)

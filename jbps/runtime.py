@@ -49,6 +49,7 @@ _hosted: list = []  # summation servers this process runs (mpirun's colocated se
 _fractions: tuple[float, ...] = ()
 _spans_hosts = False
 _link_rate: float | None = None  # bytes/s of the busiest link, measured at init across hosts
+_server_rates: tuple[float, ...] | None = None  # bytes/s of each server's link, measured with it
 _ffi_registered = False
 _atexit_registered = False
 _names = itertools.count()
@@ -100,7 +101,7 @@ def init(**overrides) -> Session:
     initialized is a no-op; different settings raise JbpsError (call
     shutdown() first).
     """
-    global _config, _requested, _hosted, _fractions, _spans_hosts, _link_rate, _atexit_registered
+    global _config, _requested, _hosted, _fractions, _spans_hosts, _link_rate, _server_rates, _atexit_registered
     with _lock:
         requested = Config.resolve(overrides)
         if _config is not None:
@@ -138,15 +139,28 @@ def init(**overrides) -> Session:
         roles = _core.engine_server_roles()
         _fractions = tuple(_fractions_for_roles(roles, config.num_workers))
         _spans_hosts = across
+        credit_given = config.scheduling_credit is not None
         if config.scheduling_credit is None:
             credit = defaults.credit(_fractions, across)
             _core.engine_set_credit(credit)
             config = dataclasses.replace(config, scheduling_credit=credit)
-        _link_rate = None
+        _link_rate, _server_rates = None, None
         if across and config.partition_bytes is None:
-            # The default chunks fit the link (partition/defaults.py): measure it.
+            # The default chunks fit the link (partition/defaults.py): measure it,
+            # and each server's own link: servers on slower links get less (rated_split.py).
             try:
                 _link_rate = link_rate.measure(roles, _fractions, config.num_workers, config.timeout_s)
+                if _link_rate is not None and len(roles) > 1:
+                    _server_rates = tuple(
+                        link_rate.server_rates(roles, config.num_workers, _link_rate, config.timeout_s)
+                    )
+                    rated = link_rate.fractions_for_rates(roles, _server_rates, config.num_workers)
+                    if rated is not None:
+                        _fractions = tuple(rated)
+                        if not credit_given:
+                            credit = defaults.credit(_fractions, across)
+                            _core.engine_set_credit(credit)
+                            config = dataclasses.replace(config, scheduling_credit=credit)
             except BaseException as exc:  # a failed probe, or Ctrl-C: nothing left running
                 # The servers hear why, unless the job's fault (another's) is the cause.
                 _core.engine_stop("" if _core.engine_fault() else f"its link probe at jbps.init failed: {exc}")
@@ -298,6 +312,15 @@ def link_bytes_per_s() -> float | None:
     every worker; None on one host or with JBPS_PARTITION_BYTES set."""
     config()
     return _link_rate
+
+
+def server_rates() -> tuple[float, ...] | None:
+    """Each server's link rate (bytes/s each way, in JBPS_SERVERS order) as
+    jbps.init measured it, the same on every worker; None on one host or with
+    JBPS_PARTITION_BYTES set (no measurement). server_fractions() follows
+    them when they differ by more than the probe's error."""
+    config()
+    return _server_rates
 
 
 def spans_hosts() -> bool:

@@ -247,3 +247,47 @@ def test_a_worker_that_skips_the_link_probe_fails_the_others_init_saying_why(hos
         assert "worker 1" in report["error"] and report["seconds"] < timeout_s, report
     else:
         assert "JBPS_PARTITION_BYTES" in report["error"] and "timed out" in report["error"], report
+
+
+def test_a_server_on_a_slower_link_gets_the_share_its_rate_allows():
+    # Two worker hosts and two CPU hosts, one of them at a third of the others'
+    # rate: jbps.init measures every server's link, every worker reads the same
+    # rates, and the bytes each server gets follow partition/rated_split.py for
+    # them: the slow one a third of the fast one's (an equal split would make
+    # every psum wait for it).
+    from jbps.partition.rated_split import rated_split
+
+    fast, slow = 300e6, 100e6  # bits/s
+    with EmulatedNetwork(4, fast, host_rates={3: slow}) as net:
+        rounds, big_elems = 3, 2_000_000  # 8 MB: many chunks per server
+        result = run_job(
+            net,
+            [0, 1],
+            [0, 1, 2, 3],
+            [worker_script("random_trees.py"), "--rounds", str(rounds), "--seed", "3", "--big-elems", str(big_elems)],
+            env=job_free_env(JBPS_TIMEOUT_S="60"),
+            timeout_s=300,
+        )
+    reports = [last_json(w.stdout) for w in result.workers]
+    assert len({r["digest"] for r in reports}) == 1, "workers got different sums"
+    rates = reports[0]["server_rates"]
+    assert rates and reports[1]["server_rates"] == rates, "the workers read different rates"
+    servers = result.servers_by_address()
+    order = reports[0]["servers"]
+    hosts = [servers[a]["host"] for a in order]
+    roles = [servers[a]["role"] for a in order]
+    by_host = dict(zip(hosts, rates))
+    # The probe reads a link up to 20-30% low; the slow link is a third of the others.
+    assert 0.2 < by_host[3] / by_host[2] < 0.5, by_host
+    fractions = reports[0]["server_fractions"]
+    want = rated_split(roles, rates, 2).fractions
+    np.testing.assert_allclose(fractions, want, rtol=1e-6)
+    share = dict(zip(hosts, fractions))
+    assert share[3] < 0.6 * share[2], share
+    # And the bytes the workers pushed follow those shares (the psums', not init's probes).
+    pushed = np.array([r["stats"]["server_bytes_pushed"] for r in reports]) - np.array(
+        [r["stats_at_init"]["server_bytes_pushed"] for r in reports]
+    )
+    for per_server in pushed:
+        got = per_server / per_server.sum()
+        np.testing.assert_allclose(got, fractions, atol=0.03, err_msg=str((per_server.tolist(), fractions)))

@@ -302,3 +302,75 @@ def test_the_plan_cuts_shards_into_whole_elements_within_a_partition(seed):
             assert not any(alone), what
         ramped += leaf.ramped
     assert ramped > 10  # the ramps were exercised, not only the plain cut
+
+
+def test_the_rated_split_with_equal_rates_is_the_formulas():
+    from jbps.partition.rated_split import rated_split
+    from jbps.partition.split import optimal_split
+
+    for n in range(1, 9):
+        for k in range(0, 10):
+            roles = ["colocated"] * n + ["dedicated"] * k
+            got = rated_split(roles, [125e6] * len(roles), n)
+            np.testing.assert_allclose(got.fractions, server_fractions(roles, n), atol=1e-9, err_msg=f"n={n} k={k}")
+            if n > 1:
+                assert got.time_s(1 << 20) == pytest.approx(optimal_split(n, k).time_s(1 << 20, 125e6), rel=1e-9)
+
+
+def test_the_rated_split_finishes_every_link_together_and_beats_leaving_a_slow_host_out():
+    from jbps.partition.rated_split import rated_split
+    from jbps.partition.split import optimal_split
+    from jbps.partition.traffic import nic_bytes, standard_placement
+
+    B, M = 125e6, 32 << 20
+    roles = ["colocated"] * 4 + ["dedicated"] * 2
+    rates = [B] * 4 + [B, 0.4 * B]  # one CPU host at 400 of 1,000 Mbit/s
+    split = rated_split(roles, rates, 4)
+    loads = nic_bytes(4, standard_placement(4, 2), [f * M for f in split.fractions])
+    times = [loads[m] / rates[m] for m in range(6)]
+    assert max(times) == pytest.approx(split.time_s(M), rel=1e-6)
+    assert min(times) == pytest.approx(max(times), rel=1e-6)  # every link busy to the end
+    # Better than leaving the slow host out, worse than both at full rate.
+    assert optimal_split(4, 2).time_s(M, B) < split.time_s(M) < optimal_split(4, 1).time_s(M, B)
+    assert split.fractions[5] == pytest.approx(0.4 * split.fractions[4], rel=1e-6)  # shares by rate
+
+
+def test_a_worker_machine_too_slow_for_its_own_traffic_gets_no_share_and_sets_the_time():
+    from jbps.partition.rated_split import rated_split
+
+    B = 125e6
+    split = rated_split(["colocated"] * 4 + ["dedicated"] * 2, [B, B, B, 0.4 * B, B, B], 4)
+    assert split.fractions[3] == 0.0 and sum(split.fractions) == pytest.approx(1.0)
+    assert split.time_s(1.0) == pytest.approx(1 / (0.4 * B))  # its own gradient out, nothing more
+
+
+def test_rated_split_and_host_rates_refuse_bad_input_in_one_line():
+    from jbps.partition.rated_split import parse_host_rates, rated_split
+
+    with pytest.raises(ValueError, match="2 roles and 1 rates"):
+        rated_split(["colocated", "dedicated"], [1.0], 2)
+    with pytest.raises(ValueError, match="server 1's rate must be a non-negative number"):
+        rated_split(["colocated", "dedicated"], [1.0, -5.0], 2)
+    assert parse_host_rates("s1=400M, w0=800M", 4, 2) == {5: 400e6, 0: 800e6}
+    for text, why in [
+        ("s2=400M", "names no machine: there are at most 2 CPU machines"),
+        ("w4=1G", "names no machine: there are 4 worker machines"),
+        ("x1=1G", "is not w<i>=RATE"),
+        ("s0=fast", "is not a number of bits per second"),
+        ("s0", "is not w<i>=RATE"),
+    ]:
+        with pytest.raises(ValueError, match=why):
+            parse_host_rates(text, 4, 2)
+
+
+def test_plan_cli_follows_per_machine_rates(capsys):
+    plan_main(["resnet50", "--workers", "4", "--cpu-servers", "2", "--bandwidth", "1", "--rates", "s1=400M", "--json"])
+    rated = json.loads(capsys.readouterr().out)
+    plan_main(["resnet50", "--workers", "4", "--cpu-servers", "2", "--bandwidth", "1", "--json"])
+    equal = json.loads(capsys.readouterr().out)
+    (r,), (e,) = rated["rows"], equal["rows"]
+    assert r["formula_s"] > e["formula_s"] and r["jbps_s"] <= r["formula_s"] * 1.05
+    assert r["dedicated_bytes"][1] < 0.5 * r["dedicated_bytes"][0]  # the slow machine gets less
+    with pytest.raises(SystemExit):
+        plan_main(["resnet50", "--workers", "4", "--cpu-servers", "2", "--rates", "s5=1G"])
+    assert "names no machine" in capsys.readouterr().err

@@ -27,9 +27,10 @@ from . import defaults
 from .assign import COLOCATED, DEDICATED, server_fractions
 from .models import BUILTIN_MODELS, builtin_model, load_model_spec
 from .plan import make_plan
-from .split import allreduce_time_s, optimal_split, ps_time_s
-from .traffic import busiest_nic_bytes, standard_placement
-from ..sizes import format_bytes, parse_bytes
+from .rated_split import parse_host_rates, rated_split
+from .split import allreduce_time_s, optimal_split
+from .traffic import nic_bytes, standard_placement
+from ..sizes import format_bytes, format_rate, parse_bytes
 
 log = logging.getLogger("jbps.plan")
 MiB = 2**20
@@ -80,17 +81,23 @@ def plan_rows(
     bandwidth_gbit: float,
     partition_bytes: int | None,
     local_devices: int,
+    host_rates: dict[int, float] | None = None,
 ) -> dict:
     """partition_bytes None: for each k, the chunk size jbps picks for this
     model's psum across hosts with NICs of this bandwidth (jbps/partition/defaults.py;
-    jbps.init measures the rate it uses)."""
+    jbps.init measures the rate it uses). host_rates: machines whose NIC differs,
+    {machine: bits/s} (rated_split.parse_host_rates): the split and every time
+    then follow each machine's own rate."""
     names, shapes, dtypes = load_model(model)
     bandwidth = bandwidth_gbit * 1e9 / 8  # bytes per second
+    host_rates = host_rates or {}
     tree_bytes = sum(int(np.prod(s)) * np.dtype(d).itemsize for s, d in zip(shapes, dtypes))
     rows = []
     for k in cpu_servers:
         roles = [COLOCATED] * workers + [DEDICATED] * k
-        fractions = server_fractions(roles, workers)
+        rates = [host_rates.get(m, bandwidth * 8) / 8 for m in range(workers + k)]  # bytes/s, machine by machine
+        rated = any(r != bandwidth for r in rates)
+        fractions = rated_split(roles, rates, workers).fractions if rated else server_fractions(roles, workers)
         chunk = partition_bytes or defaults.partition_bytes(
             tree_bytes, fractions, across_hosts=True, link_bytes_per_s=bandwidth
         )
@@ -118,10 +125,22 @@ def plan_rows(
                 "colocated_bytes": per_server[:workers],
                 "dedicated_bytes": per_server[workers:],
                 "target_bytes": [f * model_bytes for f in fractions],
-                "jbps_s": busiest_nic_bytes(workers, standard_placement(workers, k), per_server) / bandwidth,
-                "formula_s": split.time_s(model_bytes, bandwidth),
-                "allreduce_s": allreduce_time_s(workers, model_bytes, bandwidth),
-                "ps_s": ps_time_s(workers, k, model_bytes, bandwidth) if k else None,
+                "jbps_s": max(
+                    nbytes / rates[m]
+                    for m, nbytes in nic_bytes(workers, standard_placement(workers, k), per_server).items()
+                ),
+                "formula_s": (
+                    rated_split(roles, rates, workers).time_s(model_bytes)
+                    if rated
+                    else split.time_s(model_bytes, bandwidth)
+                ),
+                # The ring waits for its slowest link; a plain PS for its busiest machine.
+                "allreduce_s": allreduce_time_s(workers, model_bytes, min(rates[:workers])),
+                "ps_s": (
+                    max(model_bytes / min(rates[:workers]), max(workers * model_bytes / k / r for r in rates[workers:]))
+                    if k
+                    else None
+                ),
             }
         )
     return {
@@ -130,6 +149,7 @@ def plan_rows(
         "bandwidth_gbit": bandwidth_gbit,
         "partition_bytes": partition_bytes,
         "local_devices": local_devices,
+        "host_rates_bits_per_s": {str(m): r for m, r in sorted(host_rates.items())},
         "rows": rows,
     }
 
@@ -159,6 +179,11 @@ def format_table(report: dict) -> str:
         f"n = {report['workers']} workers, {report['bandwidth_gbit']:g} Gbit/s per NIC, "
         f"{_partition(report)}, {report['local_devices']} local device(s)"
     )
+    rated = report.get("host_rates_bits_per_s")
+    if rated:
+        header += "; machines at other rates: " + ", ".join(
+            f"{_machine(int(m), report['workers'])} {format_rate(r)}" for m, r in rated.items()
+        )
     cols = [
         "k",
         "chunks",
@@ -167,7 +192,7 @@ def format_table(report: dict) -> str:
         "colocated MiB each",
         "dedicated MiB each",
         "jbps ms",
-        "formula ms",
+        "optimum ms" if rated else "formula ms",
         "all-reduce ms",
         "PS ms",
         "all-reduce/jbps",
@@ -178,8 +203,8 @@ def format_table(report: dict) -> str:
             [
                 str(r["k"]),
                 str(r["chunks"]),
-                f"{r['x']:.4f}" if r["k"] else "-",
-                f"{r['y']:.4f}",
+                "-" if rated or not r["k"] else f"{r['x']:.4f}",
+                "-" if rated else f"{r['y']:.4f}",
                 _span(r["colocated_bytes"]),
                 _span(r["dedicated_bytes"]),
                 f"{r['jbps_s'] * 1e3:.2f}",
@@ -192,11 +217,21 @@ def format_table(report: dict) -> str:
     widths = [max(len(c), *(len(row[i]) for row in table)) for i, c in enumerate(cols)]
     lines = [header, "  ".join(c.rjust(w) for c, w in zip(cols, widths))]
     lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in table]
-    lines.append(
-        "jbps: busiest NIC under the plan's actual routing; formula: T = 2n(n-1)M / ((n^2+kn-2k)B) "
-        "(k <= n), max(M, nM/k)/B (k > n); x, y: byte share of each dedicated / colocated server"
-    )
+    if rated:
+        lines.append(
+            "jbps: the busiest NIC's time under the plan's routing; optimum: the least time on these links "
+            "(docs/design.md, links of different rates); all-reduce and PS wait for their slowest link"
+        )
+    else:
+        lines.append(
+            "jbps: busiest NIC under the plan's actual routing; formula: T = 2n(n-1)M / ((n^2+kn-2k)B) "
+            "(k <= n), max(M, nM/k)/B (k > n); x, y: byte share of each dedicated / colocated server"
+        )
     return "\n".join(lines)
+
+
+def _machine(m: int, workers: int) -> str:
+    return f"w{m}" if m < workers else f"s{m - workers}"
 
 
 def plot(report: dict, path: str):
@@ -261,13 +296,25 @@ def main(argv=None, prog: str | None = None) -> int:
         help="devices per worker: each tensor is split into this many shards (default 1)",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument(
+        "--rates",
+        default="",
+        help="machines whose NIC differs from --bandwidth: w<i>=RATE (worker machine i), s<j>=RATE (CPU machine j), "
+        "bits/s: e.g. s1=400M,w0=800M; the split and the times then follow each machine's rate",
+    )
     p.add_argument("--plot", metavar="PNG", help="draw time vs k into this file (needs matplotlib)")
     args = p.parse_args(argv)
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         p.error("--plot needs matplotlib, which is not installed (pip install matplotlib)")
     ks = args.cpu_servers if args.cpu_servers is not None else list(range(args.workers + 1))
     try:
-        report = plan_rows(args.model, args.workers, ks, args.bandwidth, args.partition_bytes, args.local_devices)
+        host_rates = parse_host_rates(args.rates, args.workers, max(ks))
+    except ValueError as exc:
+        p.error(f"--rates: {exc}")
+    try:
+        report = plan_rows(
+            args.model, args.workers, ks, args.bandwidth, args.partition_bytes, args.local_devices, host_rates
+        )
     except ValueError as exc:
         p.error(str(exc))
     print(json.dumps(report) if args.json else format_table(report))

@@ -123,6 +123,8 @@ def main():
     servers = list(jbps.runtime.config().servers)
     link = jbps.runtime.link_bytes_per_s()
     chunk_32mib = jbps.runtime.partition_bytes(32 << 20)  # the default chunk of a 32 MiB psum here
+    rates = jbps.runtime.server_rates()  # each server's link as init measured it, and the split it gave
+    fractions = list(jbps.runtime.server_fractions())
     jbps.shutdown()
     # One write per line: mpiexec interleaves ranks' output at write boundaries.
     sys.stdout.write(
@@ -137,6 +139,8 @@ def main():
                 "servers": servers,
                 "link_bytes_per_s": link,
                 "chunk_32mib": chunk_32mib,
+                "server_rates": None if rates is None else list(rates),
+                "server_fractions": fractions,
             }
         )
         + "\n"
