@@ -385,10 +385,12 @@ def link_check(net: EmulatedNetwork, hosts: int, seconds: float = LINK_CHECK_S) 
         rates = [float(p.communicate(timeout=30)[0] or 0) for p in sinks]
     finally:
         terminate(sinks + sources, 0.0, "link check")
+    # Host i receives from host i - 1: its cap is the slower of the two NICs.
+    shares = [r * 8 / min(net.rate_of(i), net.rate_of((i - 1) % hosts)) for i, r in enumerate(rates)]
     return {
         "hosts": hosts,
-        "share_of_cap_min": min(rates) * 8 / net.rate,
-        "share_of_cap_mean": sum(rates) / len(rates) * 8 / net.rate,
+        "share_of_cap_min": min(shares),
+        "share_of_cap_mean": sum(shares) / len(shares),
         "cpu_busy": cpu_load.between(before, after)["busy_share"],
     }
 

@@ -159,9 +159,14 @@ def server_rates(roles: Sequence[str], num_workers: int, link_bytes_per_s: float
 def fractions_for_rates(roles: Sequence[str], rates: Sequence[float], num_workers: int) -> list[float] | None:
     """The split for these measured rates (partition/rated_split.py), or None
     when they are all within SAME_RATE of each other: links alike, as far as
-    the probe can tell, so the formula's split stands."""
+    the probe can tell, so the formula's split stands. Rates within SAME_RATE
+    of the fastest count as the fastest's: the probe reads a link up to ~20%
+    low, and a worker machine's share moves with (its rate · tau - 1), far
+    more than its rate does, so only a link clearly slower keeps its reading."""
     from .partition.rated_split import rated_split
 
     if not rates or max(rates) <= SAME_RATE * min(rates):
         return None
-    return list(rated_split(roles, rates, num_workers).fractions)
+    fastest = max(rates)
+    snapped = [fastest if r * SAME_RATE >= fastest else r for r in rates]
+    return list(rated_split(roles, snapped, num_workers).fractions)

@@ -374,3 +374,16 @@ def test_plan_cli_follows_per_machine_rates(capsys):
     with pytest.raises(SystemExit):
         plan_main(["resnet50", "--workers", "4", "--cpu-servers", "2", "--rates", "s5=1G"])
     assert "names no machine" in capsys.readouterr().err
+
+
+def test_measured_rates_near_the_fastest_count_as_the_fastest():
+    from jbps.link_rate import fractions_for_rates
+    from jbps.partition.rated_split import rated_split
+
+    B = 125e6
+    roles = ["colocated"] * 4 + ["dedicated"] * 2
+    assert fractions_for_rates(roles, [B, 0.9 * B, B, B, 0.85 * B, B], 4) is None  # all alike: the formula
+    # One link clearly slow: it keeps its reading, the others' probe noise goes.
+    got = fractions_for_rates(roles, [B, 0.9 * B, B, B, B, 0.4 * B], 4)
+    want = rated_split(roles, [B] * 5 + [0.4 * B], 4).fractions
+    np.testing.assert_allclose(got, want, atol=1e-12)
