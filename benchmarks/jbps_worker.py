@@ -338,6 +338,7 @@ def main(argv=None):
     jbps.init()
     try:
         report = {"tool": TOOL, "workers": jbps.size(), "link_bytes_per_s": jbps.runtime.link_bytes_per_s()}
+        report["servers"] = list(jbps.runtime.config().servers)  # the order of engine_stats' per-server lists
         report["link_probes"] = list(jbps.link_rate.probes)  # (bytes, seconds) behind that rate
         rates = jbps.runtime.server_rates()  # each server's link as jbps.init measured it, and the split it led to
         report["server_rates_bytes_per_s"] = None if rates is None else list(rates)

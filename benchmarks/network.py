@@ -234,12 +234,18 @@ def bench_jbps(net: EmulatedNetwork, n: int, k: int, args, variant: dict) -> dic
     result = run_job(net, list(range(n)), list(range(n + k)), argv, env=env, timeout_s=args.timeout)
     report = parse_report(result.workers[0].stdout, "jbps worker 0")
     timing = report["results"][args.size]
-    received = {s["host"]: s["bytes_received"] for s in result.servers_by_address().values()}
+    by_address = result.servers_by_address()
+    received = {s["host"]: s["bytes_received"] for s in by_address.values()}
+    # What worker 0's psums pushed to each server (init's link probes left out): the split.
+    stats = report.get("engine_stats") or {"after": {"server_bytes_pushed": []}, "before": {"server_bytes_pushed": []}}
+    pushed = [a - b for a, b in zip(stats["after"]["server_bytes_pushed"], stats["before"]["server_bytes_pushed"])]
+    hosts = [by_address[a]["host"] if a in by_address else a for a in report.get("servers", [])]
     return {
         "median_s": timing["median_s"],
         "min_s": timing["min_s"],
         "iters": timing["iters"],
         "server_mib_received": {str(h): (b or 0) / 2**20 for h, b in sorted(received.items())},
+        "psum_mib_pushed": {str(h): float(b) / 2**20 for h, b in sorted(zip(hosts, pushed))},
         "engine_per_call": timing.get("engine_per_call", {}),
         "cpu": timing.get("cpu"),
         # What the defaults chose: the rate jbps.init measured, and the chunk it led to.
@@ -595,10 +601,17 @@ def format_table(doc: dict) -> str:
     )
     lines += cpu_lines
     lines.append("")
-    lines.append("Bytes each server received over the whole run (MiB, by host; hosts < n are worker hosts):")
+    lines.append(
+        "Bytes each server received over the whole run, init's link probes included "
+        "(MiB, by host; hosts < n are worker hosts):"
+    )
     for c in doc["cases"]:
         got = c["jbps"]["defaults"]["server_mib_received"]
         lines.append(f"  k = {c['k']}: " + ", ".join(f"host {h}: {mib:.0f}" for h, mib in got.items()))
+    lines.append("Bytes worker 0's psums pushed to each server (MiB, by host): the split")
+    for c in doc["cases"]:
+        got = c["jbps"]["defaults"].get("psum_mib_pushed", {})
+        lines.append(f"  k = {c['k']}: " + ", ".join(f"host {h}: {mib:.1f}" for h, mib in got.items()))
     lines.append("")
     lines.append("Targets (defaults):")
     for g in doc["goals"]:

@@ -222,6 +222,13 @@ class Job:
                     log.error(
                         "%s %s: jbps run is ending the job (%s exited with %d%s)", worker, what, name, code, stopping
                     )
+                elif self.causes:  # the worker that started it exited first: what the servers saw of it
+                    log.error(
+                        "%s %s: jbps run is ending the job%s",
+                        name,
+                        self.causes[0][1],
+                        f" ({stopping[2:]})" if others else "",
+                    )
                 else:
                     log.error(
                         "%s exited with %d: jbps run is ending the job%s",

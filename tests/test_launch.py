@@ -359,7 +359,8 @@ def test_jbps_run_names_the_worker_that_raised_not_the_one_it_ended():
     # goodbye carries the exception, so the servers end the job naming it,
     # and worker 0 (ended by the job's failure, or by jbps run) is blamed nowhere.
     # Worker 1 lingers before it exits, so worker 0 exits first: jbps run's
-    # summary still names worker 1 and its exception.
+    # summary still names worker 1 and its exception (as it does when worker 1
+    # exits first).
     env = base_env()
     proc, out, err = jbps_run(
         [
@@ -391,10 +392,12 @@ def test_jbps_run_names_the_worker_that_raised_not_the_one_it_ended():
     assert "jbps: worker 0 " not in err and "was lost" not in err, err[-3000:]
     summary = [line for line in err.splitlines() if line.startswith("[jbps.run]")]
     assert len(summary) == 1, err[-3000:]
-    assert summary[0].startswith(
+    # Worker 0 usually exits first; on a loaded machine worker 1 may still beat it.
+    head = (
         "[jbps.run] worker 1 left the job: it exited with an uncaught exception: ValueError: a bug in worker 1's own "
-        "code at step 20: jbps run is ending the job (worker 0 exited with 1"
-    ), summary
+        "code at step 20: jbps run is ending the job ("
+    )
+    assert summary[0].startswith(head + "worker 0 exited with 1") or summary[0] == head + "stopping worker 0)", summary
     # The cause said once per process that saw it: worker 1's traceback, one line per server,
     # worker 0's traceback, and jbps run's summary.
     said = [line for line in (out + err).splitlines() if "a bug in worker 1's own code at step 20" in line]

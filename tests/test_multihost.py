@@ -253,9 +253,9 @@ def test_a_server_on_a_slower_link_gets_the_share_its_rate_allows():
     # Two worker hosts and two CPU hosts, one of them at a third of the others'
     # rate: jbps.init measures every server's link, every worker reads the same
     # rates, and the bytes each server gets follow partition/rated_split.py for
-    # them: the slow one a third of the fast one's (an equal split would make
+    # them (link_rate.fractions_for_rates): the slow one a third of the fast one's (an equal split would make
     # every psum wait for it).
-    from jbps.partition.rated_split import rated_split
+    from jbps.link_rate import fractions_for_rates
 
     fast, slow = 300e6, 100e6  # bits/s
     with EmulatedNetwork(4, fast, host_rates={3: slow}) as net:
@@ -280,7 +280,7 @@ def test_a_server_on_a_slower_link_gets_the_share_its_rate_allows():
     # The probe reads a link up to 20-30% low; the slow link is a third of the others.
     assert 0.2 < by_host[3] / by_host[2] < 0.5, by_host
     fractions = reports[0]["server_fractions"]
-    want = rated_split(roles, rates, 2).fractions
+    want = fractions_for_rates(roles, rates, 2)  # rated_split.py's, rates near the fastest read as it
     np.testing.assert_allclose(fractions, want, rtol=1e-6)
     share = dict(zip(hosts, fractions))
     assert share[3] < 0.6 * share[2], share

@@ -186,7 +186,8 @@ def test_optimizer_state_holds_a_residual_per_compressed_leaf(session):
     state = tx.init(params)
     assert isinstance(state, jbps.optax.FeedbackState)
     shapes = jax.tree_util.tree_map(lambda r: r.shape, state.residuals)
-    assert shapes == {"kernel": (64, 32), "bias": (0,), "steps": (0,)}  # small and integer leaves travel as they are
+    # Small and integer leaves travel as they are: no residual (None, which a checkpoint skips).
+    assert shapes == {"kernel": (64, 32), "bias": None, "steps": None}
     grads = {
         "kernel": jnp.linspace(-1, 1, 64 * 32).reshape(64, 32),
         "bias": jnp.full(32, 0.5),
@@ -241,10 +242,9 @@ def test_multisteps_sends_each_real_steps_mean_through_onebit(session):
         acc = zeros
         for name in params:
             np.testing.assert_allclose(np.asarray(updates[name]), np.asarray(expected[name]), rtol=1e-5, atol=1e-6)
-            np.testing.assert_allclose(
-                np.asarray(ms_state.inner_opt_state.residuals[name]),
-                np.asarray(ref_state.residuals[name]),
-                rtol=1e-5,
-                atol=1e-6,
-            )
+            got, want = ms_state.inner_opt_state.residuals[name], ref_state.residuals[name]
+            if want is None:  # a leaf too small for onebit keeps no residual
+                assert got is None, name
+                continue
+            np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
     assert np.abs(np.asarray(ms_state.inner_opt_state.residuals["kernel"])).max() > 0.1  # onebit did lose something
