@@ -162,11 +162,12 @@ def fractions_for_rates(roles: Sequence[str], rates: Sequence[float], num_worker
     the probe can tell, so the formula's split stands. Rates within SAME_RATE
     of the fastest count as the fastest's: the probe reads a link up to ~20%
     low, and a worker machine's share moves with (its rate · tau - 1), far
-    more than its rate does, so only a link clearly slower keeps its reading."""
-    from .partition.rated_split import rated_split
+    more than its rate does, so only a link clearly slower keeps its reading.
+    A dedicated server too slow to save much is left out (worthwhile_split)."""
+    from .partition.rated_split import worthwhile_split
 
     if not rates or max(rates) <= SAME_RATE * min(rates):
         return None
     fastest = max(rates)
     snapped = [fastest if r * SAME_RATE >= fastest else r for r in rates]
-    return list(rated_split(roles, snapped, num_workers).fractions)
+    return list(worthwhile_split(roles, snapped, num_workers).fractions)

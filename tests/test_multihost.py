@@ -249,12 +249,13 @@ def test_a_worker_that_skips_the_link_probe_fails_the_others_init_saying_why(hos
         assert "JBPS_PARTITION_BYTES" in report["error"] and "timed out" in report["error"], report
 
 
-def test_a_server_on_a_slower_link_gets_the_share_its_rate_allows():
+def test_a_server_on_a_slower_link_that_saves_nothing_is_left_out():
     # Two worker hosts and two CPU hosts, one of them at a third of the others'
     # rate: jbps.init measures every server's link, every worker reads the same
-    # rates, and the bytes each server gets follow partition/rated_split.py for
-    # them (link_rate.fractions_for_rates): the slow one a third of the fast one's (an equal split would make
-    # every psum wait for it).
+    # rates, and the bytes each server gets follow link_rate.fractions_for_rates
+    # (partition/rated_split.py) for them. With two workers a CPU host saves
+    # nothing (each worker's NIC carries its whole gradient anyway), so the slow
+    # one gets no bytes and the fast one the share the rated split gives it.
     from jbps.link_rate import fractions_for_rates
 
     fast, slow = 300e6, 100e6  # bits/s
@@ -283,7 +284,7 @@ def test_a_server_on_a_slower_link_gets_the_share_its_rate_allows():
     want = fractions_for_rates(roles, rates, 2)  # rated_split.py's, rates near the fastest read as it
     np.testing.assert_allclose(fractions, want, rtol=1e-6)
     share = dict(zip(hosts, fractions))
-    assert share[3] < 0.6 * share[2], share
+    assert share[3] == 0 and share[2] > 0.3, share
     # And the bytes the workers pushed follow those shares (the psums', not init's probes).
     pushed = np.array([r["stats"]["server_bytes_pushed"] for r in reports]) - np.array(
         [r["stats_at_init"]["server_bytes_pushed"] for r in reports]

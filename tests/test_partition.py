@@ -364,13 +364,18 @@ def test_rated_split_and_host_rates_refuse_bad_input_in_one_line():
 
 
 def test_plan_cli_follows_per_machine_rates(capsys):
-    plan_main(["resnet50", "--workers", "4", "--cpu-servers", "2", "--bandwidth", "1", "--rates", "s1=400M", "--json"])
-    rated = json.loads(capsys.readouterr().out)
-    plan_main(["resnet50", "--workers", "4", "--cpu-servers", "2", "--bandwidth", "1", "--json"])
-    equal = json.loads(capsys.readouterr().out)
-    (r,), (e,) = rated["rows"], equal["rows"]
-    assert r["formula_s"] > e["formula_s"] and r["jbps_s"] <= r["formula_s"] * 1.05
-    assert r["dedicated_bytes"][1] < 0.5 * r["dedicated_bytes"][0]  # the slow machine gets less
+    def rows(*rates):
+        plan_main(["resnet50", "--workers", "4", "--cpu-servers", "2", "--bandwidth", "1", "--json", *rates])
+        (row,) = json.loads(capsys.readouterr().out)["rows"]
+        return row
+
+    equal, kept, left_out = rows(), rows("--rates", "s1=800M"), rows("--rates", "s1=400M")
+    assert equal["formula_s"] < kept["formula_s"] < left_out["formula_s"]
+    assert kept["jbps_s"] <= kept["formula_s"] * 1.05
+    assert kept["dedicated_bytes"][1] < 0.85 * kept["dedicated_bytes"][0]  # the slower machine gets less
+    # At 400 Mbit/s it would save 4%: it gets nothing, and the plan is the k = 1 formula's.
+    assert left_out["dedicated_bytes"][1] == 0
+    assert left_out["jbps_s"] == pytest.approx(optimal_split(4, 1).time_s(left_out["model_bytes"], 125e6), rel=0.01)
     with pytest.raises(SystemExit):
         plan_main(["resnet50", "--workers", "4", "--cpu-servers", "2", "--rates", "s5=1G"])
     assert "names no machine" in capsys.readouterr().err
@@ -381,9 +386,36 @@ def test_measured_rates_near_the_fastest_count_as_the_fastest():
     from jbps.partition.rated_split import rated_split
 
     B = 125e6
-    roles = ["colocated"] * 4 + ["dedicated"] * 2
-    assert fractions_for_rates(roles, [B, 0.9 * B, B, B, 0.85 * B, B], 4) is None  # all alike: the formula
-    # One link clearly slow: it keeps its reading, the others' probe noise goes.
-    got = fractions_for_rates(roles, [B, 0.9 * B, B, B, B, 0.4 * B], 4)
-    want = rated_split(roles, [B] * 5 + [0.4 * B], 4).fractions
+    roles = ["colocated"] * 4 + ["dedicated"] * 4
+    assert fractions_for_rates(roles, [B, 0.9 * B, B, B, 0.85 * B, B, B, B], 4) is None  # all alike: the formula
+    # Two links clearly slow: they keep their reading, the others' probe noise goes.
+    got = fractions_for_rates(roles, [B, 0.9 * B, B, B, B, 0.8 * B, 0.5 * B, 0.5 * B], 4)
+    want = rated_split(roles, [B] * 6 + [0.5 * B] * 2, 4).fractions
     np.testing.assert_allclose(got, want, atol=1e-12)
+
+
+def test_slower_cpu_machines_that_save_little_are_left_out():
+    from jbps.partition.rated_split import MIN_GAIN, rated_split, worthwhile_split
+    from jbps.partition.split import optimal_split
+
+    B, M = 125e6, 32 << 20
+    roles = ["colocated"] * 4 + ["dedicated"] * 2
+    # One CPU machine at 400 of 1,000 Mbit/s beside one at full rate saves 4% in the
+    # formula: it is left out, and the split is k = 1's (split.py's formula).
+    split = worthwhile_split(roles, [B] * 5 + [0.4 * B], 4)
+    np.testing.assert_allclose(split.fractions, server_fractions(roles[:5], 4) + [0.0], atol=1e-9)
+    assert split.time_s(M) == pytest.approx(optimal_split(4, 1).time_s(M, B), rel=1e-9)
+    # At 800 Mbit/s it saves more than MIN_GAIN: it is used, at its rate's share.
+    rates = [B] * 5 + [0.8 * B]
+    split = worthwhile_split(roles, rates, 4)
+    assert split == rated_split(roles, rates, 4) and split.fractions[5] > 0
+    assert split.time_s(M) < (1 - MIN_GAIN) * optimal_split(4, 1).time_s(M, B)
+    # The slower machines count together: four at half rate save 20%, and are kept.
+    four = ["colocated"] * 4 + ["dedicated"] * 4
+    split = worthwhile_split(four, [B] * 4 + [0.5 * B] * 4, 4)
+    assert min(split.fractions[4:]) > 0
+    # With two workers a CPU machine saves nothing (each worker's NIC carries its whole
+    # gradient anyway): a slower one is left out.
+    two = ["colocated"] * 2 + ["dedicated"] * 2
+    split = worthwhile_split(two, [B, B, B, 0.3 * B], 2)
+    assert split.fractions[3] == 0 and split.time_s(M) == pytest.approx(M / B)

@@ -27,7 +27,7 @@ from . import defaults
 from .assign import COLOCATED, DEDICATED, server_fractions
 from .models import BUILTIN_MODELS, builtin_model, load_model_spec
 from .plan import make_plan
-from .rated_split import parse_host_rates, rated_split
+from .rated_split import parse_host_rates, rated_split, worthwhile_split
 from .split import allreduce_time_s, optimal_split
 from .traffic import nic_bytes, standard_placement
 from ..sizes import format_bytes, format_rate, parse_bytes
@@ -97,7 +97,7 @@ def plan_rows(
         roles = [COLOCATED] * workers + [DEDICATED] * k
         rates = [host_rates.get(m, bandwidth * 8) / 8 for m in range(workers + k)]  # bytes/s, machine by machine
         rated = any(r != bandwidth for r in rates)
-        fractions = rated_split(roles, rates, workers).fractions if rated else server_fractions(roles, workers)
+        fractions = worthwhile_split(roles, rates, workers).fractions if rated else server_fractions(roles, workers)
         chunk = partition_bytes or defaults.partition_bytes(
             tree_bytes, fractions, across_hosts=True, link_bytes_per_s=bandwidth
         )
