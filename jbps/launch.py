@@ -222,7 +222,8 @@ class Job:
                     log.error(
                         "%s %s: jbps run is ending the job (%s exited with %d%s)", worker, what, name, code, stopping
                     )
-                elif self.causes:  # the worker that started it exited first: what the servers saw of it
+                elif self.causes and self.causes[0][1].startswith("left the job"):
+                    # The worker whose own exception started it exited first: that exception, not its code.
                     log.error(
                         "%s %s: jbps run is ending the job%s",
                         name,
