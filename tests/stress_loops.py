@@ -7,7 +7,8 @@ jobs (`jbps run`), and counts the jobs that fail or stall.
 Each job is one configuration of (workers, local devices) from the test's list,
 every API and kind of step; a job that does not end within --job-timeout is
 ended (its process group, by PID) and counted as stalled. Prints a line per
-failure, then a table per configuration and one JSON line.
+job (with the output's last lines for a failure), then a table per
+configuration and one JSON line.
 """
 
 from __future__ import annotations
@@ -67,8 +68,10 @@ def main() -> int:
         outcome, took, tail = run_job(w, d, args)
         tally[(w, d)][outcome] += 1
         seconds[(w, d)] += took
+        # A line per job, so a run cut short still says how far it got.
+        print(f"job {i + 1}/{args.runs} ({w} workers x {d} devices): {outcome} after {took:.0f} s", flush=True)
         if outcome != "ok":
-            print(f"job {i + 1} ({w} workers x {d} devices): {outcome} after {took:.0f} s\n{tail}\n", flush=True)
+            print(f"{tail}\n", flush=True)
     print(f"{'workers x devices':>18} {'jobs':>5} {'ok':>5} {'failed':>7} {'stalled':>8} {'s/job':>6}")
     for (w, d), c in sorted(tally.items()):
         jobs = sum(c.values())
