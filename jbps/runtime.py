@@ -157,6 +157,9 @@ def init(**overrides) -> Session:
                     rated = link_rate.fractions_for_rates(roles, _server_rates, config.num_workers)
                     if rated is not None:
                         _fractions = tuple(rated)
+                        # The chunks fit the slowest link that carries any: the busiest-link
+                        # probe ran on the equal split, where a server now left out set the pace.
+                        _link_rate = min(r for r, f in zip(_server_rates, _fractions) if f > 0)
                         if not credit_given:
                             credit = defaults.credit(_fractions, across)
                             _core.engine_set_credit(credit)
@@ -308,8 +311,10 @@ def partition_bytes(call_bytes: int) -> int:
 
 
 def link_bytes_per_s() -> float | None:
-    """The busiest link's rate jbps.init measured (link_rate.py), the same on
-    every worker; None on one host or with JBPS_PARTITION_BYTES set."""
+    """The link rate the default chunks are sized for, the same on every
+    worker: the busiest link's as jbps.init measured it (link_rate.py), or,
+    where servers on slower links get less, the slowest rate among the servers
+    that get bytes; None on one host or with JBPS_PARTITION_BYTES set."""
     config()
     return _link_rate
 
