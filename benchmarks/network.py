@@ -237,7 +237,7 @@ def bench_jbps(net: EmulatedNetwork, n: int, k: int, args, variant: dict) -> dic
     by_address = result.servers_by_address()
     received = {s["host"]: s["bytes_received"] for s in by_address.values()}
     # What worker 0's psums pushed to each server (init's link probes left out): the split.
-    stats = report.get("engine_stats") or {"after": {"server_bytes_pushed": []}, "before": {"server_bytes_pushed": []}}
+    stats = report["engine_stats"]  # jbps_worker always reports them
     pushed = [a - b for a, b in zip(stats["after"]["server_bytes_pushed"], stats["before"]["server_bytes_pushed"])]
     hosts = [by_address[a]["host"] if a in by_address else a for a in report.get("servers", [])]
     return {

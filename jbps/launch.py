@@ -216,27 +216,19 @@ class Job:
                 while not self.causes and time.monotonic() < settle:
                     time.sleep(0.02)
                 others = [n for n, p in self.children if n != name and p.poll() is None]
-                stopping = f", stopping {', '.join(others)}" if others else ""
-                if self.causes and self.causes[0][0] != name:  # another worker's failure ended this one
-                    worker, what = self.causes[0]
-                    log.error(
-                        "%s %s: jbps run is ending the job (%s exited with %d%s)", worker, what, name, code, stopping
+                stopping = f"stopping {', '.join(others)}" if others else ""
+                cause = self.causes[0] if self.causes else None
+                if cause and cause[0] != name:  # another worker's failure ended this one
+                    why, ending = (
+                        f"{cause[0]} {cause[1]}",
+                        f"{name} exited with {code}" + (f", {stopping}" if others else ""),
                     )
-                elif self.causes and self.causes[0][1].startswith("left the job"):
+                elif cause and cause[1].startswith("left the job"):
                     # The worker whose own exception started it exited first: that exception, not its code.
-                    log.error(
-                        "%s %s: jbps run is ending the job%s",
-                        name,
-                        self.causes[0][1],
-                        f" ({stopping[2:]})" if others else "",
-                    )
+                    why, ending = f"{name} {cause[1]}", stopping
                 else:
-                    log.error(
-                        "%s exited with %d: jbps run is ending the job%s",
-                        name,
-                        code,
-                        f" ({stopping[2:]})" if others else "",
-                    )
+                    why, ending = f"{name} exited with {code}", stopping
+                log.error("%s: jbps run is ending the job%s", why, f" ({ending})" if ending else "")
                 return code if code > 0 else 128 - code  # killed by a signal: 128 + its number
             succeeded.add(name)
             if len(succeeded) == len(self.children):

@@ -140,10 +140,8 @@ def init(**overrides) -> Session:
         _fractions = tuple(_fractions_for_roles(roles, config.num_workers))
         _spans_hosts = across
         credit_given = config.scheduling_credit is not None
-        if config.scheduling_credit is None:
-            credit = defaults.credit(_fractions, across)
-            _core.engine_set_credit(credit)
-            config = dataclasses.replace(config, scheduling_credit=credit)
+        credit = config.scheduling_credit if credit_given else _set_default_credit(_fractions, across)
+        config = dataclasses.replace(config, scheduling_credit=credit)
         _link_rate, _server_rates = None, None
         if across and config.partition_bytes is None:
             # The default chunks fit the link (partition/defaults.py): measure it,
@@ -161,9 +159,9 @@ def init(**overrides) -> Session:
                         # probe ran on the equal split, where a server now left out set the pace.
                         _link_rate = min(r for r, f in zip(_server_rates, _fractions) if f > 0)
                         if not credit_given:
-                            credit = defaults.credit(_fractions, across)
-                            _core.engine_set_credit(credit)
-                            config = dataclasses.replace(config, scheduling_credit=credit)
+                            config = dataclasses.replace(
+                                config, scheduling_credit=_set_default_credit(_fractions, across)
+                            )
             except BaseException as exc:  # a failed probe, or Ctrl-C: nothing left running
                 # The servers hear why, unless the job's fault (another's) is the cause.
                 _core.engine_stop("" if _core.engine_fault() else f"its link probe at jbps.init failed: {exc}")
@@ -180,6 +178,13 @@ def init(**overrides) -> Session:
             atexit.register(_shutdown_at_exit)
             _atexit_registered = True
         return Session(config)
+
+
+def _set_default_credit(fractions, across: bool) -> int:
+    """The engine's window for this split (partition/defaults.py), set; returned."""
+    credit = defaults.credit(fractions, across)
+    _core.engine_set_credit(credit)
+    return credit
 
 
 def shutdown() -> None:
