@@ -58,6 +58,28 @@ def test_float64_under_x64(session):
         jax.config.update("jax_enable_x64", False)
 
 
+@pytest.mark.parametrize("dtype", [np.complex64, np.complex128])
+def test_complex_leaves_sum_real_and_imaginary_parts_as_numpy(session, dtype):
+    x64 = dtype == np.complex128
+    jax.config.update("jax_enable_x64", x64)
+    try:
+        rng = np.random.default_rng(5)
+        x = (rng.standard_normal((L, 3, 5)) + 1j * rng.standard_normal((L, 3, 5))).astype(dtype)
+        out = jax.pmap(lambda t: jbps.psum(t, "i"), axis_name="i")(x)
+        assert out.dtype == dtype and out.shape == x.shape
+        np.testing.assert_allclose(np.asarray(out[1]), device_sum(x), rtol=1e-12 if x64 else 1e-5)
+    finally:
+        jax.config.update("jax_enable_x64", False)
+
+
+def test_bools_are_counted_as_lax_psum_counts_them(session):
+    x = np.random.default_rng(6).integers(0, 2, size=(L, 7)).astype(bool)
+    total, mean = jax.pmap(lambda t: (jbps.psum(t, "i"), jbps.pmean(t, "i")), axis_name="i")(x)
+    assert total.dtype == np.int32 and mean.dtype == np.float32
+    np.testing.assert_array_equal(np.asarray(total[0]), x.sum(axis=0))
+    np.testing.assert_allclose(np.asarray(mean[0]), x.mean(axis=0), rtol=1e-6)
+
+
 def test_empty_leaves_and_empty_tree(session):
     tree = {"e": jnp.zeros((L, 0, 3)), "x": jnp.ones((L, 2))}
     out = jax.pmap(lambda t: jbps.psum(t, "i"), axis_name="i")(tree)

@@ -18,7 +18,7 @@ from .. import runtime
 from ..partition import check_dtypes, resolve_priorities
 from ..partition.priority import Priority
 from . import compression as wire
-from . import onebit
+from . import lax_dtypes, onebit
 from .psum_primitive import PsumSpec, bind
 
 AxisName = Hashable
@@ -133,8 +133,12 @@ def _psum(tree, residuals, axis_name, *, average, name, priority, bucket_bytes, 
         return tree, residuals
     paths = tuple(jax.tree_util.keystr(p) for p, _ in path_leaves)
     leaves = tuple(jnp.asarray(x) for _, x in path_leaves)
-    check_dtypes(paths, [x.dtype for x in leaves], "jbps.psum")
+    dtypes = [x.dtype for x in leaves]
+    check_dtypes(paths, dtypes, "jbps.psum", also=lax_dtypes.CONVERTED)
     priorities = resolve_priorities(paths, leaves, priority)
+    if wire.stateful(compression) and (path := lax_dtypes.complex_leaf(paths, dtypes)) is not None:
+        raise TypeError(f"jbps.psum: leaf {path} is complex, which {compression} compression cannot carry")
+    leaves = tuple(lax_dtypes.to_wire(x) for x in leaves)  # bool and complex as lax.psum sums them
     axes = _normalize_axes(axis_name)
     count = _axis_size(axes or ())
     name = name if name is not None else runtime.next_auto_name("psum")
@@ -159,6 +163,7 @@ def _psum(tree, residuals, axis_name, *, average, name, priority, bucket_bytes, 
         new_residuals = jax.tree_util.tree_unflatten(treedef, kept)
     else:
         out = wire.decompress(bind(wire.compress(leaves, compression), spec), leaves)
+    out = [lax_dtypes.from_wire(x, dtype) for x, dtype in zip(out, dtypes)]
     if average:
         out = [x / (count * runtime.size()) for x in out]
     return jax.tree_util.tree_unflatten(treedef, out), new_residuals

@@ -127,11 +127,13 @@ def tree_description(
     return text
 
 
-def check_dtypes(paths: Sequence[str], dtypes: Sequence[np.dtype], what: str) -> None:
-    """TypeError naming the first leaf whose dtype jbps cannot sum."""
+def check_dtypes(paths: Sequence[str], dtypes: Sequence[np.dtype], what: str, also: Sequence[np.dtype] = ()) -> None:
+    """TypeError naming the first leaf whose dtype jbps cannot sum (the
+    servers' dtypes, and `also`: those the caller turns into them)."""
+    accepted = SUPPORTED_DTYPES + tuple(np.dtype(d) for d in also)
     for path, dtype in zip(paths, dtypes):
-        if np.dtype(dtype) not in SUPPORTED_DTYPES:
-            names = ", ".join(d.name for d in SUPPORTED_DTYPES)
+        if np.dtype(dtype) not in accepted:
+            names = ", ".join(d.name for d in accepted)
             raise TypeError(
                 f"{what}: leaf {path or '<root>'} has dtype {np.dtype(dtype).name}, "
                 f"which jbps cannot sum (supported: {names})"

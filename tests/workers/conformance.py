@@ -35,6 +35,7 @@ from jax import lax
 from jax.sharding import Mesh, PartitionSpec as P
 
 import jbps
+from jbps.ops.psum import psum_with_feedback
 
 shard_map = getattr(jax, "shard_map", None)
 if shard_map is None:
@@ -360,6 +361,30 @@ def cases():
             P(None, "b"),
             lambda psum, v: psum(v, "a"),
             lambda rng, w: (ints(rng, (2, 6), np.int32),),
+        ),
+        ShardMapCase(
+            "shard_map 2-D complex64 over a",
+            MESH_2D,
+            (P("a", "b"),),
+            P(None, "b"),
+            lambda psum, v: psum(v, "a"),
+            lambda rng, w: ((ints(rng, (2, 6)) + 1j * ints(rng, (2, 6))).astype(np.complex64),),
+        ),
+        ShardMapCase(
+            "shard_map 2-D bool over (a, b) counts the Trues",
+            MESH_2D,
+            (P("a", "b"),),
+            P(),
+            lambda psum, v: psum(v, ("a", "b")),
+            lambda rng, w: (rng.integers(0, 2, size=(2, 6)).astype(bool),),
+        ),
+        ShardMapCase(
+            "shard_map 2-D pmean of bools over a",
+            MESH_2D,
+            (P("a", "b"),),
+            P(None, "b"),
+            lambda psum, v: psum(v, "a", average=True),
+            lambda rng, w: (rng.integers(0, 2, size=(2, 6)).astype(bool),),
         ),
         ShardMapCase(
             "shard_map 2-D grad through psum over a",
@@ -688,18 +713,18 @@ def cases():
             no_axis + ("(mapped axes: 'a', 'b')",),
         ),
         Refusal(
-            "complex leaves are refused, naming the leaf",
-            lambda job: jax.jit(lambda t: jbps.psum(t))({"z": np.ones(3, np.complex64)}),
-            TypeError,
-            ("['z']", "complex64"),
-        ),
-        Refusal(
-            "bool leaves are refused, naming the leaf",
+            "int8 leaves are refused, naming the leaf and its dtype",
             lambda job: jax.pmap(lambda t: jbps.psum(t, "i"), axis_name="i", devices=devices2(job))(
-                {"m": np.ones((2, 3), bool)}
+                {"m": np.ones((2, 3), np.int8)}
             ),
             TypeError,
-            ("['m']", "bool"),
+            ("['m']", "int8"),
+        ),
+        Refusal(
+            "complex leaves with onebit compression are refused, naming the leaf",
+            lambda job: jax.jit(lambda t: psum_with_feedback(t, {"z": None}))({"z": np.ones(3, np.complex64)}),
+            TypeError,
+            ("['z']", "complex", "onebit"),
         ),
     ]
     return out
