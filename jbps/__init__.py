@@ -14,6 +14,7 @@ from .errors import JbpsError, is_jbps_error
 from . import errors, partition
 from .ops import broadcast, broadcast_parameters, pmean, psum
 from .partition import forward_order, optimal_split
+from .data_parallel import value_and_grad
 from .runtime import (
     Session,
     check,
@@ -60,6 +61,7 @@ __all__ = [
     "rank",
     "shutdown",
     "size",
+    "value_and_grad",
 ]
 
 
