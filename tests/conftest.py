@@ -1,7 +1,9 @@
 """Shared fixtures. In-process tests get 4 host devices and a real summation
 server running on threads of the test process (real sockets on loopback)."""
 
+import json
 import os
+import re
 import sys
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
@@ -66,6 +68,33 @@ def last_json(text):
     report = last_json_line(text)
     assert report is not None, f"no JSON line in output:\n{text[-2000:]}"
     return report
+
+
+def case_reports(stdout):
+    """{case: report} from the JSON lines a case-by-case worker prints ({"case", "ok", "detail"})."""
+    found = {}
+    for line in stdout.splitlines():
+        if line.startswith("{"):
+            report = json.loads(line)
+            found[report["case"]] = report
+    return found
+
+
+def worker_outputs(out, workers):
+    """Each worker's lines of `jbps run`'s output, whose lines say their process ("[worker N] ...")."""
+    by_rank = {rank: [] for rank in range(workers)}
+    for line in out.splitlines():
+        m = re.match(r"\[worker (\d+)\] (.*)", line)
+        if m and int(m.group(1)) in by_rank:
+            by_rank[int(m.group(1))].append(m.group(2))
+    return ["\n".join(lines) for lines in by_rank.values()]
+
+
+def check_case(workers, case):
+    """Every worker, given as (case_reports, exit code, stderr), reported `case` as ok."""
+    for rank, (found, returncode, stderr) in enumerate(workers):
+        assert case in found, f"worker {rank} (exit {returncode}) did not report {case!r}:\n{stderr[-4000:]}"
+        assert found[case]["ok"], f"worker {rank}: {found[case]['detail']}"
 
 
 def check_results(results, rounds):

@@ -4,9 +4,6 @@ does in one process on the whole batch (tests/workers/data_parallel_train.py:
 explicit sharding under jax.set_mesh), pushing each worker's gradients once,
 not once per device; and its refusals, each naming what is at fault."""
 
-import json
-import re
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,50 +11,35 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import jbps
-from conftest import worker_script
+from conftest import case_reports, check_case, worker_outputs, worker_script
 from test_launch import PYTHON, base_env, jbps_run, run
 
 SCRIPT = worker_script("data_parallel_train.py")
 CASES = ["1d", "2d", "2dx"]
 
 
-def reports(lines):
-    return {r["case"]: r for r in (json.loads(line) for line in lines if line.startswith("{"))}
-
-
 @pytest.fixture(scope="module")
 def alone():
     env = base_env(XLA_FLAGS="--xla_force_host_platform_device_count=4", JBPS_TIMEOUT_S="60")
     proc, out, err = run([PYTHON, SCRIPT], env, timeout=300)
-    return [(reports(out.splitlines()), proc.returncode, err)]
+    return [(case_reports(out), proc.returncode, err)]
 
 
 @pytest.fixture(scope="module")
 def two_workers():
     env = base_env(JBPS_TIMEOUT_S="60")
     proc, out, err = jbps_run(["-n", "2", "--servers", "2", "--local-devices", "8", PYTHON, SCRIPT], env, timeout=300)
-    by_rank = {0: [], 1: []}
-    for line in out.splitlines():
-        m = re.match(r"\[worker (\d)\] (.*)", line)
-        if m:
-            by_rank[int(m.group(1))].append(m.group(2))
-    return [(reports(lines), proc.returncode, err) for lines in by_rank.values()]
-
-
-def check(workers, case):
-    for rank, (found, returncode, stderr) in enumerate(workers):
-        assert case in found, f"worker {rank} (exit {returncode}) did not report {case}:\n{stderr[-4000:]}"
-        assert found[case]["ok"], f"worker {rank}: {found[case]['detail']}"
+    return [(case_reports(lines), proc.returncode, err) for lines in worker_outputs(out, 2)]
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_one_worker_trains_as_one_process_on_the_whole_batch(alone, case):
-    check(alone, case)
+    check_case(alone, case)
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_two_workers_train_as_one_process_on_the_whole_batch(two_workers, case):
-    check(two_workers, case)
+    check_case(two_workers, case)
 
 
 def loss(params, x):

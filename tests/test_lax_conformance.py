@@ -5,12 +5,9 @@ scan, cond, donation, and the refusals. Once with one worker alone (a plain
 each job runs every case once, and each case is a test of its own here."""
 
 import importlib.util
-import json
-import re
-
 import pytest
 
-from conftest import worker_script
+from conftest import case_reports, check_case, worker_outputs, worker_script
 from test_launch import PYTHON, base_env, jbps_run, run
 
 SCRIPT = worker_script("conformance.py")
@@ -22,21 +19,11 @@ CASES = [case.name for case in _module.cases()]
 DEVICES_PER_WORKER = 8
 
 
-def reports(stdout):
-    """{case: report} from a worker's JSON lines."""
-    found = {}
-    for line in stdout.splitlines():
-        if line.startswith("{"):
-            report = json.loads(line)
-            found[report["case"]] = report
-    return found
-
-
 @pytest.fixture(scope="module")
 def alone():
     env = base_env(XLA_FLAGS=f"--xla_force_host_platform_device_count={DEVICES_PER_WORKER}", JBPS_TIMEOUT_S="60")
     proc, out, err = run([PYTHON, SCRIPT], env, timeout=600)
-    return [(reports(out), proc.returncode, err)]
+    return [(case_reports(out), proc.returncode, err)]
 
 
 @pytest.fixture(scope="module")
@@ -45,28 +32,17 @@ def two_workers():
     env = base_env(JBPS_TIMEOUT_S="60")
     args = ["-n", "2", "--servers", "2", "--local-devices", str(2 * DEVICES_PER_WORKER), PYTHON, SCRIPT]
     proc, out, err = jbps_run(args, env, timeout=600)
-    by_rank = {0: [], 1: []}
-    for line in out.splitlines():
-        m = re.match(r"\[worker (\d)\] (.*)", line)
-        if m:
-            by_rank[int(m.group(1))].append(m.group(2))
-    return [(reports("\n".join(lines)), proc.returncode, err) for lines in by_rank.values()]
-
-
-def check(workers, case):
-    for rank, (found, returncode, stderr) in enumerate(workers):
-        assert case in found, f"worker {rank} (exit {returncode}) did not report this case:\n{stderr[-4000:]}"
-        assert found[case]["ok"], f"worker {rank}: {found[case]['detail']}"
+    return [(case_reports(lines), proc.returncode, err) for lines in worker_outputs(out, 2)]
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_one_worker_alone_agrees_with_lax(alone, case):
-    check(alone, case)
+    check_case(alone, case)
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_two_workers_agree_with_lax_over_both(two_workers, case):
-    check(two_workers, case)
+    check_case(two_workers, case)
 
 
 def test_every_case_has_a_distinct_name():  # reports are keyed by name
