@@ -109,19 +109,27 @@ def value_and_grad(
             placed.append(jax.tree_util.tree_map(lambda x: jax.reshard(x, target), arg) if explicit else arg)
         args = tuple(placed)
 
-        # Mesh axes besides the data axis (model, tensor): each of their devices pushes a slice.
+        # Mesh axes besides the data axis (model, tensor): their devices hold the same gradient.
         others = tuple(n for n in names if n != axis_name and dict(the_mesh.shape)[n] > 1)
+        if not others:
 
-        def body(*local):
-            result = grad_fn(*local)
-            if not others:
-                return pmean(result, axis_name, **psum_options)
-            spread = partial(_pmean_in_slices, axis_name=axis_name, others=others, options=psum_options)
-            # Nested, shard_map wants the mesh as the outer one left it (its data axis manual).
-            inner = getattr(jax.sharding, "get_abstract_mesh", lambda: the_mesh)()
-            return _manual(spread, inner, (P(),), P(), others)(result)
+            def body(*local):
+                return pmean(grad_fn(*local), axis_name, **psum_options)
 
-        value, grads = _manual(body, the_mesh, tuple(specs), P(), (axis_name,))(*args)
+            value, grads = _manual(body, the_mesh, tuple(specs), P(), (axis_name,))(*args)
+        else:
+            # The mean over the machine's data devices first (XLA's own), then the workers' in
+            # slices: each device of the mesh pushes 1/m of every leaf, so the servers get the
+            # gradient once, not once per device along the other axes.
+            def local_mean(*local):
+                return lax.pmean(grad_fn(*local), axis_name)
+
+            result = _manual(local_mean, the_mesh, tuple(specs), P(), (axis_name,))(*args)
+            if explicit:  # typed as split over the other axes: gathered whole first, as the slicing wants
+                whole = P() if mesh is None else NamedSharding(the_mesh, P())
+                result = jax.tree_util.tree_map(lambda x: jax.reshard(x, whole), result)
+            spread = partial(_pmean_in_slices, axes=names, options=psum_options)
+            value, grads = _manual(spread, the_mesh, (P(),), P(), names)(result)
         if explicit:  # typed shardings: each gradient comes back placed as its parameter is
             params = args[nums[0]] if len(nums) == 1 else tuple(args[n] for n in nums)
             grads = jax.tree_util.tree_map(lambda g, p: jax.reshard(g, jax.typeof(p).sharding), grads, params)
@@ -173,21 +181,20 @@ def _manual(f: Callable, mesh: Any, in_specs: tuple, out_specs: Any, axes: tuple
     return shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, **manual, **{_CHECK: False})
 
 
-def _pmean_in_slices(tree: Any, *, axis_name: Hashable, others: tuple, options: dict) -> Any:
-    """pmean of a tree every device along `others` holds whole: each device pushes its
-    1/m of every leaf (its own keys: jbps.psum sums the positions along unnamed
-    axes apart), and an all-gather over `others`, on the machine, puts the leaves
-    back together. Without it every device along them would push the whole tree."""
+def _pmean_in_slices(tree: Any, *, axes: tuple, options: dict) -> Any:
+    """The mean over the workers of a tree every device of the mesh (manual over
+    `axes`, all of them) holds whole: each device pushes its 1/m of every leaf
+    (jbps.pmean with axis_name=(): the devices sum apart, each on keys of its
+    own), and an all-gather over the mesh, on the machine, puts them together."""
     leaves, treedef = jax.tree_util.tree_flatten(tree)
-    m = lax.psum(1, others)  # a Python int: the devices along `others`
-    index = lax.axis_index(others)
-    pieces, sizes = [], []
+    m = lax.psum(1, axes)  # a Python int: the mesh's devices
+    index = lax.axis_index(axes)
+    pieces = []
     for x in leaves:
         flat = jnp.asarray(x).reshape(-1)
         per = -(-flat.size // m)
         flat = jnp.pad(flat, (0, per * m - flat.size))
         pieces.append(lax.dynamic_slice_in_dim(flat, index * per, per))
-        sizes.append(flat.size)
-    summed = jax.tree_util.tree_leaves(pmean(jax.tree_util.tree_unflatten(treedef, pieces), axis_name, **options))
-    out = [lax.all_gather(s, others, tiled=True)[: jnp.size(x)].reshape(jnp.shape(x)) for s, x in zip(summed, leaves)]
+    summed = jax.tree_util.tree_leaves(pmean(jax.tree_util.tree_unflatten(treedef, pieces), (), **options))
+    out = [lax.all_gather(s, axes, tiled=True)[: jnp.size(x)].reshape(jnp.shape(x)) for s, x in zip(summed, leaves)]
     return jax.tree_util.tree_unflatten(treedef, out)
