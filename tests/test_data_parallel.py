@@ -28,7 +28,7 @@ def alone():
 @pytest.fixture(scope="module")
 def two_workers():
     env = base_env(JBPS_TIMEOUT_S="60")
-    proc, out, err = jbps_run(["-n", "2", "--servers", "2", "--local-devices", "8", PYTHON, SCRIPT], env, timeout=300)
+    proc, out, err = jbps_run(["-n", "2", "--servers", "2", "--local-devices", "4", PYTHON, SCRIPT], env, timeout=300)
     return [(case_reports(lines), proc.returncode, err) for lines in worker_outputs(out, 2)]
 
 

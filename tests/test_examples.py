@@ -2,11 +2,17 @@
 `jbps run -n 2` (it must reach 95% test accuracy, 97% with onebit
 compression and SGD over 20 epochs), the transformer alone (a
 plain `python`, no launcher), the ResNet under mpirun, the 2-D mesh under
-`jbps run -n 2 --local-devices 4` (it must equal a one-process run). Small
+`jbps run -n 2 --local-devices 4` (it must equal a one-process run), the
+nnx program written with jit and a mesh under `jbps run -n 2 --local-devices 2`
+(95% too). Small
 settings keep them quick; every process is checked gone afterwards."""
 
 import os
 import re
+from importlib.metadata import version
+
+import jax
+import pytest
 
 from leftovers import assert_nothing_left
 from test_launch import MPIEXEC, PYTHON, base_env, needs_mpi, run
@@ -104,6 +110,21 @@ def test_mesh_example_equals_one_process_with_two_workers():
         assert re.search(rf"\[worker {rank}\] worker {rank}: parameters vs one process .* \(match\)", out), out
     first, last = map(float, re.search(r"\[worker 0\] .* loss ([0-9.]+) -> ([0-9.]+)", out).groups())
     assert last < first / 4, out
+    assert_nothing_left(env)
+
+
+@pytest.mark.skipif(
+    not hasattr(jax, "set_mesh") or tuple(map(int, version("flax").split(".")[:2])) < (0, 11),
+    reason="the nnx mesh example needs jax.set_mesh (jax >= 0.7) and flax >= 0.11 (nnx modules as pytrees)",
+)
+def test_nnx_mesh_example_reaches_95_percent_with_two_workers_of_two_devices():
+    env = base_env()
+    args = [*JBPS, "run", "-n", "2", "--local-devices", "2", PYTHON, example("mnist_nnx_mesh.py")]
+    proc, out, err = run(args, env, timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    assert "[worker 0] workers 2 x 2 devices, 10 epochs" in out, out[-3000:]
+    accuracy = float(re.search(r"\[worker 0\] test accuracy ([0-9.]+)", out).group(1))
+    assert accuracy >= 0.95, out[-3000:]
     assert_nothing_left(env)
 
 

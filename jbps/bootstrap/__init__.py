@@ -1,13 +1,15 @@
 """How a process finds the rest of its job.
 
-Three ways, tried in this order by jbps.init() (and `python -m jbps.server`):
+Five ways, tried in this order by jbps.init() (the first three by `python -m jbps.server` too):
 
 1. Given: JBPS_SERVERS (+ JBPS_NUM_WORKERS, JBPS_WORKER_RANK) name everything.
 2. Scheduler: JBPS_SCHEDULER_HOST/PORT or BytePS's DMLC_PS_ROOT_URI/PORT point
    at `python -m jbps.scheduler`, which assembles the job (scheduler.py).
 3. mpirun: every rank is a worker unless it runs `python -m jbps.server`; the
    ranks exchange roles, addresses and the job token through MPI (mpi.py).
-4. Alone: none of these and no job size: a 1-worker job with an in-process
+4. srun: every task is a worker; task 0 runs jbps's scheduler on a thread, the
+   first task of each node the node's servers (slurm.py).
+5. Alone: none of these and no job size: a 1-worker job with an in-process
    server (alone.py), so `python train.py` runs as under a launcher.
 """
 
@@ -19,8 +21,9 @@ from ..config import Config
 from ..errors import JbpsError
 from .alone import join_alone, nothing_given
 from .mpi import under_mpirun
+from .slurm import under_srun
 
-__all__ = ["complete", "under_mpirun"]
+__all__ = ["complete", "under_mpirun", "under_srun"]
 
 
 def complete(requested: Config) -> tuple[Config, list]:
@@ -42,6 +45,10 @@ def complete(requested: Config) -> tuple[Config, list]:
         from .mpi import join_as_worker as mpi_join
 
         return mpi_join(requested)
+    if under_srun():
+        from .slurm import join_as_worker as srun_join
+
+        return srun_join(requested)
     if nothing_given(requested):
         return join_alone(requested)
     return requested.complete(), []  # raises: no servers, and the ways to give them
