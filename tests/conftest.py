@@ -271,6 +271,16 @@ JAX_VERSIONS = {
 }
 
 
+# Tests of those files that exercise the engine, not jax: every transform and
+# device count of the random-tree matrix runs with 2 workers on every jax, the
+# worker counts 1 and 3 (and a slow worker's rounds) on the first jax only.
+ENGINE_ONLY = (
+    "tests/test_psum_cluster.py::test_random_trees_match_numpy[1-",
+    "tests/test_psum_cluster.py::test_random_trees_match_numpy[3-",
+    "tests/test_psum_cluster.py::test_fifty_rounds_with_a_slow_worker",
+)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         name = os.path.basename(str(item.fspath))
@@ -279,5 +289,5 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(getattr(pytest.mark, FILE_MARKERS[name]))
         if item.nodeid.startswith(SLOW):
             item.add_marker(pytest.mark.slow)
-        if name in JAX_VERSIONS:
+        if name in JAX_VERSIONS and not item.nodeid.startswith(ENGINE_ONLY):
             item.add_marker(pytest.mark.jax_versions)

@@ -1,0 +1,124 @@
+"""A data-parallel training step written two ways, timed side by side in one run:
+jit over a mesh with jbps.value_and_grad (the program of today, no psum
+written) against shard_map with jbps.optax.distributed (jbps's psum inside the
+mapped step). The same MLP, batch, optimizer and devices; blocks of steps of
+each alternate, so drift on a shared machine hits both alike.
+
+    jbps run -n 2 --local-devices 2 python -m benchmarks.data_parallel [--width 512] [--layers 4]
+        [--batch 256] [--blocks 6] [--block-steps 5] [--json]
+
+Rank 0 prints each style's median step time and their ratio (jit / shard_map;
+issue goal <= 1.05), and the largest parameter difference between the two
+styles after the run (they train the same model from the same start).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+import jbps
+
+try:
+    from jax import shard_map
+except ImportError:  # jax < 0.7
+    from jax.experimental.shard_map import shard_map  # type: ignore[no-redef]
+
+
+def init(layers: int, width: int):
+    rng = np.random.default_rng(0)
+    return [(rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32) for _ in range(layers)]
+
+
+def loss(params, x, y):
+    for w in params[:-1]:
+        x = jnp.tanh(x @ w)
+    return jnp.mean((x @ params[-1] - y) ** 2)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--width", type=int, default=512)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--batch", type=int, default=256, help="per worker, split over its devices")
+    p.add_argument("--blocks", type=int, default=6)
+    p.add_argument("--block-steps", type=int, default=5)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+
+    jbps.init()
+    mesh = Mesh(np.array(jax.local_devices()), ("data",))
+    tx = optax.sgd(1e-3)
+    rng = np.random.default_rng(jbps.rank())
+    x = jax.device_put(rng.standard_normal((args.batch, args.width)).astype(np.float32), NamedSharding(mesh, P("data")))
+    y = jax.device_put(rng.standard_normal((args.batch, args.width)).astype(np.float32), NamedSharding(mesh, P("data")))
+
+    vg = jbps.value_and_grad(loss, mesh=mesh, name="jit-style")
+
+    @jax.jit
+    def jit_step(params, opt_state, x, y):
+        value, grads = vg(params, x, y)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, value
+
+    dtx = jbps.optax.distributed(optax.sgd(1e-3), axis_name="data", name="shard_map-style")
+
+    def mapped(params, opt_state, x, y):
+        value, grads = jax.value_and_grad(loss)(params, x, y)
+        updates, opt_state = dtx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, jax.lax.pmean(value, "data")
+
+    map_step = jax.jit(
+        shard_map(mapped, mesh=mesh, in_specs=(P(), P(), P("data"), P("data")), out_specs=(P(), P(), P()))
+    )
+
+    styles = {"jit": [jit_step, None, None], "shard_map": [map_step, None, None]}
+    for style in styles.values():
+        style[1] = init(args.layers, args.width)
+        style[2] = (tx if style[0] is jit_step else dtx).init(style[1])
+    times: dict[str, list[float]] = {name: [] for name in styles}
+    for block in range(args.blocks + 1):  # block 0 compiles and warms up
+        for name, style in styles.items():
+            step, params, opt_state = style
+            for _ in range(args.block_steps):
+                start = time.perf_counter()
+                params, opt_state, value = step(params, opt_state, x, y)
+                jax.block_until_ready(params)
+                if block:
+                    times[name].append(time.perf_counter() - start)
+            style[1], style[2] = params, opt_state
+    median = {name: float(np.median(t)) for name, t in times.items()}
+    diff = max(
+        float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip(styles["jit"][1], styles["shard_map"][1])
+    )
+    report = {
+        "workers": jbps.size(),
+        "devices": len(mesh.devices),
+        "gradient_mib": args.layers * args.width * args.width * 4 / 2**20,
+        "median_s": median,
+        "ratio_jit_over_shard_map": median["jit"] / median["shard_map"],
+        "largest_parameter_difference": diff,
+    }
+    if jbps.rank() == 0:
+        if args.json:
+            print(json.dumps(report))
+        else:
+            print(
+                f"{report['workers']} worker(s) x {report['devices']} devices, {report['gradient_mib']:.0f} MiB of "
+                f"gradients: jit + jbps.value_and_grad {median['jit'] * 1e3:.1f} ms, shard_map + "
+                f"jbps.optax.distributed {median['shard_map'] * 1e3:.1f} ms a step (medians of "
+                f"{len(times['jit'])}); ratio {report['ratio_jit_over_shard_map']:.3f}; "
+                f"parameters differ by at most {diff:.1e}"
+            )
+    jbps.shutdown()
+
+
+if __name__ == "__main__":
+    main()
