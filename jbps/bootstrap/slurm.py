@@ -22,15 +22,12 @@ step on one node everything listens on loopback.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 import re
 import threading
 
 from ..config import Config
 from ..errors import JbpsError
-
-log = logging.getLogger("jbps.bootstrap")
 
 # The variables srun gives each task of a step (an sbatch script's own
 # process has no step node list: it runs alone, or starts tasks with srun).
@@ -61,7 +58,7 @@ def _int(environ, name: str, default: int | None = None) -> int:
     if value is None and default is not None:
         return default
     try:
-        return int(str(value).split("(")[0])  # SLURM_TASKS_PER_NODE style "2(x3)" is not read here
+        return int(str(value))
     except ValueError:
         raise JbpsError(f"jbps srun bootstrap: {name}={value!r} is not a number") from None
 
@@ -75,8 +72,7 @@ def scheduler_port(requested: Config, environ) -> int:
 
 def join_as_worker(requested: Config, environ=None) -> tuple[Config, list]:
     from ..scheduler.rendezvous import Scheduler
-    from .mpi import start_colocated
-    from .scheduler import join_as_server, join_as_worker as scheduler_join
+    from .scheduler import join_as_worker as scheduler_join
 
     environ = os.environ if environ is None else environ
     rank, tasks = _int(environ, "SLURM_PROCID"), _int(environ, "SLURM_NTASKS")
@@ -108,34 +104,31 @@ def join_as_worker(requested: Config, environ=None) -> tuple[Config, list]:
 
     hosted: list = []
     failures: list = []
-    threads = []
-    if local_id == 0:  # this node's servers, registered beside this task's own worker registration
-        for _ in range(per_node):
-            t = threading.Thread(
-                target=_serve,
-                args=(address, requested.timeout_s, hosted, failures, join_as_server, start_colocated),
-                daemon=True,
-            )
-            t.start()
-            threads.append(t)
+    # This node's servers register on threads, beside this task's own worker registration.
+    threads = [
+        threading.Thread(target=_serve, args=(address, requested.timeout_s, hosted, failures), daemon=True)
+        for _ in range(per_node if local_id == 0 else 0)
+    ]
+    for t in threads:
+        t.start()
+    ok = False
     try:
         config = scheduler_join(
             dataclasses.replace(requested, scheduler_host=host, scheduler_port=port, worker_rank=rank)
         )
-    except BaseException:
         for t in threads:
             t.join(timeout=requested.timeout_s)
-        for s in hosted:
-            s.stop()
-        raise
-    for t in threads:
-        t.join(timeout=requested.timeout_s)
-    if failures or len(hosted) < len(threads):
-        for s in hosted:
-            s.stop()
-        raise JbpsError(
-            f"jbps srun bootstrap: this node's summation server failed: {'; '.join(failures) or 'timed out'}"
-        )
+        if failures or len(hosted) < len(threads):
+            raise JbpsError(
+                f"jbps srun bootstrap: this node's summation server failed: {'; '.join(failures) or 'timed out'}"
+            )
+        ok = True
+    finally:
+        if not ok:
+            for t in threads:
+                t.join(timeout=requested.timeout_s)
+            for s in hosted:
+                s.stop()
     return config, hosted
 
 
@@ -148,7 +141,10 @@ def _run_scheduler(scheduler) -> None:
         scheduler.close()
 
 
-def _serve(address, timeout_s, hosted, failures, join_as_server, start_colocated) -> None:
+def _serve(address, timeout_s, hosted, failures) -> None:
+    from .mpi import start_colocated
+    from .scheduler import join_as_server
+
     try:
         server, _job = join_as_server(
             address,
