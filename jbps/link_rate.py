@@ -177,8 +177,8 @@ def fractions_for_rates(roles: Sequence[str], rates: Sequence[float], num_worker
     DEDICATED_SAME_RATE for a CPU machine, whose share moves with its rate,
     and which, given an equal share on a link 20% slower, would set every
     psum's pace (measured: 1.24x the time without that machine). No reading
-    counts above it. A CPU machine too slow to save much is left out
-    (worthwhile_split)."""
+    counts above it. A CPU machine clearly slower (beyond SAME_RATE) and
+    too slow to save much is left out (worthwhile_split)."""
     from .partition.rated_split import worthwhile_split
 
     if not rates:
@@ -190,4 +190,4 @@ def fractions_for_rates(roles: Sequence[str], rates: Sequence[float], num_worker
         snapped.append(full if r * near >= full else r)
     if min(snapped) == full:
         return None
-    return list(worthwhile_split(roles, snapped, num_workers).fractions)
+    return list(worthwhile_split(roles, snapped, num_workers, within=SAME_RATE).fractions)

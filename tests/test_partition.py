@@ -397,6 +397,14 @@ def test_measured_rates_near_the_jobs_full_rate_count_as_it():
     # A worker machine clearly slower keeps its reading too.
     got = fractions_for_rates(roles, [B, B, 0.5 * B, B, B, B], 4)
     np.testing.assert_allclose(got, rated_split(roles, [B, B, 0.5 * B, B, B, B], 4).fractions, atol=1e-12)
+    # With two workers a CPU machine's share is a tie (it saves nothing, costs
+    # nothing): one read a little low keeps its reading's share, one clearly
+    # slower is left out. Read 0.8 of the median with the other at 0.3:
+    two = ["colocated"] * 2 + ["dedicated"] * 2
+    got = fractions_for_rates(two, [B, B, 0.8 * B, 0.3 * B], 2)
+    full = 0.9 * B  # the median reading; the workers' count as it
+    np.testing.assert_allclose(got, rated_split(two, [full, full, 0.8 * B, 0.0], 2).fractions, atol=1e-12)
+    assert got[2] > 0.4 and got[3] == 0
 
 
 def test_slower_cpu_machines_that_save_little_are_left_out():

@@ -118,15 +118,22 @@ def rated_split(roles: Sequence[str], rates: Sequence[float], num_workers: int) 
 MIN_GAIN = 0.03
 
 
-def worthwhile_split(roles: Sequence[str], rates: Sequence[float], num_workers: int) -> RatedSplit:
+def worthwhile_split(
+    roles: Sequence[str], rates: Sequence[float], num_workers: int, *, within: float = 1.0
+) -> RatedSplit:
     """rated_split, or, where the dedicated servers slower than the fastest link
     save less than MIN_GAIN of the time the others take alone, the others'
     split (those servers' shares 0): a spare machine on a slower link must not
-    make the job slower than leaving it out."""
+    make the job slower than leaving it out. A rate within a factor `within` of
+    the fastest is not slower: measured rates pass the probe's error here, so
+    that a CPU machine read a little low keeps its rate's share (which never
+    outlasts the others, as the probe reads low, never high) instead of being
+    left out where it saves nothing, as with two workers, where its share is
+    a tie."""
     rates = list(rates)
     split = rated_split(roles, rates, num_workers)
     fastest = max(rates)
-    slower = [s for s, (role, r) in enumerate(zip(roles, rates)) if role == DEDICATED and 0 < r < fastest]
+    slower = [s for s, (role, r) in enumerate(zip(roles, rates)) if role == DEDICATED and 0 < r * within < fastest]
     if not slower:
         return split
     without = rated_split(roles, [0.0 if s in slower else r for s, r in enumerate(rates)], num_workers)
