@@ -76,7 +76,67 @@ def bind(leaves: Sequence[jax.Array], spec: PsumSpec) -> list[jax.Array]:
         # As lax.psum does: a value invariant along an axis is summed as
         # |axis| copies, and must be typed varying to be reduced.
         leaves = [replication.pvary(x, spec.axes) for x in leaves]
+    explicit = _explicit_axes_beside_manual()
+    if explicit:
+        specs = tuple(_spec_along(x, explicit) for x in leaves)
+        return _manual_over(explicit, list(leaves), specs, spec, typed)
     return psum_p.bind(*leaves, spec=spec, typed=typed)
+
+
+def _explicit_axes_beside_manual() -> tuple[AxisName, ...]:
+    """The context mesh's Explicit axes in a shard_map manual over its other
+    axes (explicit sharding mode): values there carry shardings along them,
+    which jax's own reduce-scatter cannot lower (jax 0.10-0.12)."""
+    get = getattr(jax.sharding, "get_abstract_mesh", None)
+    mesh = get() if get is not None else None
+    if mesh is None or getattr(mesh, "empty", True) or not getattr(mesh, "manual_axes", ()):
+        return ()
+    vmapped = _vmapped_mesh_axes()  # a vmap over such an axis slices its batch itself (_batch)
+    return tuple(a for a in getattr(mesh, "explicit_axes", ()) if a not in vmapped)
+
+
+def _vmapped_mesh_axes() -> set:
+    """The Explicit mesh axes that the vmaps being traced batch over."""
+    axes: set = set()
+    ctx = getattr(core, "trace_ctx", None)
+    trace = getattr(ctx, "trace", None)
+    while trace is not None:
+        axis_data = getattr(trace, "axis_data", None)
+        axes.update(getattr(axis_data, "explicit_mesh_axis", None) or ())
+        trace = getattr(trace, "parent_trace", None)
+    return axes
+
+
+def _spec_along(x, axes):
+    """x's partition spec, keeping only the mesh axes in `axes`."""
+    from jax.sharding import PartitionSpec as P
+
+    spec = tuple(replication.aval_of(x).sharding.spec)
+    kept = []
+    for entry in spec + (None,) * (jnp.ndim(x) - len(spec)):
+        names = entry if isinstance(entry, tuple) else (entry,) if entry is not None else ()
+        names = tuple(n for n in names if n in axes)
+        kept.append(names[0] if len(names) == 1 else names or None)
+    return P(*kept)
+
+
+def _manual_over(mesh_axes, leaves, specs, spec, typed):
+    """psum_p over `leaves` in a shard_map manual over `mesh_axes` too, each
+    leaf sliced along them by `specs`: each device sums its slice (devices at
+    other positions along them: sums of their own, as lax.psum keeps a
+    sharded value's slices apart; a leaf replicated along them sums the same
+    in each). With no axes named (outside any shard_map's axes), the psum
+    is over the workers only."""
+    inner = dataclasses.replace(spec, axes=spec.axes or ())
+
+    def local(*xs):
+        return tuple(psum_p.bind(*xs, spec=inner, typed=typed))
+
+    # Under jit: a shard_map run eagerly inside an eager shard_map cannot
+    # reshard its result (jax 0.10).
+    sliced = jax.shard_map(local, in_specs=specs, out_specs=specs, axis_names=set(mesh_axes), check_vma=typed)
+    with core.remove_explicit_mesh_axis_names(mesh_axes):
+        return list(jax.jit(sliced)(*leaves))
 
 
 psum_p.def_impl(partial(dispatch.apply_primitive, psum_p))
@@ -101,6 +161,9 @@ def _not_with_feedback(spec, what):
 
 def _batch(axis_data, vals, dims, *, spec, typed):
     _not_with_feedback(spec, "vmap")
+    explicit = getattr(axis_data, "explicit_mesh_axis", None)  # jax >= 0.7
+    if explicit and (spec.axes is None or axis_data.name not in spec.axes):
+        return _batch_over_explicit_axes(explicit, vals, dims, spec=spec, typed=typed)
     if spec.axes is None or axis_data.name not in spec.axes:
         # Elementwise: a batch of sums is the sum of the batch.
         return psum_p.bind(*vals, spec=spec, typed=typed), list(dims)
@@ -109,6 +172,19 @@ def _batch(axis_data, vals, dims, *, spec, typed):
     summed = [x * axis_data.size if d is None else jnp.sum(x, axis=d, dtype=x.dtype) for x, d in zip(vals, dims)]
     rest = dataclasses.replace(spec, axes=tuple(a for a in spec.axes if a != axis_data.name))
     return psum_p.bind(*summed, spec=rest, typed=typed), [None] * len(vals)
+
+
+def _batch_over_explicit_axes(mesh_axes, vals, dims, *, spec, typed):
+    """vmap over an array sharded along Explicit mesh axes (explicit sharding
+    mode): each device holds a slice of the batch, and the partitioner, not a
+    manual axis, would place the custom call. A shard_map manual over those
+    axes gives each device its slice (_manual_over); leaves not batched are
+    replicated along them."""
+    from jax.sharding import PartitionSpec as P
+
+    names = mesh_axes[0] if len(mesh_axes) == 1 else tuple(mesh_axes)
+    specs = tuple(P() if d is None else P(*([None] * d), names) for d in dims)
+    return _manual_over(mesh_axes, list(vals), specs, spec, typed), list(dims)
 
 
 batching.fancy_primitive_batchers[psum_p] = _batch

@@ -197,6 +197,69 @@ class PlainCase:
 
 
 @dataclasses.dataclass
+class ExplicitAxesCase:
+    """Explicit sharding mode on a 2 x 2 mesh ("x", "y") of Explicit axes, "x"
+    left to the partitioner: vmap of body(psum, *elements) under
+    shard_map(in_specs=P("y"), out_specs=P()) over arrays whose batch axis is
+    sharded along "x", or (vmapped=False) body(psum, *args) under a shard_map
+    manual over "y" only. Each element, or each slice along "x", sums over "y"
+    and the workers."""
+
+    name: str
+    body: Callable
+    inputs: Callable  # rng, worker -> args: batch of 2 along axis 0 (sharded "x"), then 8 (sharded "y")
+    jit: bool = True
+    in_axes: Any = 0  # per arg: 0 sharded along "x" (batched), None not (unbatched)
+    # False: no vmap; the shard_map is manual over "y" only, "x" left to the
+    # partitioner, and each arg is a whole (2, 8) array sharded along "x" or not.
+    vmapped: bool = True
+
+    def _batched(self, n):
+        return self.in_axes if isinstance(self.in_axes, tuple) else (self.in_axes,) * n
+
+    def _run(self, psum, mesh, lead, args):
+        """lead: ("w",) for the reference, whose arrays have a leading worker axis."""
+        batched = self._batched(len(args))
+        with jax.set_mesh(mesh):
+            if not self.vmapped:
+                placed = [jax.device_put(a, P(*lead, "x" if d == 0 else None, "y")) for a, d in zip(args, batched)]
+                f = shard_map(
+                    partial(self.body, psum),
+                    in_specs=tuple(P(*lead, None, "y") for _ in args),
+                    out_specs=P(*lead),
+                    axis_names={*lead, "y"},
+                )
+                return jax.jit(f)(*placed)
+            placed = [jax.device_put(a, P(*lead, *(("x",) if d == 0 else ()), "y")) for a, d in zip(args, batched)]
+            f = shard_map(partial(self.body, psum), in_specs=tuple(P(*lead, "y") for _ in args), out_specs=P(*lead))
+            axes = tuple(None if d is None else len(lead) for d in batched)
+            g = jax.vmap(f, in_axes=axes, out_axes=len(lead))
+            return (jax.jit(g) if self.jit else g)(*placed)
+
+    def run_jbps(self, job, args):
+        explicit = (jax.sharding.AxisType.Explicit,) * 2
+        mesh = jax.make_mesh((2, 2), ("x", "y"), axis_types=explicit, devices=job.devices[:4])
+        return self._run(jbps_psum, mesh, (), args)
+
+    def run_reference(self, job, all_args):
+        explicit = (jax.sharding.AxisType.Explicit,) * 3
+        devices = job.devices[: 4 * job.workers]
+        mesh = jax.make_mesh((job.workers, 2, 2), ("w", "x", "y"), axis_types=explicit, devices=devices)
+
+        def psum(x, axes=None, average=False):
+            for axis in ("w",) + axes_tuple(axes):
+                x = (lax.pmean if average else lax.psum)(x, axis)
+            return lax.pcast(x, "w", to="varying")
+
+        return self._run(psum, mesh, ("w",), [np.stack(xs) for xs in zip(*all_args)])
+
+
+def explicit_axes_work():
+    """jax with explicit sharding (AxisType.Explicit), a context mesh and lax.pcast."""
+    return hasattr(jax.sharding, "AxisType") and hasattr(jax, "set_mesh") and hasattr(lax, "pcast")
+
+
+@dataclasses.dataclass
 class Refusal:
     """run(job) must raise `error` with every string of `says` in its message."""
 
@@ -613,6 +676,41 @@ def cases():
             lambda rng, w: (ints(rng, (2, 3, 4)),),
         ),
     ]
+    if explicit_axes_work():
+        batch = lambda rng, w: (ints(rng, (2, 8)),)  # noqa: E731
+        out += [
+            ExplicitAxesCase("vmap over an Explicit mesh axis, under jit", lambda psum, v: psum(v, "y"), batch),
+            ExplicitAxesCase("vmap over an Explicit mesh axis, eager", lambda psum, v: psum(v, "y"), batch, jit=False),
+            ExplicitAxesCase(
+                "vmap over an Explicit mesh axis, batched and unbatched leaves in one psum",
+                lambda psum, v, u: psum((v, u), "y"),
+                lambda rng, w: (ints(rng, (2, 8)), ints(rng, (8,))),
+                in_axes=(0, None),
+            ),
+            ExplicitAxesCase(
+                "vmap over an Explicit mesh axis, pmean",
+                lambda psum, v: psum(v, "y", average=True),
+                lambda rng, w: (ints(rng, (2, 8)) * 4,),
+            ),
+            ExplicitAxesCase(
+                "vmap over an Explicit mesh axis, grad of a psum",
+                lambda psum, v: psum(jax.grad(lambda u: (psum(u, "y") * u).sum())(v), "y"),
+                batch,
+            ),
+            ExplicitAxesCase(
+                "shard_map manual over one axis, a value sharded along an Explicit axis left to the partitioner",
+                lambda psum, v: psum(v, "y"),
+                batch,
+                vmapped=False,
+            ),
+            ExplicitAxesCase(
+                "shard_map manual over one axis, values sharded and replicated along an Explicit axis",
+                lambda psum, v, u: psum((v, u), "y"),
+                lambda rng, w: (ints(rng, (2, 8)), ints(rng, (2, 8))),
+                in_axes=(0, None),
+                vmapped=False,
+            ),
+        ]
     if nested_pmap_works():
         out += [
             PmapCase(
