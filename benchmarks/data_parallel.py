@@ -10,12 +10,18 @@ each alternate, so drift on a shared machine hits both alike.
 Rank 0 prints each style's median step time and their ratio (jit / shard_map;
 issue goal <= 1.05), and the largest parameter difference between the two
 styles after the run (they train the same model from the same start).
+
+On emulated hosts (root; emulated_network.py), one worker host each with a
+colocated server, and CPU hosts:
+
+    python -m benchmarks.data_parallel --hosts 2 [--cpu-hosts 1] [--rate 200M] [--local-devices 2] [...]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 import jax
@@ -51,7 +57,13 @@ def main(argv=None):
     p.add_argument("--blocks", type=int, default=6)
     p.add_argument("--block-steps", type=int, default=5)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--hosts", type=int, default=0, help="run on this many emulated worker hosts (root)")
+    p.add_argument("--cpu-hosts", type=int, default=0, help="with --hosts: emulated CPU hosts with a server each")
+    p.add_argument("--rate", default="200M", help="with --hosts: each NIC's rate each way, bits/s")
+    p.add_argument("--local-devices", type=int, default=2, help="with --hosts: each worker's CPU devices")
     args = p.parse_args(argv)
+    if args.hosts:
+        return on_emulated_hosts(args, [a for a in (argv if argv is not None else sys.argv[1:])])
 
     jbps.init()
     mesh = Mesh(np.array(jax.local_devices()), ("data",))
@@ -118,6 +130,39 @@ def main(argv=None):
                 f"parameters differ by at most {diff:.1e}"
             )
     jbps.shutdown()
+
+
+def on_emulated_hosts(args, argv: list[str]) -> None:
+    """This benchmark as a job on emulated hosts; prints rank 0's report."""
+    from .emulated_job import job_free_env, run_job
+    from .emulated_network import EmulatedNetwork
+
+    n, k = args.hosts, args.cpu_hosts
+    worker_argv, skip = ["-m", "benchmarks.data_parallel", "--json"], False
+    for a in argv:  # this run's model options, not the launcher's
+        if skip:
+            skip = False
+        elif a.split("=")[0] in ("--hosts", "--cpu-hosts", "--rate", "--local-devices"):
+            skip = "=" not in a
+        elif a != "--json":
+            worker_argv.append(a)
+    with EmulatedNetwork(n + k, args.rate) as net:
+        result = run_job(
+            net, list(range(n)), list(range(n + k)), worker_argv, env=job_free_env(), local_devices=args.local_devices
+        )
+    report = json.loads(result.workers[0].stdout.strip().splitlines()[-1])
+    report.update(hosts=n, cpu_hosts=k, rate=args.rate)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        median = report["median_s"]
+        print(
+            f"{n} worker hosts + {k} CPU hosts at {args.rate}bit/s, {args.local_devices} devices each, "
+            f"{report['gradient_mib']:.0f} MiB of gradients: jit + jbps.value_and_grad {median['jit'] * 1e3:.1f} ms, "
+            f"shard_map + jbps.optax.distributed {median['shard_map'] * 1e3:.1f} ms a step; "
+            f"ratio {report['ratio_jit_over_shard_map']:.3f}; parameters differ by at most "
+            f"{report['largest_parameter_difference']:.1e}"
+        )
 
 
 if __name__ == "__main__":
