@@ -145,7 +145,7 @@ psum_p.def_impl(partial(dispatch.apply_primitive, psum_p))
 def _abstract_eval(*avals, spec, typed):
     if not typed or not spec.axes:
         return list(avals)
-    return [replication.with_varying(a, replication.varying(a) - set(spec.axes)) for a in avals]
+    return [replication.summed_over(a, frozenset(spec.axes)) for a in avals]
 
 
 psum_p.def_abstract_eval(_abstract_eval)
@@ -221,7 +221,7 @@ def _transpose(cts, *args, spec, typed):
         # it over them where it was pvary-ed); the workers are outside jax's
         # types, so each device still sums it over them.
         summed = psum_p.bind(*cts_live, spec=spec.select(live, "/grad", axes=()), typed=True)
-        summed = [replication.pvary(s, spec.axes or ()) for s in summed]
+        summed = [replication.cotangent_of(s, args[i].aval, spec.axes or ()) for i, s in zip(live, summed)]
     else:
         summed = psum_p.bind(*cts_live, spec=spec.select(live, "/grad"), typed=False)
     for i, s in zip(live, summed):

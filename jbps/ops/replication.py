@@ -59,6 +59,24 @@ def varying(aval: Any) -> frozenset:
     return frozenset(getattr(aval, "vma", ()))
 
 
+def unreduced(aval: Any) -> frozenset:
+    """The mapped axes a value is typed unreduced along (explicit sharding's
+    partial sums, which a psum over them reduces; empty before jax 0.9)."""
+    mat = getattr(aval, "mat", None)
+    return frozenset(getattr(mat, "unreduced", ()) or ())
+
+
+def summed_over(aval: Any, axes: frozenset) -> Any:
+    """`aval` after a psum over `axes`: neither varying nor unreduced along them."""
+    mat = getattr(aval, "mat", None)
+    if mat is not None and getattr(mat, "unreduced", None):
+        left = frozenset(mat.unreduced) - axes
+        kind = {} if left or not hasattr(mat, "unreduced_kind") else {"unreduced_kind": None}  # jax >= 0.11
+        mat = mat.update(unreduced=left, **kind)
+        aval = aval.update(manual_axis_type=mat)
+    return with_varying(aval, varying(aval) - axes)
+
+
 def with_varying(aval: Any, names: frozenset) -> Any:
     """`aval` typed as varying along exactly `names`."""
     mat = getattr(aval, "mat", None)
@@ -79,7 +97,9 @@ def _typed_axes(axes: Sequence[AxisName]) -> tuple[AxisName, ...]:
 def pvary(x: Any, axes: Sequence[AxisName]) -> Any:
     """x typed as varying along `axes` too (the value is unchanged): what a
     psum's transpose is where replication is typed."""
-    missing = tuple(a for a in _typed_axes(axes) if a not in varying(aval_of(x)))
+    aval = aval_of(x)
+    # Unreduced along an axis is what a psum over it takes, as varying is.
+    missing = tuple(a for a in _typed_axes(axes) if a not in varying(aval) | unreduced(aval))
     if not missing:
         return x
     if hasattr(core, "pvary"):
@@ -87,6 +107,21 @@ def pvary(x: Any, axes: Sequence[AxisName]) -> Any:
     if _PBROADCAST is not None:
         return _PBROADCAST(x, missing)
     return x
+
+
+def cotangent_of(ct: Any, aval: Any, axes: Sequence[AxisName]) -> Any:
+    """A psum's cotangent, invariant along `axes`, typed as its input's:
+    varying along them (pvary), or reduced where the input was typed unreduced
+    or reduced (explicit sharding: lax's transpose of a psum of an unreduced
+    value is a cast to reduced)."""
+    mat = getattr(aval, "mat", None)
+    typed_reduced = unreduced(aval) | frozenset(getattr(mat, "reduced", ()) or ())
+    cut = tuple(a for a in axes if a in typed_reduced)
+    if cut:
+        from jax import lax
+
+        ct = lax.pcast(ct, cut, to="reduced")
+    return pvary(ct, tuple(a for a in axes if a not in cut))
 
 
 def register_check_rep_rules(

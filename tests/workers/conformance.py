@@ -254,6 +254,66 @@ class ExplicitAxesCase:
         return self._run(psum, mesh, ("w",), [np.stack(xs) for xs in zip(*all_args)])
 
 
+@dataclasses.dataclass
+class UnreducedCase:
+    """Explicit sharding's partial sums: x @ y over "x" (a mesh of 2 Explicit
+    devices) typed unreduced along "x", then psummed over "x" in a shard_map
+    (in_specs=P(unreduced={"x"})); with grad=True, the gradients of the sum of
+    that through jit, whose transpose types the cotangent reduced."""
+
+    name: str
+    inputs: Callable  # rng, worker -> (x (2, 4), y (4, 6))
+    grad: bool = False
+
+    def _run(self, psum, mesh, lead, x, y):
+        def ar(z):
+            return psum(z, "x")
+
+        def f(x, y):
+            z = jnp_einsum(x, y, P(*lead, None, None, unreduced={"x"}), len(lead))
+            out = shard_map(ar, in_specs=P(*lead, unreduced={"x"}), out_specs=P(*lead))(z)
+            return out
+
+        with jax.set_mesh(mesh):
+            x = jax.device_put(x, P(*lead, None, "x"))
+            y = jax.device_put(y, P(*lead, "x", None))
+            if self.grad:
+                return jax.jit(jax.grad(lambda x, y: f(x, y).sum(), argnums=(0, 1)))(x, y)
+            return jax.jit(f)(x, y)
+
+    def run_jbps(self, job, args):
+        mesh = jax.make_mesh((2,), ("x",), axis_types=(jax.sharding.AxisType.Explicit,), devices=job.devices[:2])
+        return self._run(jbps_psum, mesh, (), *args)
+
+    def run_reference(self, job, all_args):
+        explicit = (jax.sharding.AxisType.Explicit,) * 2
+        mesh = jax.make_mesh((job.workers, 2), ("w", "x"), axis_types=explicit, devices=job.devices[: 2 * job.workers])
+
+        def psum(z, axes=None, average=False):
+            for axis in ("w",) + axes_tuple(axes):
+                z = lax.psum(z, axis)
+            return lax.pcast(z, "w", to="varying")
+
+        stacked = [np.stack(xs) for xs in zip(*all_args)]
+        return self._run(psum, mesh, ("w",), *stacked)
+
+
+def jnp_einsum(x, y, out_sharding, lead):
+    import jax.numpy as jnp
+
+    spec = "wab,wbc->wac" if lead else "ab,bc->ac"
+    return jnp.einsum(spec, x, y, out_sharding=out_sharding)
+
+
+def unreduced_works():
+    """jax that types values unreduced (P(unreduced=...), jax >= 0.9)."""
+    try:
+        P(unreduced={"x"})
+    except TypeError:
+        return False
+    return explicit_axes_work()
+
+
 def explicit_axes_work():
     """jax with explicit sharding (AxisType.Explicit), a context mesh and lax.pcast."""
     return hasattr(jax.sharding, "AxisType") and hasattr(jax, "set_mesh") and hasattr(lax, "pcast")
@@ -710,6 +770,12 @@ def cases():
                 in_axes=(0, None),
                 vmapped=False,
             ),
+        ]
+    if unreduced_works():
+        matmul = lambda rng, w: (ints(rng, (2, 4)), ints(rng, (4, 6)))  # noqa: E731
+        out += [
+            UnreducedCase("a psum of a value typed unreduced (explicit sharding)", matmul),
+            UnreducedCase("the grad through a psum of a value typed unreduced", matmul, grad=True),
         ]
     if nested_pmap_works():
         out += [
