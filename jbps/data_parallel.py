@@ -124,7 +124,10 @@ def value_and_grad(
             def local_mean(*local):
                 return lax.pmean(grad_fn(*local), axis_name)
 
-            result = _manual(local_mean, the_mesh, tuple(specs), P(), (axis_name,))(*args)
+            if size > 1:
+                result = _manual(local_mean, the_mesh, tuple(specs), P(), (axis_name,))(*args)
+            else:  # nothing to average on the machine (and XLA cannot partition a mean over one device)
+                result = grad_fn(*args)
             if explicit:  # typed as split over the other axes: gathered whole first, as the slicing wants
                 whole = P() if mesh is None else NamedSharding(the_mesh, P())
                 result = jax.tree_util.tree_map(lambda x: jax.reshard(x, whole), result)

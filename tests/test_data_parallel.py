@@ -1,8 +1,11 @@
 """jbps.value_and_grad: a plain jax.jit over a mesh trains as the same program
 does in one process on the whole batch (tests/workers/data_parallel_train.py:
 1-D data mesh, 2-D data x model with the partitioner's model parallelism,
-explicit sharding under jax.set_mesh), pushing each worker's gradients once,
+explicit sharding under jax.set_mesh; and random models on random meshes of
+these kinds), pushing each worker's gradients once,
 not once per device; and its refusals, each naming what is at fault."""
+
+import importlib.util
 
 import jax
 import jax.numpy as jnp
@@ -15,7 +18,10 @@ from conftest import case_reports, check_case, worker_outputs, worker_script
 from test_launch import PYTHON, base_env, jbps_run, run
 
 SCRIPT = worker_script("data_parallel_train.py")
-CASES = ["1d", "2d", "2dx"]
+_spec = importlib.util.spec_from_file_location("data_parallel_cases", SCRIPT)
+_module = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_module)
+CASES = _module.CASES
 
 
 @pytest.fixture(scope="module")
