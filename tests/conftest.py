@@ -271,13 +271,18 @@ JAX_VERSIONS = {
 }
 
 
-# Tests of those files that exercise the engine, not jax: every transform and
-# device count of the random-tree matrix runs with 2 workers on every jax, the
-# worker counts 1 and 3 (and a slow worker's rounds) on the first jax only.
+# Tests of those files that exercise the engine or the launcher, not jax, run on
+# the first jax only: every transform and device count of the random-tree
+# matrix, and every device count of the loops, runs with 1 or 2 workers on every
+# jax; the 3-worker cases (and a slow worker's rounds, and the 1-worker trees)
+# on the first. The ResNet example under mpirun is mpirun's launch; the flax
+# examples train on every jax.
 ENGINE_ONLY = (
     "tests/test_psum_cluster.py::test_random_trees_match_numpy[1-",
     "tests/test_psum_cluster.py::test_random_trees_match_numpy[3-",
     "tests/test_psum_cluster.py::test_fifty_rounds_with_a_slow_worker",
+    "tests/test_loops.py::test_loops_dispatched_back_to_back_finish_with_numpy_sums[3w-",
+    "tests/test_examples.py::test_resnet_under_mpirun",
 )
 
 
