@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 
 import jax
@@ -63,7 +62,7 @@ def main(argv=None):
     p.add_argument("--local-devices", type=int, default=2, help="with --hosts: each worker's CPU devices")
     args = p.parse_args(argv)
     if args.hosts:
-        return on_emulated_hosts(args, [a for a in (argv if argv is not None else sys.argv[1:])])
+        return on_emulated_hosts(args)
 
     jbps.init()
     mesh = Mesh(np.array(jax.local_devices()), ("data",))
@@ -132,20 +131,15 @@ def main(argv=None):
     jbps.shutdown()
 
 
-def on_emulated_hosts(args, argv: list[str]) -> None:
+def on_emulated_hosts(args) -> None:
     """This benchmark as a job on emulated hosts; prints rank 0's report."""
     from .emulated_job import job_free_env, run_job
     from .emulated_network import EmulatedNetwork
 
     n, k = args.hosts, args.cpu_hosts
-    worker_argv, skip = ["-m", "benchmarks.data_parallel", "--json"], False
-    for a in argv:  # this run's model options, not the launcher's
-        if skip:
-            skip = False
-        elif a.split("=")[0] in ("--hosts", "--cpu-hosts", "--rate", "--local-devices"):
-            skip = "=" not in a
-        elif a != "--json":
-            worker_argv.append(a)
+    model = {"--width": args.width, "--layers": args.layers, "--batch": args.batch, "--blocks": args.blocks}
+    model["--block-steps"] = args.block_steps
+    worker_argv = ["-m", "benchmarks.data_parallel", "--json"] + [str(a) for kv in model.items() for a in kv]
     with EmulatedNetwork(n + k, args.rate) as net:
         result = run_job(
             net, list(range(n)), list(range(n + k)), worker_argv, env=job_free_env(), local_devices=args.local_devices

@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.sharding import PartitionSpec as P
 from jax._src import core, dispatch
 from jax._src.interpreters import ad, batching, mlir
 
@@ -109,8 +110,6 @@ def _vmapped_mesh_axes() -> set:
 
 def _spec_along(x, axes):
     """x's partition spec, keeping only the mesh axes in `axes`."""
-    from jax.sharding import PartitionSpec as P
-
     spec = tuple(replication.aval_of(x).sharding.spec)
     kept = []
     for entry in spec + (None,) * (jnp.ndim(x) - len(spec)):
@@ -180,8 +179,6 @@ def _batch_over_explicit_axes(mesh_axes, vals, dims, *, spec, typed):
     manual axis, would place the custom call. A shard_map manual over those
     axes gives each device its slice (_manual_over); leaves not batched are
     replicated along them."""
-    from jax.sharding import PartitionSpec as P
-
     names = mesh_axes[0] if len(mesh_axes) == 1 else tuple(mesh_axes)
     specs = tuple(P() if d is None else P(*([None] * d), names) for d in dims)
     return _manual_over(mesh_axes, list(vals), specs, spec, typed), list(dims)

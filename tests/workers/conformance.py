@@ -30,6 +30,7 @@ from functools import partial
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.sharding import Mesh, PartitionSpec as P
@@ -59,6 +60,16 @@ def vary_over_workers(x, case):
     from jax.experimental.shard_map import pbroadcast
 
     return pbroadcast(x, "w")
+
+
+def lax_psum_over_workers(x, axes=None, average=False):
+    """The reference: lax's psum (pmean) over "w", then each named axis; one axis
+    at a time, as typed lax.psum wants a value varying along all of its axes or
+    along none (and counts vmap axes as neither)."""
+    reduce = lax.pmean if average else lax.psum
+    for axis in ("w",) + axes_tuple(axes):
+        x = reduce(x, axis)
+    return x
 
 
 def axes_tuple(axes):
@@ -107,12 +118,7 @@ class ShardMapCase:
         mesh = Mesh(np.array(job.devices[: math.prod(shape)]).reshape(shape), names)
 
         def psum(x, axes=None, average=False):
-            # One axis at a time: typed lax.psum wants a value varying along
-            # all of its axes or along none (and counts vmap axes as neither).
-            reduce = lax.pmean if average else lax.psum
-            for axis in ("w",) + axes_tuple(axes):
-                x = reduce(x, axis)
-            return vary_over_workers(x, self)
+            return vary_over_workers(lax_psum_over_workers(x, axes, average), self)
 
         def body(*args):  # each block has a leading worker dimension of 1
             out = self.body(psum, *jax.tree_util.tree_map(lambda a: a[0], args))
@@ -246,12 +252,7 @@ class ExplicitAxesCase:
         devices = job.devices[: 4 * job.workers]
         mesh = jax.make_mesh((job.workers, 2, 2), ("w", "x", "y"), axis_types=explicit, devices=devices)
 
-        def psum(x, axes=None, average=False):
-            for axis in ("w",) + axes_tuple(axes):
-                x = (lax.pmean if average else lax.psum)(x, axis)
-            return lax.pcast(x, "w", to="varying")
-
-        return self._run(psum, mesh, ("w",), [np.stack(xs) for xs in zip(*all_args)])
+        return self._run(explicit_reference_psum, mesh, ("w",), [np.stack(xs) for xs in zip(*all_args)])
 
 
 @dataclasses.dataclass
@@ -270,7 +271,7 @@ class UnreducedCase:
             return psum(z, "x")
 
         def f(x, y):
-            z = jnp_einsum(x, y, P(*lead, None, None, unreduced={"x"}), len(lead))
+            z = jnp.einsum("...ab,...bc->...ac", x, y, out_sharding=P(*lead, None, None, unreduced={"x"}))
             out = shard_map(ar, in_specs=P(*lead, unreduced={"x"}), out_specs=P(*lead))(z)
             return out
 
@@ -289,20 +290,13 @@ class UnreducedCase:
         explicit = (jax.sharding.AxisType.Explicit,) * 2
         mesh = jax.make_mesh((job.workers, 2), ("w", "x"), axis_types=explicit, devices=job.devices[: 2 * job.workers])
 
-        def psum(z, axes=None, average=False):
-            for axis in ("w",) + axes_tuple(axes):
-                z = lax.psum(z, axis)
-            return lax.pcast(z, "w", to="varying")
-
         stacked = [np.stack(xs) for xs in zip(*all_args)]
-        return self._run(psum, mesh, ("w",), *stacked)
+        return self._run(explicit_reference_psum, mesh, ("w",), *stacked)
 
 
-def jnp_einsum(x, y, out_sharding, lead):
-    import jax.numpy as jnp
-
-    spec = "wab,wbc->wac" if lead else "ab,bc->ac"
-    return jnp.einsum(spec, x, y, out_sharding=out_sharding)
+def explicit_reference_psum(x, axes=None, average=False):
+    """lax's sum over the workers and the axes, typed varying over "w" as jbps's is."""
+    return lax.pcast(lax_psum_over_workers(x, axes, average), "w", to="varying")
 
 
 def unreduced_works():

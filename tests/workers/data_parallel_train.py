@@ -72,8 +72,9 @@ def batches(model: Model = FIXED):
         yield x, np.tanh(x[:, : model.out] * 2.0 - x[:, -model.out :]).astype(np.float32)
 
 
-def _hidden(params, x):
-    for i in range(1, len(params) // 2 + 1):
+def _hidden(params, x, first=1):
+    """The tanh layers from layer `first` on."""
+    for i in range(first, len(params) // 2 + 1):
         x = jnp.tanh(x @ params[f"w{i}"] + params[f"b{i}"])
     return x
 
@@ -87,10 +88,7 @@ def explicit_loss(params, x, y):
     # model reads the split first layer with a mean, which it types.
     h = jnp.tanh(x @ params["w1"] + params["b1"])
     h = h.mean(axis=-1, keepdims=True) * jnp.ones((1, params["w1"].shape[1]))
-    rest = {k: v for k, v in params.items() if k not in ("w1", "b1", "out")}
-    for i in range(2, len(rest) // 2 + 2):
-        h = jnp.tanh(h @ rest[f"w{i}"] + rest[f"b{i}"])
-    return jnp.mean((h @ params["out"] - y) ** 2)
+    return jnp.mean((_hidden(params, h, first=2) @ params["out"] - y) ** 2)
 
 
 TX = optax.sgd(0.05, momentum=0.9)
