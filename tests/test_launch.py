@@ -406,12 +406,15 @@ def test_jbps_run_names_the_worker_that_raised_not_the_one_it_ended():
 
 
 def test_a_stalled_workers_timeout_prints_its_repeats_collapsed():
-    # Worker 1 stops pushing; worker 0 dispatched 40 steps back to back, so its
-    # error reaches it through 40 wrappings ("Error dispatching computation: "
-    # each time): its traceback says the prefix once with its count, and names the worker.
+    # Worker 1 stops pushing; worker 0 dispatched its last 8 steps back to back
+    # behind the stalled psum, so its error reaches it through 17 wrappings
+    # ("Error dispatching computation: " each time): its traceback says the prefix
+    # once with its count, and names the worker. 12 steps, not more: XLA:CPU holds
+    # at most 32 computations in flight, and a dispatch held past the timeout
+    # raises the error unwrapped.
     env = base_env(JBPS_TIMEOUT_S="6")
     proc, out, err = jbps_run(
-        ["-n", "2", PYTHON, worker_script("raise_at_step.py"), "--steps", "40", "--raise-step", "3", "--stall"], env
+        ["-n", "2", PYTHON, worker_script("raise_at_step.py"), "--steps", "12", "--raise-step", "3", "--stall"], env
     )
     assert proc.returncode != 0, err[-3000:]
     failure = [line for line in err.splitlines() if line.startswith("[worker 0]") and "jbps: psum timed out" in line]
