@@ -17,7 +17,6 @@ from .sizes import parse_bytes
 ROLES = ("worker", "server", "scheduler")
 
 DEFAULT_TIMEOUT_S = 60.0
-DEFAULT_BUCKET_BYTES = 4 << 20  # see jbps/ops/buckets.py for how it was chosen
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,9 +212,10 @@ OPTIONS = (
         "bucket_bytes",
         ("JBPS_BUCKET_BYTES",),
         _non_negative_bytes,
-        DEFAULT_BUCKET_BYTES,
+        None,
         "a psum of a larger tree is split into calls (buckets) of about this many bytes, in the order the "
-        "backward pass produces the leaves, so each can start while the rest is computed; 0: one call",
+        "backward pass produces the leaves, so each can start while the rest is computed; 0: one call; default "
+        "4 MiB on one host, and across hosts sized to the tree and the link (see jbps/partition/defaults.py)",
     ),
     Option(
         "timeout_s",
@@ -324,7 +324,7 @@ class Config:
     colocated_servers: int
     partition_bytes: int | None  # None: sized per call (jbps/partition/defaults.py)
     scheduling_credit: int | None  # None until init() knows the servers' roles
-    bucket_bytes: int  # 0: one custom call per psum
+    bucket_bytes: int | None  # 0: one custom call per psum; None: sized per psum (jbps/partition/defaults.py)
     timeout_s: float
     shm: bool
     job_token: int

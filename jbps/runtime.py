@@ -50,6 +50,7 @@ _fractions: tuple[float, ...] = ()
 _spans_hosts = False
 _link_rate: float | None = None  # bytes/s of the busiest link, measured at init across hosts
 _server_rates: tuple[float, ...] | None = None  # bytes/s of each server's link, measured with it
+_nic_share = 1.0  # bytes the busiest NIC carries per byte of a psum (link_rate.busiest_nic_share)
 _ffi_registered = False
 _atexit_registered = False
 _names = itertools.count()
@@ -101,7 +102,8 @@ def init(**overrides) -> Session:
     initialized is a no-op; different settings raise JbpsError (call
     shutdown() first).
     """
-    global _config, _requested, _hosted, _fractions, _spans_hosts, _link_rate, _server_rates, _atexit_registered
+    global _config, _requested, _hosted, _fractions, _spans_hosts, _link_rate, _server_rates, _nic_share
+    global _atexit_registered
     with _lock:
         requested = Config.resolve(overrides)
         if _config is not None:
@@ -171,6 +173,7 @@ def init(**overrides) -> Session:
                     hint = _PROBE_TIMEOUT_HINT if "timed out" in str(exc) else ""
                     raise JbpsError(f"jbps.init() failed measuring the network: {exc}{hint}") from None
                 raise
+        _nic_share = link_rate.busiest_nic_share(roles, _fractions, config.num_workers)
         _config, _requested, _hosted = config, requested, hosted
         cpu_loop_deadlock.warn_if_affected(config.local_rank)
         install_excepthook()
@@ -313,6 +316,14 @@ def partition_bytes(call_bytes: int) -> int:
     else the default for where the job runs (jbps/partition/defaults.py)."""
     given = config().partition_bytes
     return given if given is not None else defaults.partition_bytes(call_bytes, _fractions, _spans_hosts, _link_rate)
+
+
+def bucket_bytes(tree_bytes: int) -> int:
+    """The size of the buckets a psum of `tree_bytes` goes in: the user's
+    JBPS_BUCKET_BYTES, else the default for where the job runs and its
+    link's measured rate (jbps/partition/defaults.py)."""
+    given = config().bucket_bytes
+    return given if given is not None else defaults.bucket_bytes(tree_bytes, _spans_hosts, _link_rate, _nic_share)
 
 
 def link_bytes_per_s() -> float | None:

@@ -8,6 +8,7 @@ import pytest
 from conftest import check_results, last_json, run_job, worker_script
 from jbps.config import Config
 from jbps.ops import buckets
+from jbps.partition import defaults
 
 
 def test_buckets_follow_the_backward_order_and_their_size():
@@ -36,8 +37,28 @@ def test_one_call_when_the_tree_fits_or_buckets_are_off():
 
 @pytest.mark.parametrize("raw,expected", [("0", 0), ("1M", 1 << 20), ("65536", 65536)])
 def test_bucket_bytes_is_an_option(raw, expected):
+    assert Config.resolve({}, {}).bucket_bytes is None  # sized per psum (defaults.bucket_bytes)
     assert Config.resolve({}, {"JBPS_BUCKET_BYTES": raw}).bucket_bytes == expected
     assert Config.resolve({"bucket_bytes": raw}, {}).bucket_bytes == expected
+
+
+def test_default_buckets_follow_the_tree_and_the_link():
+    mib = 1 << 20
+    # One host: 4 MiB whatever the tree.
+    assert defaults.bucket_bytes(6 * mib, False) == defaults.bucket_bytes(100 * mib, False) == 4 * mib
+    # Across hosts, no rate known: an eighth of the tree, between 256 KiB and 4 MiB.
+    assert defaults.bucket_bytes(16 * mib, True) == 2 * mib
+    assert defaults.bucket_bytes(100 * mib, True) == 4 * mib
+    assert defaults.bucket_bytes(1 * mib, True) == 256 << 10
+    # At most BUCKET_LINK_S of the busiest link: 200 Mbit/s (25 MB/s) carrying
+    # 1.5 bytes per byte of psum holds 166,666 bytes in 10 ms, under the floor.
+    assert defaults.bucket_bytes(32 * mib, True, 25e6, 1.5) == 256 << 10
+    ten_ms_at_2g5 = int(312.5e6 * defaults.BUCKET_LINK_S)
+    assert defaults.bucket_bytes(100 * mib, True, 312.5e6, 1.0) == ten_ms_at_2g5
+    # The size only grows with the tree and the rate.
+    sizes = [defaults.bucket_bytes(t * mib, True, r, 1.0) for t in (1, 8, 64) for r in (25e6, 125e6, 1.25e9)]
+    assert sizes == sorted(sizes[:3]) + sorted(sizes[3:6]) + sorted(sizes[6:])
+    assert all(defaults.MIN_BUCKET_BYTES <= s <= defaults.MAX_BUCKET_BYTES for s in sizes)
 
 
 @pytest.mark.parametrize("mode,devices", [("pmap", 2), ("jit", 1)])

@@ -74,7 +74,9 @@ def psum(
     bucket_bytes: a tree of more bytes goes as several custom calls of about
     this many bytes, grouped in the order the backward pass produces the
     leaves (lowest priority first), so each starts as soon as its leaves
-    exist (buckets.py); default JBPS_BUCKET_BYTES; 0: one call.
+    exist (buckets.py); default JBPS_BUCKET_BYTES, else 4 MiB on one host and
+    across hosts sized to the tree and the link's measured rate
+    (partition/defaults.py); 0: one call.
     compression: None, "bf16" or "fp16": float32/float64 leaves travel as
     16-bit floats (half the bytes), summed in float32 by the servers and
     cast back (compression.py); the same on every worker.
@@ -143,7 +145,7 @@ def _psum(tree, residuals, axis_name, *, average, name, priority, bucket_bytes, 
     count = _axis_size(axes or ())
     name = name if name is not None else runtime.next_auto_name("psum")
     if bucket_bytes is None:
-        bucket_bytes = config.bucket_bytes
+        bucket_bytes = config.bucket_bytes  # None still: sized where it is lowered (runtime.bucket_bytes)
     elif isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 0:
         raise ValueError(f"jbps.psum: bucket_bytes must be a non-negative int, got {bucket_bytes!r}")
     spec = PsumSpec(

@@ -49,7 +49,9 @@ class PsumSpec:
     axes: tuple[AxisName, ...] | None  # None: not given (refused under mapped device axes)
     paths: tuple[str, ...]
     priorities: tuple[int, ...] | None  # one per leaf; None: pytree order
-    bucket_bytes: int = 0  # 0: one custom call; else buckets of about this many bytes (buckets.py)
+    # 0: one custom call; else buckets of about this many bytes (buckets.py); None: the
+    # default for the tree's size, decided where it is lowered (runtime.bucket_bytes)
+    bucket_bytes: int | None = 0
     # A codec with error feedback, "onebit", "topk" or "topk:FRACTION" (onebit.py, topk.py): the
     # operands are the leaves then one residual per leaf, the results their
     # sums then the new residuals.
@@ -272,9 +274,9 @@ def _reduce_on_devices(
         return out + residuals
     slot = device_slot(reduced, grouped)
     ranks = spec.priorities or tuple(-i for i in range(len(leaves)))
-    groups = buckets.split(
-        [leaves[i].size * leaves[i].dtype.itemsize for i in live], [ranks[i] for i in live], spec.bucket_bytes
-    )
+    nbytes = [leaves[i].size * leaves[i].dtype.itemsize for i in live]
+    bucket_bytes = spec.bucket_bytes if spec.bucket_bytes is not None else runtime.bucket_bytes(sum(nbytes))
+    groups = buckets.split(nbytes, [ranks[i] for i in live], bucket_bytes)
     wire = _Wire(spec, leaves, tuple(residuals), names, num_shards, _axis_index(reduced), on_cpu)
     results: list[tuple[int, jax.Array]] = []  # (leaf, its summed shard)
     for b, members in enumerate(groups):

@@ -69,6 +69,23 @@ INSTEAD_OF_STALLING_BYTES = 48 << 10
 # what the model above says (the workers drift further apart): at 200 Mbit/s
 # (25 MB/s) this gives 48 KiB, the size that measured best there.
 CHUNK_LINK_S = 0.003
+# Buckets (jbps/ops/buckets.py). A bucket's sums can travel only once its
+# last gradient exists, and the last bucket's sums are never hidden by the
+# backward pass, so smaller buckets leave sooner and leave less exposed; each
+# costs a custom call and its chunks' bookkeeping, so not too small. On one
+# host the sums take little of the step: 4 MiB, as measured before buckets
+# followed anything. Across hosts a bucket is at most BUCKET_LINK_S of the
+# busiest link (at the rate jbps.init measured, the same on every worker) and
+# at most 1/MIN_BUCKETS of the tree, so even on a fast link the first bucket
+# leaves while most of the backward pass is still to run; never below
+# MIN_BUCKET_BYTES. A leaf larger than a bucket is a bucket of its own, so
+# below a model's layer size this means one call per layer. Measured on the
+# emulated cluster: docs/guide/overlap.md.
+ONE_HOST_BUCKET_BYTES = 4 << 20
+MAX_BUCKET_BYTES = 4 << 20
+MIN_BUCKET_BYTES = 256 << 10
+MIN_BUCKETS = 8
+BUCKET_LINK_S = 0.010
 MIN_CREDIT = 4
 CREDIT_PER_SERVER_ONE_HOST = 2
 EXTRA_CREDIT_NETWORK = 2
@@ -116,6 +133,19 @@ def _largest_at_most(nbytes: float) -> int:
     ):
         size *= 2
     return size
+
+
+def bucket_bytes(
+    tree_bytes: int, across_hosts: bool, link_bytes_per_s: float | None = None, nic_share: float = 1.0
+) -> int:
+    """The size of a bucket of a psum of `tree_bytes` (see the constants above).
+    nic_share: bytes the busiest NIC carries per byte of a psum (link_rate.busiest_nic_share)."""
+    if not across_hosts:
+        return ONE_HOST_BUCKET_BYTES
+    size = min(MAX_BUCKET_BYTES, tree_bytes / MIN_BUCKETS)
+    if link_bytes_per_s is not None:
+        size = min(size, link_bytes_per_s * BUCKET_LINK_S / max(nic_share, 1e-3))
+    return int(max(MIN_BUCKET_BYTES, size))
 
 
 def largest_partition_bytes(across_hosts: bool) -> int:
