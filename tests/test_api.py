@@ -471,6 +471,22 @@ def test_repeated_prefixes_are_said_once_with_their_count():
     )
 
 
+def test_an_uncaught_errors_traceback_prints_its_repeats_collapsed():
+    # The hook jbps.init installs, in a process of its own as a worker's uncaught error meets it.
+    import subprocess
+    import sys
+
+    code = (
+        "from jbps.errors import install_excepthook; install_excepthook(); "
+        "raise ValueError('INTERNAL: ' + 'Error dispatching computation: ' * 40 + 'jbps: psum timed out')"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines()[-1] == (
+        "ValueError: INTERNAL: Error dispatching computation (x40): jbps: psum timed out"
+    ), proc.stderr
+
+
 def test_unknown_settings_are_named_with_the_nearest_known_one():
     from jbps import unknown_settings
 

@@ -405,13 +405,13 @@ def test_jbps_run_names_the_worker_that_raised_not_the_one_it_ended():
     assert_nothing_left(env)
 
 
-def test_a_stalled_workers_timeout_prints_its_repeats_collapsed():
-    # Worker 1 stops pushing; worker 0 dispatched its last 8 steps back to back
-    # behind the stalled psum, so its error reaches it through 17 wrappings
-    # ("Error dispatching computation: " each time): its traceback says the prefix
-    # once with its count, and names the worker. 12 steps, not more: XLA:CPU holds
-    # at most 32 computations in flight, and a dispatch held past the timeout
-    # raises the error unwrapped.
+def test_a_stalled_workers_timeout_names_it_once_with_its_repeats_collapsed():
+    # Worker 1 stops pushing; worker 0 dispatched its last steps back to back behind
+    # the stalled psum, so its error usually reaches it through a wrapping per step
+    # ("Error dispatching computation: " each time), said once with its count. A
+    # dispatch that comes after the timeout (the loaded CI machine, now and then)
+    # raises it unwrapped: either way one line, naming the worker. (The hook's
+    # collapse alone: test_api.py, test_an_uncaught_errors_traceback_prints_...)
     env = base_env(JBPS_TIMEOUT_S="6")
     proc, out, err = jbps_run(
         ["-n", "2", PYTHON, worker_script("raise_at_step.py"), "--steps", "12", "--raise-step", "3", "--stall"], env
@@ -419,7 +419,8 @@ def test_a_stalled_workers_timeout_prints_its_repeats_collapsed():
     assert proc.returncode != 0, err[-3000:]
     failure = [line for line in err.splitlines() if line.startswith("[worker 0]") and "jbps: psum timed out" in line]
     assert len(failure) == 1, err[-5000:]
-    assert re.search(r"Error dispatching computation \(x\d+\): ", failure[0]), failure[0]
+    if "Error dispatching computation" in failure[0]:
+        assert re.search(r"Error dispatching computation \(x\d+\): ", failure[0]), failure[0]
     assert "Error dispatching computation: Error dispatching computation" not in err, err[-3000:]
     assert "worker 1 has not pushed tensor" in failure[0], failure[0]
     assert_nothing_left(env)
