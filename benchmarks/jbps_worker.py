@@ -29,7 +29,7 @@ import numpy as np  # noqa: E402
 
 import jbps  # noqa: E402
 from jbps import _core  # noqa: E402
-from benchmarks import cpu_load, memory  # noqa: E402
+from benchmarks import cpu_load, memory, rate_change  # noqa: E402
 from benchmarks.report import summarize, with_cpu  # noqa: E402
 from benchmarks.stages import call_stages, typical_stages  # noqa: E402
 from jbps.ops import compression, topk  # noqa: E402
@@ -71,6 +71,13 @@ def parse_args(argv=None):
         help="also time each size with its input kept alive (XLA gives the sum a fresh output)",
     )
     p.add_argument("--stages", action="store_true", help="also report the latency breakdown (stages.py)")
+    p.add_argument(
+        "--pause-at",
+        type=int,
+        default=None,
+        help="worker 0 waits for the bench before this timed call of the first size (rate_change.py)",
+    )
+    p.add_argument("--pause-file", default=None, help="the file --pause-at says it paused in (rate_change.py)")
     p.add_argument("--cpu", action="store_true", help="also the machine's CPU time per timed call (cpu_load.py)")
     p.add_argument(
         "--compression",
@@ -85,6 +92,8 @@ def parse_args(argv=None):
     if args.memory and len(args.memory) != 4:
         p.error("--memory needs PEAK_BYTES,PEAK_ROUNDS,ROUND_BYTES,ROUNDS")
     args.server_pids = [int(s) for s in args.server_pids.split(",") if s]
+    if (args.pause_at is None) != (args.pause_file is None):
+        p.error("--pause-at and --pause-file go together")
     args.sizes = [int(s) for s in args.sizes.split(",") if s]
     iters = [int(s) for s in args.iters.split(",") if s]
     if len(iters) == 1:
@@ -247,14 +256,16 @@ def timed_fresh_call(f, x, stages_of=None):
 
 
 def slowest(times, tag):
-    """The slowest worker's time per call: the sum is done only when all have it."""
-    return summarize(gather_times(times, tag).max(axis=0).tolist())
+    """The slowest worker's time per call (the sum is done only when all have it): the summary, and each call's."""
+    per_call = gather_times(times, tag).max(axis=0).tolist()
+    return {**summarize(per_call), "per_call_s": per_call}
 
 
-def bench_size(nbytes, iters, warmup, fresh=False, stages=False, cpu=False):
+def bench_size(nbytes, iters, warmup, fresh=False, stages=False, cpu=False, pause=None):
     """In place; with `fresh` also out of place, calls alternating so that both see the same
     machine; with `stages` the median latency breakdown of rank 0's calls; with `cpu` the
-    machine's CPU time per in-place call."""
+    machine's CPU time per in-place call; with `pause` (call, file) worker 0 waits for the
+    bench before that call (rate_change.py)."""
     x = jnp.full((nbytes // 4,), jbps.rank() + 1, jnp.float32)
     name = f"bench.{nbytes}"
     f = in_place(name)
@@ -275,7 +286,12 @@ def bench_size(nbytes, iters, warmup, fresh=False, stages=False, cpu=False):
     times, fresh_times, parts, fresh_parts = [], [], [], []
     meter = cpu_load.Meter(on=cpu and jbps.rank() == 0)  # the machine's: one worker counts it
     try:
-        for _ in range(iters):
+        marks = [jbps.engine_stats()]
+        for i in range(iters):
+            if pause is not None and i == pause[0]:
+                marks.append(jbps.engine_stats())
+                if jbps.rank() == 0:
+                    rate_change.pause_for_change(pause[1])
             t, x, part = timed_call(f, x, name if stages else None, meter)
             times.append(t)
             parts.append(part)
@@ -292,6 +308,12 @@ def bench_size(nbytes, iters, warmup, fresh=False, stages=False, cpu=False):
         "engine_per_call": engine,
         "partition_bytes": jbps.runtime.partition_bytes(nbytes),
     }
+    if pause is not None:
+        marks.append(jbps.engine_stats())
+        out["server_answer_rates"] = {
+            "before": rate_change.answer_rates(marks[0], marks[1]),
+            "after": rate_change.answer_rates(marks[1], marks[2]),
+        }
     if fresh:
         out["out_of_place"] = slowest(fresh_times, f"fresh.{nbytes}")
     if stages:
@@ -355,9 +377,12 @@ def main(argv=None):
                 args.server_pids if jbps.rank() == 0 else (),
             )
         stats_before = jbps.engine_stats()
+        pause = None if args.pause_at is None else (args.pause_at, args.pause_file)
         report["results"] = {
-            str(nbytes): bench_size(nbytes, iters, args.warmup, args.out_of_place, args.stages, args.cpu)
-            for nbytes, iters in zip(args.sizes, args.iters)
+            str(nbytes): bench_size(
+                nbytes, iters, args.warmup, args.out_of_place, args.stages, args.cpu, pause if i == 0 else None
+            )
+            for i, (nbytes, iters) in enumerate(zip(args.sizes, args.iters))
         }
         stats_after = jbps.engine_stats()
         report["engine_stats"] = {"before": stats_before, "after": stats_after}

@@ -3,7 +3,7 @@
     python -m benchmarks.network [--workers 4] [--cpu-hosts 0-4] [--size 32M] [--rate 1G]
                                  [--iters 8] [--warmup 2] [--partition 4M,256K] [--credit 8]
                                  [--compression bf16,fp16,onebit] [--skip-peers] [--json] [--plot out.png]
-                                 [--trace-dir DIR]
+                                 [--trace-dir DIR] [--rates s1=400M] [--change w0=400M@10]
     python -m benchmarks.network ...                       (the same)
 
 Needs root: every host is a network namespace on this machine (jbps.emulated_network),
@@ -26,6 +26,7 @@ Progress goes to stderr; the table (or --json) to stdout.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -44,6 +45,7 @@ from jbps.partition.split import allreduce_time_s, optimal_split
 from jbps.procs import terminate
 from . import cpu_load
 from .plotting import finish
+from .rate_change import applied_during, calls_to_follow, parse_change
 from .report import parse_report
 
 log = logging.getLogger("benchmarks.network")
@@ -128,6 +130,12 @@ def parse_args(argv=None, prog=None) -> argparse.Namespace:
         help="hosts whose NIC differs from --rate: w<i>=RATE for worker host i, s<j>=RATE for CPU host j "
         "(e.g. s1=400M,w0=800M); the table then holds the optimum for those links (partition/rated_split.py)",
     )
+    p.add_argument(
+        "--change",
+        default="",
+        help="one host's rate changes mid-run in every jbps run: HOST=RATE@CALL, e.g. w0=400M@10 (before timed "
+        "call 10; hosts named as in --rates); the table then follows the calls after it (rate_change.py)",
+    )
     p.add_argument("--iters", type=int, default=8, help="timed calls per case (default 8)")
     p.add_argument("--warmup", type=int, default=2, help="untimed calls first (default 2)")
     p.add_argument(
@@ -177,6 +185,12 @@ def parse_args(argv=None, prog=None) -> argparse.Namespace:
         args.host_rates = parse_host_rates(args.rates, args.workers, max(args.cpu_hosts))
     except ValueError as exc:
         p.error(f"--rates: {exc}")
+    try:
+        args.rate_change = (
+            parse_change(args.change, args.workers, max(args.cpu_hosts), args.iters) if args.change.strip() else None
+        )
+    except ValueError as exc:
+        p.error(f"--change: {exc}")
     if args.plot:
         import importlib.util
 
@@ -231,7 +245,13 @@ def bench_jbps(net: EmulatedNetwork, n: int, k: int, args, variant: dict) -> dic
         "--cpu",
         *variant.get("args", []),
     ]
-    result = run_job(net, list(range(n)), list(range(n + k)), argv, env=env, timeout_s=args.timeout)
+    change = args.rate_change
+    with tempfile.TemporaryDirectory(prefix="jbps-rate-change-") as tmp:
+        pause_file = Path(tmp) / "pause"
+        if change is not None:
+            argv += ["--pause-at", str(change.at_call), "--pause-file", str(pause_file)]
+        with applied_during(net, change, pause_file, log.info) if change is not None else contextlib.nullcontext():
+            result = run_job(net, list(range(n)), list(range(n + k)), argv, env=env, timeout_s=args.timeout)
     report = parse_report(result.workers[0].stdout, "jbps worker 0")
     timing = report["results"][args.size]
     by_address = result.servers_by_address()
@@ -244,6 +264,9 @@ def bench_jbps(net: EmulatedNetwork, n: int, k: int, args, variant: dict) -> dic
         "median_s": timing["median_s"],
         "min_s": timing["min_s"],
         "iters": timing["iters"],
+        "per_call_s": timing.get("per_call_s"),
+        "server_answer_rates": timing.get("server_answer_rates"),
+        "server_hosts": hosts,  # the servers' hosts, in the order the engine lists them
         "server_mib_received": {str(h): (b or 0) / 2**20 for h, b in sorted(received.items())},
         "psum_mib_pushed": {str(h): float(b) / 2**20 for h, b in sorted(zip(hosts, pushed))},
         "engine_per_call": timing.get("engine_per_call", {}),
@@ -429,11 +452,17 @@ def run(args) -> dict:
         "peers": {},
     }
     doc["host_rates_bits_per_s"] = {str(h): r for h, r in sorted(args.host_rates.items())}
+    change = args.rate_change
+    if change is not None:
+        doc["rate_change"] = {"host": change.host, "rate_bits_per_s": change.rate, "at_call": change.at_call}
     with EmulatedNetwork(n + max(ks), args.rate, host_rates=args.host_rates) as net:
         log.info("%d emulated hosts at %s; link check ...", len(net.hosts), format_rate(args.rate))
         doc["link_check"] = link_check(net, len(net.hosts))
         for k in ks:
             case = {"k": k, "formula_s": optimum_s(n, k, args.size, args.rate, args.host_rates), "jbps": {}}
+            if change is not None:
+                after = {**args.host_rates, change.host: change.rate}
+                case["optimum_after_change_s"] = optimum_s(n, k, args.size, args.rate, after)
             for v in args.variants:
                 log.info("jbps, k = %d, %s ...", k, v["name"])
                 try:
@@ -466,6 +495,17 @@ def goals(doc: dict) -> list[dict]:
             }
         )
         out += compression_goals(k, c["jbps"])
+        if "optimum_after_change_s" in c:
+            follow = calls_to_follow(
+                c["jbps"]["defaults"]["per_call_s"], doc["rate_change"]["at_call"], c["optimum_after_change_s"]
+            )
+            out.append(
+                {
+                    "what": f"calls after the rate change until within 1.10x its optimum, k = {k}",
+                    "ratio": None if follow is None else float(follow),  # None: not by the last call
+                    "target": "<= 5",
+                }
+            )
     gloo = doc["peers"].get("gloo")
     if gloo:
         n = doc["workers"]
@@ -561,6 +601,7 @@ def format_table(doc: dict) -> str:
                 + "; shares "
                 + ", ".join(f"{f:.3f}" for f in d["server_fractions"])
             )
+    lines += _change_lines(doc)
     chosen = [(c["k"], c["jbps"]["defaults"]) for c in doc["cases"] if "defaults" in c["jbps"]]
     if any(d.get("link_bytes_per_s") for _, d in chosen):
         lines.append(
@@ -617,7 +658,7 @@ def format_table(doc: dict) -> str:
     for g in doc["goals"]:
         floor = g.get("cpu_floor")
         lines.append(
-            f"  {g['what']}: {g['ratio']:.2f} (target {g['target']}"
+            f"  {g['what']}: {'not reached' if g['ratio'] is None else format(g['ratio'], '.2f')} (target {g['target']}"
             + ("" if floor is None else f"; this machine's CPU time alone: {floor:.2f}")
             + ")"
         )
@@ -627,6 +668,43 @@ def format_table(doc: dict) -> str:
             "the least this machine can take, however the work is scheduled)"
         )
     return "\n".join(lines)
+
+
+def _change_lines(doc: dict) -> list[str]:
+    """The calls around the mid-run rate change, per k (defaults), against the optimum for the new links."""
+    change = doc.get("rate_change")
+    if not change:
+        return []
+    at = change["at_call"]
+    lines = [
+        f"Host {change['host']}'s link changed to {format_rate(change['rate_bits_per_s'])} before timed call {at} "
+        "(jbps defaults; each call's time, the slowest process's):"
+    ]
+    for c in doc["cases"]:
+        per_call = c["jbps"]["defaults"]["per_call_s"]
+        best = c["optimum_after_change_s"]
+        follow = calls_to_follow(per_call, at, best)
+        lines.append(
+            f"  k = {c['k']}: before {', '.join(f'{t:.3f}' for t in per_call[:at])} s; after "
+            f"{', '.join(f'{t:.3f}' for t in per_call[at:])} s; optimum for the new links {best:.3f} s: "
+            + ("not within 1.10x of it by the last call" if follow is None else f"within 1.10x from call {follow} on")
+        )
+        answers = c["jbps"]["defaults"].get("server_answer_rates")
+        if answers:
+            lines.append(
+                "    how fast each server took worker 0's pushes (bytes acknowledged over the time one was "
+                "unacknowledged): "
+                + "; ".join(
+                    f"{when} "
+                    + ", ".join(
+                        f"host {h} " + ("-" if r is None else f"{8 * r / 1e6:.0f}")
+                        for h, r in zip(c["jbps"]["defaults"]["server_hosts"], answers[when])
+                    )
+                    + " Mbit/s"
+                    for when in ("before", "after")
+                )
+            )
+    return lines
 
 
 def _cpu_text(cpu: dict | None) -> str:

@@ -300,7 +300,9 @@ def local_size() -> int:
 
 
 def engine_stats() -> dict:
-    """Counters of this process's engine (bytes pushed/pulled, calls, chunks)."""
+    """Counters of this process's engine (bytes pushed/pulled, calls, chunks; per
+    server, in JBPS_SERVERS order: bytes pushed, pulled and acknowledged, and the
+    seconds some push to it waited for its acknowledgement)."""
     return dict(_core.engine_stats())
 
 

@@ -125,6 +125,26 @@ def test_overlap_bench_times_every_case():
     assert case["cpu_bound_s"] == pytest.approx(per_step / doc["compute"]["cpu"]["cores"])
 
 
+def test_a_rate_changed_mid_run_reaches_the_links_and_the_table():
+    # Worker 0 pauses before timed call 2 until the bench has changed the CPU host's link
+    # (a lost handshake fails the job after its timeout); every call is reported.
+    argv = ["--workers", "2", "--cpu-hosts", "1", "--size", "2M", "--rate", "400M", "--iters", "4", "--warmup", "1"]
+    before = _namespaces()
+    proc = _run("benchmarks.network", *argv, "--change", "s0=100M@2", "--skip-peers", "-v")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert _namespaces() == before
+    assert "host 2's link set to 100 Mbit/s before timed call 2" in proc.stderr, proc.stderr[-3000:]
+    assert "Host 2's link changed to 100 Mbit/s before timed call 2" in proc.stdout, proc.stdout
+    follow = [line for line in proc.stdout.splitlines() if "calls after the rate change" in line]
+    assert len(follow) == 1 and "k = 1" in follow[0], proc.stdout
+    doc = _run_json("benchmarks.network", *argv, "--change", "w1=100M@3", "--skip-peers")
+    assert doc["rate_change"] == {"host": 1, "rate_bits_per_s": 1e8, "at_call": 3}
+    (case,) = doc["cases"]
+    assert len(case["jbps"]["defaults"]["per_call_s"]) == 4
+    # A worker's link at a quarter of the others' takes the optimum well above the formula's.
+    assert case["optimum_after_change_s"] > 2 * case["formula_s"], case
+
+
 @pytest.mark.parametrize(
     "module,argv,needle",
     [
@@ -132,6 +152,9 @@ def test_overlap_bench_times_every_case():
         ("benchmarks.network", ["--size", "12 apples"], "12 apples"),
         ("benchmarks.network", ["--workers", "200", "--cpu-hosts", "60"], "254"),
         ("benchmarks.network", ["--compression", "int8"], "int8"),
+        ("benchmarks.network", ["--change", "w0=400M"], "w0=400M"),
+        ("benchmarks.network", ["--change", "w7=1M@2"], "w7=1M"),
+        ("benchmarks.network", ["--iters", "4", "--change", "w0=1M@4"], "w0=1M@4"),
         ("benchmarks.overlap", ["--rate", "fast"], "fast"),
         ("benchmarks.overlap", ["--bucket-bytes", "lots"], "lots"),
     ],

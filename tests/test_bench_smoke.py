@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO
-from benchmarks import peers
+from benchmarks import peers, rate_change
 from benchmarks.__main__ import format_table, plot
 
 TREE_LEAVES = 8
@@ -294,3 +294,25 @@ def test_network_compression_goals_hold_each_codec_to_its_target_beside_the_cpu_
     assert onebit["cpu_floor"] == pytest.approx(0.1)  # 60 core-ms over 2 cores, over 0.3 s
     assert goals["jbps fp16 / float32, k = 4"]["cpu_floor"] is None
     assert compression_goals(4, {"compression onebit": results["compression onebit"]}) == []
+
+
+def test_rate_change_followed_and_answer_rates():
+    # Calls before the change at 1.0 s; after it the optimum is 2.0 s: followed once every
+    # later call is within 1.10x of it, not at the first call that is.
+    per_call = [1.0, 1.0, 4.0, 2.1, 3.0, 2.2, 2.0]
+    assert rate_change.calls_to_follow(per_call, 2, 2.0) == 4
+    assert rate_change.calls_to_follow(per_call[:5], 2, 2.0) is None
+    assert rate_change.calls_to_follow([1.0, 2.0], 1, 2.0) == 1
+    before = {"server_unacked_seconds": [1.0, 0.0], "server_bytes_acked": [10, 0]}
+    after = {"server_unacked_seconds": [3.0, 0.0], "server_bytes_acked": [410, 0]}
+    assert rate_change.answer_rates(before, after) == [200.0, None]  # 400 bytes in 2 s
+
+
+@pytest.mark.parametrize(
+    "text,needle",
+    [("w0=1M", "HOST=RATE@CALL"), ("w0=1M@9", "from 1 to"), ("x0=1M@2", "w<i>"), ("s3=1M@2", "names no machine")],
+)
+def test_rate_change_bad_input_names_the_fault(text, needle):
+    with pytest.raises(ValueError, match=needle):
+        rate_change.parse_change(text, 2, 2, 4)
+    assert rate_change.parse_change("s1=400M@3", 2, 2, 4) == rate_change.RateChange(3, 4e8, 3)

@@ -78,9 +78,14 @@ def test_random_trees_across_hosts_match_numpy_and_split_bytes_by_role(hosts, mo
     for per_server in pushed:
         for got, f in zip(per_server, fractions):
             assert abs(got - f * per_server.sum()) <= rounds * devices * chunk, (per_server.tolist(), fractions)
-    # Shared memory within a host, TCP between hosts.
+    # Shared memory within a host, TCP between hosts. Each server acknowledged every push and
+    # sent its sum back byte for byte, and the time its pushes awaited acknowledgement was counted.
     for r in reports:
         s = r["stats"]
+        assert s["server_bytes_pulled"] == s["server_bytes_pushed"], s
+        assert sum(s["server_bytes_pulled"]) == s["bytes_pulled"], s
+        assert s["server_bytes_acked"] == s["server_bytes_pushed"], s
+        assert all(w > 0 for w, b in zip(s["server_unacked_seconds"], s["server_bytes_pushed"]) if b), s
         assert s["shm_servers"] == 1 and 0 < s["bytes_shm"] < s["bytes_pushed"] + s["bytes_pulled"], s
     check_measured_link(reports, hosts.rate, fractions)
 

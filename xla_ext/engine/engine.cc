@@ -56,6 +56,9 @@ EngineStats Engine::stats() const {
   for (auto& c : impl_->conns) {
     s.shm_servers += c->transport->slots() > 0;
     s.server_bytes_pushed.push_back(c->bytes_pushed.load());
+    s.server_bytes_pulled.push_back(c->bytes_pulled.load());
+    s.server_bytes_acked.push_back(c->bytes_acked);
+    s.server_unacked_seconds.push_back(c->unacked_ns * 1e-9);
   }
   return s;
 }

@@ -46,11 +46,14 @@ struct EngineStats {
   uint64_t chunks_pushed = 0;
   uint64_t bytes_pushed = 0;
   uint64_t bytes_pulled = 0;
-  double busy_seconds = 0;                    // wall time with at least one call in flight
-  uint64_t bytes_shm = 0;                     // of bytes_pushed + bytes_pulled, those moved through shared memory
-  uint64_t chunks_fused = 0;                  // small chunks sent inside another message (see FuseSmallChunks)
-  uint64_t shm_servers = 0;                   // servers reached through shared memory
-  std::vector<uint64_t> server_bytes_pushed;  // of bytes_pushed, to each server in order
+  double busy_seconds = 0;                     // wall time with at least one call in flight
+  uint64_t bytes_shm = 0;                      // of bytes_pushed + bytes_pulled, those moved through shared memory
+  uint64_t chunks_fused = 0;                   // small chunks sent inside another message (see FuseSmallChunks)
+  uint64_t shm_servers = 0;                    // servers reached through shared memory
+  std::vector<uint64_t> server_bytes_pushed;   // of bytes_pushed, to each server in order
+  std::vector<uint64_t> server_bytes_pulled;   // of bytes_pulled, from each server
+  std::vector<uint64_t> server_bytes_acked;    // pushed bytes each server acknowledged
+  std::vector<double> server_unacked_seconds;  // wall time with a push to the server not yet acknowledged
 };
 
 // One tensor shard of a call: `nbytes` read from `in`, the sum written to `out`.

@@ -203,9 +203,17 @@ struct ServerConn {
   std::mutex write_mu;
   std::atomic<uint64_t> bytes_pushed{0};
   std::atomic<int> awaiting{0};  // pushes written whose sum or error has not arrived
+  std::atomic<uint64_t> bytes_pulled{0};
   // Guarded by Engine::Impl::mu.
   std::deque<ChunkPtr> sendq;
   std::deque<ChunkPtr> unacked;  // dispatched, in send order, awaiting kPushAck
+  // How fast the server takes this worker's pushes: the time with some push to
+  // it unacknowledged, and the bytes acknowledged (a push is acknowledged when
+  // it arrives, so a slower link or a busier server shows as fewer bytes per
+  // second, whatever the other workers do).
+  int64_t unacked_since_ns = 0;
+  uint64_t unacked_ns = 0;
+  uint64_t bytes_acked = 0;
   std::condition_variable send_cv;
   bool sending = false;  // a thread is writing chunks taken from sendq (one at a time keeps their order)
   bool bye = false;

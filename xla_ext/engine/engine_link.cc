@@ -285,6 +285,7 @@ bool Engine::Impl::OnSum(ServerConn* sc, const Frame& f, FrameReader* reader, st
     if (ok) {
       if (f.type == MsgType::kSumShm) bytes_shm += sum_bytes;
       bytes_pulled += ch->nbytes;
+      sc->bytes_pulled += ch->nbytes;
       if (opt.trace) Record(*ch, NowMicros());
       if (ch->call->timed) StampSum(ch->call.get(), f.header, f.read_ns);
       ChunkDone(ch->call.get());

@@ -24,6 +24,7 @@ std::vector<Engine::Impl::Lost> Engine::Impl::DispatchLocked(bool wake_senders) 
     }
     queue.Take();
     pending[RoundKey{ch->key, ch->round}] = ch;
+    if (sc->unacked.empty()) sc->unacked_since_ns = SteadyNs();
     sc->unacked.push_back(ch);
     sc->sendq.push_back(ch);
   }
@@ -148,6 +149,7 @@ bool Engine::Impl::AckLocked(ServerConn* sc, const RoundKey& rk) {
                          [&](const ChunkPtr& c) { return c->key == rk.key && c->round == rk.round; });
   if (it == sc->unacked.end()) return false;
   if (opt.trace) (*it)->times.acked = NowMicros();
+  if (!(*it)->tree) sc->bytes_acked += (*it)->nbytes;
   queue.GiveBack();
   sc->unacked.erase(it);
   DropSkipped(sc);
@@ -163,6 +165,10 @@ void Engine::Impl::DropSkipped(ServerConn* sc) {
     } else {
       ++it;
     }
+  }
+  if (sc->unacked.empty() && sc->unacked_since_ns != 0) {
+    sc->unacked_ns += SteadyNs() - sc->unacked_since_ns;
+    sc->unacked_since_ns = 0;
   }
 }
 

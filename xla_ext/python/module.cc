@@ -289,6 +289,9 @@ NB_MODULE(_core, m) {
     d["chunks_fused"] = s.chunks_fused;
     d["shm_servers"] = s.shm_servers;
     d["server_bytes_pushed"] = s.server_bytes_pushed;
+    d["server_bytes_pulled"] = s.server_bytes_pulled;
+    d["server_bytes_acked"] = s.server_bytes_acked;
+    d["server_unacked_seconds"] = s.server_unacked_seconds;
     return d;
   });
   nb::class_<PyServer>(m, "Server")
