@@ -286,7 +286,7 @@ def bench_size(nbytes, iters, warmup, fresh=False, stages=False, cpu=False, paus
     times, fresh_times, parts, fresh_parts = [], [], [], []
     meter = cpu_load.Meter(on=cpu and jbps.rank() == 0)  # the machine's: one worker counts it
     try:
-        marks = [jbps.engine_stats()]
+        marks = [jbps.engine_stats()] if pause is not None else []  # around the rate change
         for i in range(iters):
             if pause is not None and i == pause[0]:
                 marks.append(jbps.engine_stats())

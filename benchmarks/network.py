@@ -246,12 +246,12 @@ def bench_jbps(net: EmulatedNetwork, n: int, k: int, args, variant: dict) -> dic
         *variant.get("args", []),
     ]
     change = args.rate_change
-    with tempfile.TemporaryDirectory(prefix="jbps-rate-change-") as tmp:
-        pause_file = Path(tmp) / "pause"
+    with contextlib.ExitStack() as during:
         if change is not None:
+            pause_file = Path(during.enter_context(tempfile.TemporaryDirectory(prefix="jbps-rate-change-"))) / "pause"
             argv += ["--pause-at", str(change.at_call), "--pause-file", str(pause_file)]
-        with applied_during(net, change, pause_file, log.info) if change is not None else contextlib.nullcontext():
-            result = run_job(net, list(range(n)), list(range(n + k)), argv, env=env, timeout_s=args.timeout)
+            during.enter_context(applied_during(net, change, pause_file, log.info))
+        result = run_job(net, list(range(n)), list(range(n + k)), argv, env=env, timeout_s=args.timeout)
     report = parse_report(result.workers[0].stdout, "jbps worker 0")
     timing = report["results"][args.size]
     by_address = result.servers_by_address()
@@ -469,6 +469,10 @@ def run(args) -> dict:
                     case["jbps"][v["name"]] = bench_jbps(net, n, k, args, v)
                 except JobFailed as exc:
                     raise RuntimeError(f"jbps with k = {k} ({v['name']}) failed: {exc}") from None
+            if change is not None:  # None: not within 1.10x of the new optimum by the last call
+                case["calls_to_follow"] = calls_to_follow(
+                    case["jbps"]["defaults"]["per_call_s"], change.at_call, case["optimum_after_change_s"]
+                )
             doc["cases"].append(case)
         if not args.skip_peers:
             doc["allreduce_ideal_s"] = allreduce_time_s(n, args.size, bandwidth)
@@ -495,14 +499,12 @@ def goals(doc: dict) -> list[dict]:
             }
         )
         out += compression_goals(k, c["jbps"])
-        if "optimum_after_change_s" in c:
-            follow = calls_to_follow(
-                c["jbps"]["defaults"]["per_call_s"], doc["rate_change"]["at_call"], c["optimum_after_change_s"]
-            )
+        if "calls_to_follow" in c:
+            follow = c["calls_to_follow"]
             out.append(
                 {
                     "what": f"calls after the rate change until within 1.10x its optimum, k = {k}",
-                    "ratio": None if follow is None else float(follow),  # None: not by the last call
+                    "ratio": None if follow is None else float(follow),
                     "target": "<= 5",
                 }
             )
@@ -682,8 +684,7 @@ def _change_lines(doc: dict) -> list[str]:
     ]
     for c in doc["cases"]:
         per_call = c["jbps"]["defaults"]["per_call_s"]
-        best = c["optimum_after_change_s"]
-        follow = calls_to_follow(per_call, at, best)
+        best, follow = c["optimum_after_change_s"], c["calls_to_follow"]
         lines.append(
             f"  k = {c['k']}: before {', '.join(f'{t:.3f}' for t in per_call[:at])} s; after "
             f"{', '.join(f'{t:.3f}' for t in per_call[at:])} s; optimum for the new links {best:.3f} s: "

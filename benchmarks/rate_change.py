@@ -114,7 +114,7 @@ def calls_to_follow(per_call_s: list[float], at_call: int, optimum_s: float) -> 
     """Calls from the change until one takes at most FOLLOWED_WITHIN x the optimum for the new
     rates and every later one does too (1: the first call after the change); None if never."""
     after = per_call_s[at_call:]
-    for i in range(len(after)):
-        if all(t <= FOLLOWED_WITHIN * optimum_s for t in after[i:]):
-            return i + 1
-    return None
+    over = [i for i, t in enumerate(after) if t > FOLLOWED_WITHIN * optimum_s]
+    if not over:
+        return 1
+    return over[-1] + 2 if over[-1] + 1 < len(after) else None

@@ -52,11 +52,10 @@ def measure(sizes: list[int], iters: int, warmup: int) -> list[dict]:
     import numpy as np
 
     import jbps
-    from jbps import link_rate, runtime
+    from jbps import runtime
 
     rows = []
-    roles = jbps.runtime._core.engine_server_roles()
-    share = link_rate.busiest_nic_share(roles, runtime.server_fractions(), jbps.size()) if runtime.spans_hosts() else 0
+    share = runtime.nic_share() if runtime.spans_hosts() else 0
     for nbytes in sizes:
         psum = jax.jit(lambda x, n=nbytes: jbps.psum(x, name=f"jbps.bench.{n}"), donate_argnums=0)
         x = jnp.zeros(nbytes // 4, jnp.float32)

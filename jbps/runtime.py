@@ -328,6 +328,13 @@ def bucket_bytes(tree_bytes: int) -> int:
     return given if given is not None else defaults.bucket_bytes(tree_bytes, _spans_hosts, _link_rate, _nic_share)
 
 
+def nic_share() -> float:
+    """Bytes the busiest NIC carries (one direction) per byte of a worker's psum,
+    for the split in use (link_rate.busiest_nic_share)."""
+    config()
+    return _nic_share
+
+
 def link_bytes_per_s() -> float | None:
     """The link rate the default chunks are sized for, the same on every
     worker: the busiest link's as jbps.init measured it (link_rate.py), or,
