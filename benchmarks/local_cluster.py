@@ -65,6 +65,7 @@ class LocalCluster:
         python: str = sys.executable,
         server_args: Sequence[str] = (),
         server_roles: Sequence[str] | None = None,
+        bind_host: str = "127.0.0.1",
     ):
         self.num_workers = num_workers
         self.num_servers = num_servers
@@ -72,6 +73,8 @@ class LocalCluster:
         self.timeout_s = timeout_s
         self.python = python
         self.server_args = list(server_args)
+        # Another loopback address (127.0.0.2, ...) makes the servers look like other hosts' to the workers.
+        self.bind_host = bind_host
         self.server_roles = list(server_roles) if server_roles is not None else ["colocated"] * num_servers
         if len(self.server_roles) != num_servers:
             raise ValueError(f"{num_servers} servers but {len(self.server_roles)} roles")
@@ -121,7 +124,7 @@ class LocalCluster:
                 "-m",
                 "jbps.server",
                 "--bind",
-                "127.0.0.1:0",
+                f"{self.bind_host}:0",
                 "--num-workers",
                 str(self.num_workers),
                 "--role",

@@ -249,6 +249,14 @@ OPTIONS = (
         "back a psum's fresh output buffers (of a parameter the caller keeps, 2 MiB and more) with transparent "
         "huge pages (madvise), so their first touch faults in 2 MiB pages, not 4 KiB ones; 0: as allocated",
     ),
+    Option(
+        "follow_rates",
+        ("JBPS_FOLLOW_RATES",),
+        _switch,
+        True,
+        "across hosts: re-plan the split while the job runs when a server's link slows or recovers "
+        "(jbps/replan.py); 0: keep the split jbps.init measured. Set it alike on every worker",
+    ),
 )
 
 
@@ -330,6 +338,7 @@ class Config:
     job_token: int
     trace_dir: str | None
     huge_pages: bool
+    follow_rates: bool
 
     @property
     def scheduler(self) -> str | None:

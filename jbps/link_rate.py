@@ -48,7 +48,7 @@ def busiest_nic_share(roles: Sequence[str], fractions: Sequence[float], num_work
     return busiest_nic_bytes(machines, placement, colocated + dedicated)
 
 
-def _psum_seconds(name: str, values: np.ndarray, fractions: Sequence[float], wait_s: float) -> float:
+def psum_host(name: str, values: np.ndarray, fractions: Sequence[float], wait_s: float) -> float:
     """Seconds of one psum of `values` (summed in place) through the running engine."""
     plan = make_plan(
         name,
@@ -77,9 +77,9 @@ def _psum_seconds(name: str, values: np.ndarray, fractions: Sequence[float], wai
 
 def _agreed_seconds(name: str, nbytes: int, fractions: Sequence[float], num_workers: int, wait_s: float) -> float:
     """One probe of `nbytes`: the workers' mean time, the same number on every worker."""
-    took = _psum_seconds(name, np.zeros(nbytes // 4, np.float32), fractions, wait_s)
+    took = psum_host(name, np.zeros(nbytes // 4, np.float32), fractions, wait_s)
     agreed = np.array([took], np.float32)
-    _psum_seconds(f"{name}.seconds", agreed, fractions, wait_s)
+    psum_host(f"{name}.seconds", agreed, fractions, wait_s)
     return float(agreed[0]) / num_workers
 
 
@@ -87,7 +87,7 @@ def warm_up(fractions: Sequence[float], wait_s: float) -> None:
     """The probe's first psum, untimed: the connections' first bytes (slow
     start) are not the rate."""
     name = f"{NAME}.{PROBE_START_BYTES}"
-    _psum_seconds(name, np.zeros(PROBE_START_BYTES // 4, np.float32), fractions, wait_s)
+    psum_host(name, np.zeros(PROBE_START_BYTES // 4, np.float32), fractions, wait_s)
 
 
 def measure(roles: Sequence[str], fractions: Sequence[float], num_workers: int, timeout_s: float) -> float | None:
@@ -159,11 +159,9 @@ def server_rates(roles: Sequence[str], num_workers: int, link_bytes_per_s: float
         loads.append(per_byte * nbytes)
     for r in range(SERVER_PROBE_ROUNDS):
         for s, nbytes in enumerate(sizes):
-            took = _psum_seconds(
-                f"{NAME}.server{s}.{r}", np.zeros(nbytes // 4, np.float32), _one_server(count, s), wait_s
-            )
+            took = psum_host(f"{NAME}.server{s}.{r}", np.zeros(nbytes // 4, np.float32), _one_server(count, s), wait_s)
             seconds[s] = min(seconds[s], took)
-    _psum_seconds(f"{NAME}.server_seconds", seconds, [1.0 / count] * count, wait_s)
+    psum_host(f"{NAME}.server_seconds", seconds, [1.0 / count] * count, wait_s)
     return [load / (float(t) / n) for load, t in zip(loads, seconds)]
 
 

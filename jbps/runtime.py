@@ -16,7 +16,7 @@ from .extension import load_core
 
 _core = load_core()
 # The rest after the extension, so that its absence is what an import error names.
-from . import bootstrap, cpu_loop_deadlock, link_rate, trace, unknown_settings  # noqa: E402
+from . import bootstrap, cpu_loop_deadlock, link_rate, replan, trace, unknown_settings  # noqa: E402
 from .config import Config  # noqa: E402
 from .errors import JbpsError, collapse_repeats, install_excepthook  # noqa: E402
 from .partition import defaults  # noqa: E402
@@ -51,6 +51,7 @@ _spans_hosts = False
 _link_rate: float | None = None  # bytes/s of the busiest link, measured at init across hosts
 _server_rates: tuple[float, ...] | None = None  # bytes/s of each server's link, measured with it
 _nic_share = 1.0  # bytes the busiest NIC carries per byte of a psum (link_rate.busiest_nic_share)
+_follower: replan.Follower | None = None  # re-plans the split as links change (replan.py)
 _ffi_registered = False
 _atexit_registered = False
 _names = itertools.count()
@@ -103,7 +104,7 @@ def init(**overrides) -> Session:
     shutdown() first).
     """
     global _config, _requested, _hosted, _fractions, _spans_hosts, _link_rate, _server_rates, _nic_share
-    global _atexit_registered
+    global _atexit_registered, _follower
     with _lock:
         requested = Config.resolve(overrides)
         if _config is not None:
@@ -118,6 +119,7 @@ def init(**overrides) -> Session:
         )
         config, hosted = bootstrap.complete(requested)
         across = defaults.spans_hosts(config.servers)
+        replannable = across and len(config.servers) > 1  # the split may move as links change (replan.py)
         # Until the servers' roles are known, the window as if every server got bytes (the most).
         credit = config.scheduling_credit or defaults.credit([1.0] * len(config.servers), across)
         try:
@@ -132,6 +134,7 @@ def init(**overrides) -> Session:
                 shm=config.shm,
                 shm_slot_bytes=config.partition_bytes or defaults.largest_partition_bytes(across),
                 huge_pages=config.huge_pages,
+                routes_can_change=replannable,
             )
         except RuntimeError as exc:
             for server in hosted:
@@ -174,6 +177,15 @@ def init(**overrides) -> Session:
                     raise JbpsError(f"jbps.init() failed measuring the network: {exc}{hint}") from None
                 raise
         _nic_share = link_rate.busiest_nic_share(roles, _fractions, config.num_workers)
+        if replannable and config.follow_rates:
+            planned = _server_rates if _server_rates is not None else (1.0,) * len(roles)
+            _follower = replan.Follower(
+                replan.RateFollower(roles, config.num_workers, planned, _fractions),
+                config.worker_rank,
+                config.num_workers,
+                _fractions,
+                config.timeout_s,
+            )
         _config, _requested, _hosted = config, requested, hosted
         cpu_loop_deadlock.warn_if_affected(config.local_rank)
         install_excepthook()
@@ -229,11 +241,16 @@ def _shutdown_at_exit() -> None:
 
 
 def _shutdown(reason: str) -> None:
-    global _config, _requested, _hosted
+    global _config, _requested, _hosted, _follower
     with _lock:
         if _config is None:
             return
+        follower, _follower = _follower, None
+        if follower is not None:
+            follower.stop()
         _core.engine_stop(reason)
+        if follower is not None:
+            follower.join(_config.timeout_s)  # its psum failed with the stop, or returned
         if _config.trace_dir is not None:
             trace.write_trace(_core.engine_take_trace(), _config.trace_dir, _config.worker_rank)
         # Servers this process hosts serve the other workers until they are

@@ -169,6 +169,7 @@ FILE_MARKERS = {
     "test_plots.py": "unit",
     "test_portable_kernels.py": "cluster",
     "test_psum_cluster.py": "cluster",
+    "test_replan.py": "cluster",
     "test_scheduling.py": "cluster",
     "test_shm.py": "cluster",
     "test_shutdown.py": "cluster",

@@ -377,12 +377,12 @@ def test_a_job_size_without_servers_is_still_an_error(monkeypatch):
 
 def test_the_link_probes_host_psum_sums_and_names_bad_input(server):
     # jbps.init's link probe (jbps/link_rate.py) sums host arrays outside XLA.
-    from jbps.link_rate import NAME, _psum_seconds
+    from jbps.link_rate import NAME, psum_host
 
     values = np.random.default_rng(3).standard_normal(70_000).astype(np.float32)  # several chunks
     with jbps.init(servers=[server], num_workers=1, worker_rank=0, timeout_s=20):
         got = values.copy()
-        seconds = _psum_seconds(f"{NAME}.test", got, [1.0], wait_s=30)
+        seconds = psum_host(f"{NAME}.test", got, [1.0], wait_s=30)
         assert 0 < seconds < 30
         # One worker: its own values come back. A real sum is checked across hosts
         # (test_multihost.py): every worker must read the same agreed rate.
@@ -416,7 +416,7 @@ def test_the_link_probes_host_psum_sums_and_names_bad_input(server):
                     wait_s=5,
                 )
     with pytest.raises(RuntimeError, match="not running"):
-        _psum_seconds(f"{NAME}.test", got, [1.0], wait_s=30)
+        psum_host(f"{NAME}.test", got, [1.0], wait_s=30)
 
 
 @pytest.mark.parametrize(

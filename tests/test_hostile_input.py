@@ -58,7 +58,7 @@ def hostile(rng):
     if kind == 2:
         return hello(token=TOKEN ^ (1 << rng.randrange(64)))  # wrong token
     if kind == 3:  # a valid frame, but not a hello: a push of an unknown key claiming a huge length
-        return frame(PUSH, key=rng.getrandbits(64), nbytes=rng.choice([8, 1 << 31, 1 << 62]))
+        return frame(PUSH, key=rng.getrandbits(64), nbytes=rng.choice([8, 1 << 31, (1 << 32) - 1]))
     if kind == 4:  # a hello with one byte changed
         data = bytearray(hello())
         data[rng.randrange(48)] ^= 1 + rng.randrange(255)
@@ -111,7 +111,7 @@ def insider_attempts(addr):
     """Frames from a peer that holds the token and has said hello. Returns how
     many the server must refuse (each also ends that 'worker')."""
     attempts = [
-        frame(PUSH, key=5, nbytes=1 << 40, dtype=0),  # over the protocol's limit
+        frame(PUSH, key=5, nbytes=(1 << 32) - 1, dtype=0),  # over the protocol's limit
         frame(PUSH, key=6, nbytes=1 << 31, dtype=0) + b"\0" * 4096,  # a lying length, then silence and close
         frame(PUSH, key=7, nbytes=8, sender=3) + b"\0" * 8,  # another worker's rank
         frame(PUSH, key=8, nbytes=8) + b"\0" * 8 + b"garbage" * 10,  # a good push, then garbage

@@ -149,7 +149,7 @@ def _frames(sock):
     """The server's frames on a raw connection: (header fields, payload)."""
     while True:
         fields = HEADER.unpack(sock.recv(HEADER.size, socket.MSG_WAITALL))
-        nbytes = fields[-1]
+        nbytes = fields[11]
         yield fields, sock.recv(nbytes, socket.MSG_WAITALL) if nbytes else b""
 
 

@@ -1,6 +1,8 @@
 // The engine's orchestration: start (connect, hello, shared memory, threads),
 // stop, and a call's submission: cut into chunks and queued (engine_impl.h
 // says which file holds the rest).
+#include <cmath>
+
 #include "engine/engine_impl.h"
 
 namespace jbps {
@@ -55,11 +57,15 @@ EngineStats Engine::stats() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   for (auto& c : impl_->conns) {
     s.shm_servers += c->transport->slots() > 0;
+    s.server_shared_memory.push_back(c->transport->slots() > 0);
     s.server_bytes_pushed.push_back(c->bytes_pushed.load());
     s.server_bytes_pulled.push_back(c->bytes_pulled.load());
     s.server_bytes_acked.push_back(c->bytes_acked);
     s.server_unacked_seconds.push_back(c->unacked_ns * 1e-9);
   }
+  s.routes_used = impl_->routes_used.load();
+  std::lock_guard<std::mutex> routes(impl_->lines_mu);
+  s.routes_announced = impl_->routes_announced;
   return s;
 }
 
@@ -96,6 +102,7 @@ bool Engine::Start(const EngineOptions& options, std::string* err) {
     return false;
   }
   s.opt = options;
+  s.routes_can_change = options.routes_can_change;
   s.queue.set_credit(options.credit);
   s.stall_ms = static_cast<int>(std::min(options.timeout_s * 1000, 2e9));
   std::vector<ServerRole> roles;
@@ -196,6 +203,13 @@ void Engine::Stop(const std::string& reason) {
     std::lock_guard<std::mutex> lock(s.completer_mu);
     s.completers.clear();  // runs what is queued, then joins
   }
+  {
+    std::lock_guard<std::mutex> lock(s.lines_mu);
+    s.lines.clear();  // every held call was launched, and failed, above
+    s.route_fractions.clear();
+    s.routes_announced = 0;
+    s.routes_used = 0;
+  }
   std::lock_guard<std::mutex> lock(s.mu);
   s.conns.clear();
   s.queue.Clear();
@@ -221,11 +235,114 @@ std::vector<StageRecord> Engine::TakeStages() {
 void Engine::Submit(CallSpec spec, DoneFn done, EarlyDoneFn early) {
   Impl& s = *impl_;
   const int64_t submitted = s.stage_timing.load(std::memory_order_relaxed) ? SteadyNs() : 0;
+  s.SubmitInLine(HeldCall{std::move(spec), std::move(done), std::move(early), submitted});
+}
+
+// A psum's line: its tree on one device (its first tensor's, without a tree).
+static uint64_t LineOf(const CallSpec& spec) {
+  if (spec.operands.empty()) return 0;
+  const uint64_t base = spec.tree.empty() ? spec.operands[0].base_key : spec.tree_key;
+  return ChunkKey(base, spec.shard, 0) | 1;  // never 0
+}
+
+// Where routes can change, a line's calls go one at a time: a call is routed
+// by the epoch its line's previous call's sums carried, which every worker
+// reads alike only once that call is complete.
+void Engine::Impl::SubmitInLine(HeldCall held) {
+  const uint64_t line = routes_can_change.load() ? LineOf(held.spec) : 0;
+  if (line == 0) return Launch(std::move(held), 0, 0);
+  uint32_t epoch;
+  {
+    std::lock_guard<std::mutex> lock(lines_mu);
+    Line& l = lines[line];
+    if (l.busy) {
+      l.held.push_back(std::move(held));
+      return;
+    }
+    l.busy = true;
+    epoch = l.epoch;
+  }
+  Launch(std::move(held), line, epoch);
+}
+
+void Engine::Impl::NextInLine(uint64_t line, uint32_t seen) {
+  HeldCall next;
+  uint32_t epoch;
+  {
+    std::lock_guard<std::mutex> lock(lines_mu);
+    Line& l = lines[line];
+    l.epoch = std::max(l.epoch, seen);
+    if (l.held.empty()) {
+      l.busy = false;
+      return;
+    }
+    next = std::move(l.held.front());
+    l.held.pop_front();
+    epoch = l.epoch;
+  }
+  Launch(std::move(next), line, epoch);
+}
+
+uint32_t Engine::SetRoutes(const std::vector<double>& fractions, std::string* err) {
+  Impl& s = *impl_;
+  std::vector<ServerConn*> conns;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (!s.running || s.stopping) {
+      *err = "the jbps engine is not running";
+      return 0;
+    }
+    if (!s.routes_can_change.load()) {
+      *err = "this job's routes cannot change (EngineOptions.routes_can_change)";
+      return 0;
+    }
+    if (fractions.size() != s.conns.size()) {
+      *err = std::to_string(fractions.size()) + " shares for " + std::to_string(s.conns.size()) + " servers";
+      return 0;
+    }
+    for (auto& c : s.conns) conns.push_back(c.get());
+  }
+  double total = 0;
+  for (double f : fractions) {
+    if (!std::isfinite(f) || f < 0) {
+      *err = "a share that is not a finite, non-negative number: " + std::to_string(f);
+      return 0;
+    }
+    total += f;
+  }
+  if (total <= 0) {
+    *err = "shares that add up to 0";
+    return 0;
+  }
+  uint32_t epoch;
+  {
+    std::lock_guard<std::mutex> lock(s.lines_mu);
+    epoch = ++s.routes_announced;
+    std::vector<double>& kept = s.route_fractions[epoch];
+    for (double f : fractions) kept.push_back(f / total);
+    // Lines follow what the servers stamp, never beyond the last few epochs.
+    while (s.route_fractions.size() > 64) s.route_fractions.erase(s.route_fractions.begin());
+  }
+  FrameHeader h = MakeHeader(MsgType::kRoutes, s.opt.token);
+  h.key = epoch;
+  h.sender = s.opt.rank;
+  for (ServerConn* sc : conns) {
+    struct iovec iov = {&h, sizeof(h)};
+    std::lock_guard<std::mutex> lock(sc->write_mu);
+    SendAll(sc->fd, &iov, 1, s.stall_ms);  // a failed connection fails the job on its own
+  }
+  return epoch;
+}
+
+void Engine::Impl::Launch(HeldCall held, uint64_t line, uint32_t epoch) {
+  Impl& s = *this;
+  const int64_t submitted = held.submitted;
   auto call = std::make_shared<Call>();
   call->engine = &s;
-  call->spec = std::move(spec);
-  call->done = std::move(done);
-  call->early = std::move(early);
+  call->spec = std::move(held.spec);
+  call->done = std::move(held.done);
+  call->early = std::move(held.early);
+  call->line = line;
   if (submitted != 0) {
     call->timed = true;
     call->stage.submitted = submitted;
@@ -235,6 +352,20 @@ void Engine::Submit(CallSpec spec, DoneFn done, EarlyDoneFn early) {
   std::vector<ChunkPtr> chunks;
   const size_t partition = std::max<size_t>(call->spec.partition_bytes, 1);
   std::string bad_table = CheckChunkTable(call->spec);
+  if (epoch > 0 && bad_table.empty()) {
+    std::vector<double> fractions;
+    {
+      std::lock_guard<std::mutex> lock(s.lines_mu);
+      auto it = s.route_fractions.find(epoch);
+      if (it != s.route_fractions.end()) fractions = it->second;
+    }
+    if (fractions.empty()) {
+      bad_table = "route epoch " + std::to_string(epoch) + " is no longer known here";
+    } else {
+      call->spec.servers = DealChunks(call->spec, fractions);
+      RaiseTo(s.routes_used, epoch);
+    }
+  }
   size_t next = 0;  // in the chunk table, which also orders the routes
   for (size_t i = 0; i < call->spec.operands.size() && bad_table.empty(); ++i) {
     const Operand& op = call->spec.operands[i];

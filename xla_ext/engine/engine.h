@@ -38,6 +38,10 @@ struct EngineOptions {
   size_t shm_slot_bytes = size_t{4} << 20;
   // Back fresh output buffers with huge pages (JBPS_HUGE_PAGES; fresh_output.h).
   bool huge_pages = true;
+  // The job may re-plan its split while it runs (SetRoutes). A psum's calls
+  // on one device (a line) then go one at a time, each routed by the route
+  // epoch its line's previous call's sums carried: the same on every worker.
+  bool routes_can_change = false;
 };
 
 struct EngineStats {
@@ -54,6 +58,9 @@ struct EngineStats {
   std::vector<uint64_t> server_bytes_pulled;   // of bytes_pulled, from each server
   std::vector<uint64_t> server_bytes_acked;    // pushed bytes each server acknowledged
   std::vector<double> server_unacked_seconds;  // wall time with a push to the server not yet acknowledged
+  std::vector<uint8_t> server_shared_memory;   // 1 where the server is reached through shared memory
+  uint32_t routes_announced = 0;               // the latest route epoch SetRoutes announced
+  uint32_t routes_used = 0;                    // the latest route epoch a call was routed by
 };
 
 // One tensor shard of a call: `nbytes` read from `in`, the sum written to `out`.
@@ -170,6 +177,13 @@ class Engine {
   // since its last call (at most 65,536 kept).
   void SetStageTiming(bool on);
   std::vector<StageRecord> TakeStages();
+  // A new split (each server's share of the bytes, in server order) from
+  // now on: announced to every server as the next route epoch, which a
+  // psum's calls follow once every worker has announced it (protocol.h,
+  // kRoutes). Every worker must announce the same splits in the same order.
+  // Returns the epoch, or 0 with *err (not running, routes_can_change off,
+  // or shares that are not one finite, non-negative number per server).
+  uint32_t SetRoutes(const std::vector<double>& fractions, std::string* err);
   // Why `spec`'s chunk table cannot cut its operands (its counts, sizes and
   // routes must add up, and every chunk hold whole elements), or empty.
   static std::string CheckChunkTable(const CallSpec& spec);
@@ -187,6 +201,12 @@ class Engine {
   Engine();
   std::shared_ptr<Impl> impl_;
 };
+
+// The server of each chunk of `spec`'s table for the shares `fractions`:
+// dealt in the order the engine sends them (priority, then position), each to
+// the server furthest below its share of the bytes dealt so far (as
+// jbps/partition/assign.py deals a plan's), so identical on every worker.
+std::vector<int32_t> DealChunks(const CallSpec& spec, const std::vector<double>& fractions);
 
 // The key of chunk `chunk` of shard `shard` of a tensor: the same function on
 // every worker, so the same data meets on the same server under the same key.

@@ -111,6 +111,9 @@ void Engine::Impl::FailCall(const CallPtr& c, const std::string& msg) {
 }
 
 void Engine::Impl::Complete(Call* c) {
+  // Its line's next call may go now, routed by the epoch its sums carried (a
+  // failed call's may be partial, so the line keeps its epoch).
+  if (c->line != 0) NextInLine(c->line, c->failed ? 0 : c->routes_seen.load());
   {
     std::lock_guard<std::mutex> lock(mu);
     EraseActive(c->id);

@@ -23,6 +23,38 @@ uint64_t ChunkKey(uint64_t base_key, uint32_t shard, uint32_t chunk) {
   return k == 0 ? 1 : k;  // key 0 marks connection-level errors on the wire
 }
 
+std::vector<int32_t> DealChunks(const CallSpec& spec, const std::vector<double>& fractions) {
+  std::vector<int64_t> priority;  // of each chunk's operand
+  for (size_t i = 0; i < spec.operands.size(); ++i)
+    priority.insert(priority.end(), spec.chunk_counts[i], spec.operands[i].priority);
+  std::vector<size_t> order(priority.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return priority[a] > priority[b]; });
+  const size_t count = fractions.size();
+  // Equal deficits go to a server that depends on the psum, so that many
+  // one-chunk calls do not all start on server 0.
+  const size_t rotation = count ? (spec.operands.empty() ? 0 : SplitMix64(spec.tree_key) % count) : 0;
+  std::vector<double> assigned(count, 0.0);
+  std::vector<int32_t> owner(priority.size(), 0);
+  double dealt = 0;
+  for (size_t i : order) {
+    dealt += static_cast<double>(spec.chunk_bytes[i]);
+    size_t best = 0;
+    double best_deficit = -1e300;
+    for (size_t k = 0; k < count; ++k) {
+      const size_t s = (rotation + k) % count;
+      const double deficit = fractions[s] * dealt - assigned[s];
+      if (fractions[s] > 0 && deficit > best_deficit) {
+        best = s;
+        best_deficit = deficit;
+      }
+    }
+    owner[i] = static_cast<int32_t>(best);
+    assigned[best] += static_cast<double>(spec.chunk_bytes[i]);
+  }
+  return owner;
+}
+
 std::string Engine::CheckChunkTable(const CallSpec& spec) {
   const size_t ops = spec.operands.size();
   if (spec.chunk_counts.size() != ops)

@@ -80,6 +80,12 @@ inline uint64_t SplitMix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+inline void RaiseTo(std::atomic<uint32_t>& value, uint32_t to) {
+  uint32_t now = value.load();
+  while (now < to && !value.compare_exchange_weak(now, to)) {
+  }
+}
+
 inline double NowMicros() {
   return std::chrono::duration<double, std::micro>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
@@ -119,6 +125,10 @@ struct Call {
   // chunks (kStall): what the call's timeout then says.
   std::string stalled;
   RoundKey tree_round{0, 0};  // the tree check's key and round, while pending
+  // Its line (a psum's calls on one device; 0: none, routes never change) and
+  // the latest route epoch its sums carried.
+  uint64_t line = 0;
+  std::atomic<uint32_t> routes_seen{0};
   // Stage stamps (Engine::SetStageTiming), guarded by mu.
   bool timed = false;
   StageRecord stage;
@@ -274,6 +284,21 @@ class Completer {
 // *fused counts the chunks that went inside another.
 std::vector<ChunkPtr> FuseSmallChunks(std::vector<ChunkPtr> chunks, size_t partition, uint32_t shard, uint64_t* fused);
 
+// A call held back until its line's previous call completes (routes_can_change).
+struct HeldCall {
+  CallSpec spec;
+  DoneFn done;
+  EarlyDoneFn early;
+  int64_t submitted = 0;  // SteadyNs() when stage timing, else 0
+};
+
+// A psum's calls on one device: which route epoch the next one follows.
+struct Line {
+  bool busy = false;  // a call of it is in flight
+  uint32_t epoch = 0;
+  std::deque<HeldCall> held;
+};
+
 struct Engine::Impl {
   EngineOptions opt;
   int stall_ms = 60000;
@@ -310,6 +335,17 @@ struct Engine::Impl {
   std::atomic<bool> stage_timing{false};
   std::mutex stages_mu;
   std::vector<StageRecord> stages;
+
+  // Route epochs (SetRoutes): each epoch's shares, and every line's state.
+  std::atomic<bool> routes_can_change{false};
+  std::mutex lines_mu;
+  std::map<uint32_t, std::vector<double>> route_fractions;
+  uint32_t routes_announced = 0;
+  std::atomic<uint32_t> routes_used{0};
+  std::unordered_map<uint64_t, Line> lines;
+  void SubmitInLine(HeldCall call);
+  void Launch(HeldCall held, uint64_t line, uint32_t epoch);
+  void NextInLine(uint64_t line, uint32_t seen);
 
   std::mutex completer_mu;
   std::unordered_map<uint32_t, std::unique_ptr<Completer>> completers;

@@ -286,6 +286,7 @@ bool Engine::Impl::OnSum(ServerConn* sc, const Frame& f, FrameReader* reader, st
       if (f.type == MsgType::kSumShm) bytes_shm += sum_bytes;
       bytes_pulled += ch->nbytes;
       sc->bytes_pulled += ch->nbytes;
+      RaiseTo(ch->call->routes_seen, f.header.routes);
       if (opt.trace) Record(*ch, NowMicros());
       if (ch->call->timed) StampSum(ch->call.get(), f.header, f.read_ns);
       ChunkDone(ch->call.get());

@@ -135,7 +135,7 @@ NB_MODULE(_core, m) {
   m.def(
       "engine_start",
       [](std::vector<std::string> servers, uint32_t rank, uint32_t num_workers, uint64_t token, int credit,
-         double timeout_s, bool trace, bool shm, size_t shm_slot_bytes, bool huge_pages) {
+         double timeout_s, bool trace, bool shm, size_t shm_slot_bytes, bool huge_pages, bool routes_can_change) {
         jbps::EngineOptions o;
         o.servers = std::move(servers);
         o.rank = rank;
@@ -147,6 +147,7 @@ NB_MODULE(_core, m) {
         o.shm = shm;
         o.shm_slot_bytes = shm_slot_bytes;
         o.huge_pages = huge_pages;
+        o.routes_can_change = routes_can_change;
         std::string err;
         bool ok;
         {
@@ -157,7 +158,21 @@ NB_MODULE(_core, m) {
       },
       nb::arg("servers"), nb::arg("rank"), nb::arg("num_workers"), nb::arg("token"), nb::arg("credit"),
       nb::arg("timeout_s"), nb::arg("trace") = false, nb::arg("shm") = true,
-      nb::arg("shm_slot_bytes") = size_t{4} << 20, nb::arg("huge_pages") = true);
+      nb::arg("shm_slot_bytes") = size_t{4} << 20, nb::arg("huge_pages") = true, nb::arg("routes_can_change") = false);
+
+  m.def(
+      "engine_set_routes",
+      [](std::vector<double> fractions) {
+        std::string err;
+        uint32_t epoch;
+        {
+          nb::gil_scoped_release release;
+          epoch = jbps::Engine::Get().SetRoutes(fractions, &err);
+        }
+        if (epoch == 0) throw std::invalid_argument("jbps: a new split: " + err);
+        return epoch;
+      },
+      nb::arg("fractions"));
 
   m.def(
       "engine_set_credit",
@@ -292,6 +307,9 @@ NB_MODULE(_core, m) {
     d["server_bytes_pulled"] = s.server_bytes_pulled;
     d["server_bytes_acked"] = s.server_bytes_acked;
     d["server_unacked_seconds"] = s.server_unacked_seconds;
+    d["server_shared_memory"] = std::vector<bool>(s.server_shared_memory.begin(), s.server_shared_memory.end());
+    d["routes_announced"] = s.routes_announced;
+    d["routes_used"] = s.routes_used;
     return d;
   });
   nb::class_<PyServer>(m, "Server")

@@ -101,7 +101,7 @@ void SummationServer::Impl::ReaderLoop(ConnPtr c) {
     const FrameHeader& h = f.header;
     if (fs == FrameStatus::kOk) {
       const bool from_worker = f.type == MsgType::kPush || f.type == MsgType::kPushShm || f.type == MsgType::kTree ||
-                               f.type == MsgType::kRelease;
+                               f.type == MsgType::kRelease || f.type == MsgType::kRoutes;
       if (!from_worker)
         why = "unexpected message type";
       else if (h.sender != c->rank)
@@ -111,6 +111,7 @@ void SummationServer::Impl::ReaderLoop(ConnPtr c) {
     if (why.empty()) {
       switch (f.type) {
         case MsgType::kRelease: Release(c, h); continue;
+        case MsgType::kRoutes: AnnounceRoutes(c, h.key); continue;
         case MsgType::kTree:
           if (ReadTreeCheck(c, h, &reader, &why)) continue;
           break;

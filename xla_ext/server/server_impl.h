@@ -396,6 +396,14 @@ struct SummationServer::Impl {
   // Heap blocks' buffers, reused round after round (HeapBlockOf).
   std::shared_ptr<BufferPool> buffers = std::make_shared<BufferPool>();
 
+  // Route epochs (kRoutes): the latest each worker of job `routes_job` has
+  // announced; a sum carries the least of them (ReadyRoutes).
+  std::mutex routes_mu;
+  uint64_t routes_job = 0;
+  std::vector<uint32_t> announced_routes;
+  void AnnounceRoutes(const ConnPtr& c, uint64_t epoch);
+  uint32_t ReadyRoutes(uint64_t job);
+
   // Tree checks waiting for some worker's digest (CheckTree).
   std::mutex trees_mu;
   std::unordered_map<JobRoundKey, TreeRound, JobRoundKeyHash> tree_rounds;

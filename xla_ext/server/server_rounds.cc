@@ -19,6 +19,24 @@ SumThread* SummationServer::Impl::ThreadFor(uint64_t key, uint64_t nbytes) {
   return sum_threads[it->second].get();
 }
 
+void SummationServer::Impl::AnnounceRoutes(const ConnPtr& c, uint64_t epoch) {
+  std::lock_guard<std::mutex> lock(routes_mu);
+  if (c->epoch < routes_job) return;  // an ended job's
+  if (c->epoch > routes_job) {
+    routes_job = c->epoch;
+    announced_routes.assign(opt.num_workers, 0);
+  }
+  if (announced_routes.size() != static_cast<size_t>(opt.num_workers)) announced_routes.assign(opt.num_workers, 0);
+  uint32_t& mine = announced_routes[c->rank];
+  mine = std::max(mine, static_cast<uint32_t>(std::min<uint64_t>(epoch, UINT32_MAX)));
+}
+
+uint32_t SummationServer::Impl::ReadyRoutes(uint64_t job) {
+  std::lock_guard<std::mutex> lock(routes_mu);
+  if (job != routes_job || announced_routes.empty()) return 0;
+  return *std::min_element(announced_routes.begin(), announced_routes.end());
+}
+
 void SummationServer::Impl::SumLoop(SumThread* e) {
   NameThisThread("jbps-sum");
   // Wakes at least this often to look for stalled rounds (NoteStalls).
@@ -269,7 +287,8 @@ void SummationServer::Impl::Process(Task& t, SumThread* e) {
     FrameHeader h = RoundFrame(MsgType::kSum, opt.token, t.key, t.round);
     h.dtype = static_cast<uint8_t>(st.dtype);
     h.param = st.param;
-    h.nbytes = st.nbytes;
+    h.nbytes = static_cast<uint32_t>(st.nbytes);
+    h.routes = ReadyRoutes(t.conn->epoch);  // once per round: every worker reads the same
     FrameHeader hs = h;
     hs.type = static_cast<uint16_t>(MsgType::kSumShm);
     hs.nbytes = sizeof(ShmRef);

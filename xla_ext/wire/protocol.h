@@ -8,7 +8,7 @@
 //   server -> worker  kHelloOk  key=role (ServerRole)            (or kError + close)
 //   worker -> server  kPush     key, round, dtype, param, aux = tree digest, payload (a chunk of a shard)
 //   server -> worker  kPushAck  key, round                       (payload received: frees a credit)
-//   server -> worker  kSum      key, round, dtype, param, payload (all workers pushed: the sum)
+//   server -> worker  kSum      key, round, dtype, param, routes, payload (all workers pushed: the sum)
 //   server -> worker  kError    key, round, payload = message    (this key/round failed)
 //   worker -> server  kBye      payload = why the worker leaves:  empty for a clean end; else (an
 //                               uncaught exception) the server ends the job naming the worker
@@ -23,6 +23,11 @@
 //                               pushed that round ("worker 1 has"), sent once to the workers that
 //                               have, when it has waited long (kStallNoteFraction of the
 //                               timeout): their timeout then names the missing workers
+//   worker -> server  kRoutes   key = a route epoch: this worker holds that epoch's split (a re-plan,
+//                               jbps/replan.py). Every sum carries in `routes` the latest epoch all
+//                               the job's workers have announced to its server when the round was
+//                               summed; a worker routes a psum's next call by the epoch its last
+//                               call's sums carried, so every worker switches at the same round
 //
 // With shared memory (shm.h; worker and server on one host):
 //   worker -> server  kShmOffer  on the server's Unix socket, with the worker's push
@@ -33,7 +38,7 @@
 //                                answered by kPushAck once taken into its round (a credit);
 //                                the slot stays the server's, read in place, until that
 //                                round's kSum/kSumShm or kError reaches the worker
-//   server -> worker  kSumShm    key, round, dtype, param, payload = ShmRef into the server's arena
+//   server -> worker  kSumShm    key, round, dtype, param, routes, payload = ShmRef into the server's arena
 //   worker -> server  kRelease   key, round: the worker has copied that sum out
 #pragma once
 
@@ -47,9 +52,10 @@ namespace jbps {
 
 constexpr uint32_t kMagic = 0x5350424a;  // "JBPS" in little-endian bytes
 // 2: the onebit dtype (5) on the wire; 3: the topk dtype (6); 4: a dtype's
-// parameter (`param`: topk's values per record). A peer of another version is
-// refused at the hello, naming both.
-constexpr uint16_t kProtocolVersion = 5;
+// parameter (`param`: topk's values per record); 6: route epochs (kRoutes,
+// FrameHeader::routes). A peer of another version is refused at the hello,
+// naming both.
+constexpr uint16_t kProtocolVersion = 6;
 // Largest payload a header may announce. Chunks are at most the partition size
 // (default 4 MiB); this bound only stops a hostile length from being trusted.
 constexpr uint64_t kMaxPayloadBytes = uint64_t{1} << 31;
@@ -89,6 +95,7 @@ enum class MsgType : uint16_t {
   kShmOffer = 13,
   kShmAccept = 14,
   kStall = 15,
+  kRoutes = 16,
 };
 
 // Where a payload lies in shared memory: the payload of kPushShm and kSumShm.
@@ -114,7 +121,8 @@ struct FrameHeader {
   uint16_t param = 0;
   uint32_t sender = 0;  // worker rank; on a timed sum, see kFlagTimed
   uint32_t aux = 0;     // see kFlagTimed
-  uint64_t nbytes = 0;  // payload bytes that follow
+  uint32_t nbytes = 0;  // payload bytes that follow (at most kMaxPayloadBytes)
+  uint32_t routes = 0;  // on a sum: the route epoch every worker had announced (kRoutes)
 };
 static_assert(sizeof(FrameHeader) == 48, "wire header must stay 48 bytes");
 
@@ -155,7 +163,7 @@ inline std::string ValidateHeader(const FrameHeader& h, uint64_t token) {
   if (h.version != kProtocolVersion)
     return "protocol version " + std::to_string(h.version) + ", expected " + std::to_string(kProtocolVersion);
   if (h.token != token) return "wrong job token";
-  if (h.type < static_cast<uint16_t>(MsgType::kHello) || h.type > static_cast<uint16_t>(MsgType::kStall))
+  if (h.type < static_cast<uint16_t>(MsgType::kHello) || h.type > static_cast<uint16_t>(MsgType::kRoutes))
     return "unknown message type " + std::to_string(h.type);
   const bool carries_data =
       h.type == static_cast<uint16_t>(MsgType::kPush) || h.type == static_cast<uint16_t>(MsgType::kSum);

@@ -1,0 +1,144 @@
+"""Re-planning the split while a job runs (jbps/replan.py, Engine::SetRoutes).
+
+The engine part runs real jobs whose servers listen on another loopback
+address (so the workers see a job that spans hosts, where the split can
+move): new splits announced by each worker at steps of its own, while
+bucketed multi-device steps are in flight, move every psum at the same round
+on every worker, and every sum stays exact (numpy). The follower's decisions
+are checked on readings given to it directly."""
+
+import json
+
+import numpy as np
+import pytest
+
+from benchmarks.local_cluster import LocalCluster
+from conftest import last_json, worker_script
+from jbps import replan
+from jbps.partition import COLOCATED, DEDICATED
+
+ENV = {
+    "JBPS_FOLLOW_RATES": "0",  # the splits come from the test, at its chosen steps
+    "JBPS_PARTITION_BYTES": "16K",  # many chunks a call: shares near the split's
+    "JBPS_BUCKET_BYTES": "256K",
+    "JBPS_TIMEOUT_S": "30",
+}
+
+
+def _job(announce, splits, *, shm="1", workers=2, devices=2):
+    env = dict(ENV, JBPS_SHM=shm)
+    with LocalCluster(workers, 2, local_devices=devices, env=env, bind_host="127.0.0.2", timeout_s=150) as cluster:
+        results = cluster.run_workers(
+            [worker_script("replan_exact.py"), "--announce", announce, "--splits", json.dumps(splits)]
+        )
+    reports = []
+    for r in results:
+        assert r.returncode == 0, r.stderr[-3000:]
+        reports.append(last_json(r.stdout))
+    return reports
+
+
+@pytest.mark.parametrize("shm", ["1", "0"])
+def test_new_splits_move_every_psum_at_the_same_round_and_every_sum_stays_exact(shm):
+    # Worker 0 announces the first split at step 3 and the second at 12,
+    # worker 1 at 7 and 10: each split is used once both hold it.
+    reports = _job("3,12;7,10", [[0.8, 0.2], [0.1, 0.9]], shm=shm)
+    for report in reports:
+        assert report["wrong"] == [], report
+        assert report["routes_announced"] == 2 and report["routes_used"] == 2, report
+        share = report["pushed"][0] / sum(report["pushed"])
+        assert abs(share - 0.1) < 0.06, report  # within a chunk of each call's share
+
+
+def test_a_split_not_every_worker_announced_is_never_used():
+    reports = _job("4;", [[0.9, 0.1]])
+    for report in reports:
+        assert report["wrong"] == [], report
+        assert report["routes_used"] == 0, report
+        share = report["pushed"][0] / sum(report["pushed"])
+        assert abs(share - 0.5) < 0.06, report  # the plan's equal split
+
+
+def test_a_split_is_refused_in_a_job_whose_routes_cannot_change(session):
+    from jbps.extension import load_core
+
+    with pytest.raises(ValueError, match=r"^jbps: a new split: this job's routes cannot change"):
+        load_core().engine_set_routes([1.0])
+
+
+# The follower's decisions, on readings given directly.
+
+ROLES = [COLOCATED] * 4 + [DEDICATED] * 2
+FULL = 125e6  # 1 Gbit/s in bytes/s
+
+
+def _follower():
+    from jbps.partition import server_fractions
+
+    return replan.RateFollower(ROLES, 4, [FULL] * 6, server_fractions(ROLES, 4))
+
+
+def _noisy(base, rng, spread=1.2):
+    return [b * rng.uniform(1 / spread, spread) for b in base]
+
+
+def test_equal_links_read_with_noise_never_move_the_split():
+    rng = np.random.default_rng(0)
+    follower = _follower()
+    base = [30e6, 25e6, 28e6, 33e6, 40e6, 45e6]
+    assert all(follower.step(_noisy(base, rng)) is None for _ in range(200))
+
+
+def test_a_server_that_slows_moves_the_split_after_two_windows_and_back_when_it_recovers():
+    follower = _follower()
+    base = [30e6, 25e6, 28e6, 33e6, 40e6, 45e6]
+    slow = base[:5] + [base[5] * 0.4]
+    assert follower.step(base) is None  # the split's first window: the baseline
+    assert follower.step(base) is None
+    assert follower.step(slow) is None  # one window is not a change
+    split = follower.step(slow)
+    assert split is not None
+    from jbps.link_rate import fractions_for_rates
+
+    assert split == pytest.approx(fractions_for_rates(ROLES, [FULL] * 5 + [0.4 * FULL], 4))
+    assert split[5] < split[4]
+    # The new split's readings are the new baseline; the link recovers.
+    assert follower.step(slow) is None
+    fast = slow[:5] + [slow[5] * 2.5]
+    assert follower.step(fast) is None
+    back = follower.step(fast)
+    assert back is not None and back[5] == pytest.approx(back[4])
+
+
+def test_a_quieter_phase_that_reads_every_server_slower_does_not_move_the_split():
+    follower = _follower()
+    base = [30e6, 25e6, 28e6, 33e6, 40e6, 45e6]
+    follower.step(base)
+    quiet = [b / 3 for b in base]
+    assert all(follower.step(quiet) is None for _ in range(5))
+
+
+def test_the_agreed_reading_is_the_median_of_the_workers_that_reach_a_server_over_the_network():
+    # Worker 0 on a slow link of its own reads every server slow; the others
+    # read server 0 (worker 0's machine) slow; worker 0 reaches its own server
+    # through shared memory (no reading).
+    matrix = np.array(
+        [
+            [0, 8, 8, 8, 9, 9],
+            [10, 0, 30, 30, 40, 40],
+            [10, 30, 0, 30, 40, 40],
+            [10, 30, 30, 0, 40, 40],
+        ],
+        np.float32,
+    )
+    assert replan.agreed_readings(matrix) == [10, 30, 30, 30, 40, 40]
+
+
+def test_readings_leave_out_idle_and_shared_memory_servers():
+    before = {"server_bytes_acked": [0, 0, 0], "server_unacked_seconds": [0, 0, 0], "server_shared_memory": [0, 0, 1]}
+    after = {
+        "server_bytes_acked": [100, 0, 100],
+        "server_unacked_seconds": [0.5, 0, 0.001],
+        "server_shared_memory": [0, 0, 1],
+    }
+    assert replan.readings(before, after) == [200.0, 0.0, 0.0]
