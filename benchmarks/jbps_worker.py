@@ -314,6 +314,7 @@ def bench_size(nbytes, iters, warmup, fresh=False, stages=False, cpu=False, paus
             "before": rate_change.answer_rates(marks[0], marks[1]),
             "after": rate_change.answer_rates(marks[1], marks[2]),
         }
+        out["replans"] = jbps.runtime.replans()
     if fresh:
         out["out_of_place"] = slowest(fresh_times, f"fresh.{nbytes}")
     if stages:

@@ -266,6 +266,7 @@ def bench_jbps(net: EmulatedNetwork, n: int, k: int, args, variant: dict) -> dic
         "iters": timing["iters"],
         "per_call_s": timing.get("per_call_s"),
         "server_answer_rates": timing.get("server_answer_rates"),
+        "replans": timing.get("replans"),
         "server_hosts": hosts,  # the servers' hosts, in the order the engine lists them
         "server_mib_received": {str(h): (b or 0) / 2**20 for h, b in sorted(received.items())},
         "psum_mib_pushed": {str(h): float(b) / 2**20 for h, b in sorted(zip(hosts, pushed))},
@@ -703,6 +704,15 @@ def _change_lines(doc: dict) -> list[str]:
                     )
                     + " Mbit/s"
                     for when in ("before", "after")
+                )
+            )
+        hosts = c["jbps"]["defaults"]["server_hosts"]
+        for replan in c["jbps"]["defaults"].get("replans") or []:
+            lines.append(
+                f"    re-planned (epoch {replan['epoch']}): "
+                + ", ".join(
+                    f"host {h} {f:.3f} of the bytes ({8 * r / 1e6:.0f} Mbit/s)"
+                    for h, f, r in zip(hosts, replan["fractions"], replan["rates"])
                 )
             )
     return lines

@@ -30,6 +30,7 @@ moved chunks starts again from zero.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from typing import Sequence
 
@@ -42,8 +43,10 @@ from .partition import server_fractions
 _core = load_core()
 
 WINDOW_S = 1.0
-CHANGE = 1.4  # a reading this many times slower (or faster) than the split's first one is a change
+BASELINE_WINDOWS = 3
+CHANGE = 1.7  # a reading this many times slower (or faster) than the baseline is a change
 WINDOWS_TO_CHANGE = 2  # in this many windows running
+SHARE_EPS = 1e-6  # a share below this is none
 MIN_MOVE = 0.02  # a new split moves some server's share by at least this much, else it is not worth an epoch
 NAME = "jbps.rates"
 
@@ -60,54 +63,96 @@ def readings(before: dict, after: dict) -> list[float]:
     return out
 
 
-def agreed_readings(matrix: np.ndarray) -> list[float]:
-    """Per server, the median of the workers' nonzero readings (rows: workers)."""
-    out = []
+@dataclasses.dataclass(frozen=True)
+class Window:
+    """One window's readings, agreed: the same on every worker."""
+
+    readings: tuple[float, ...]  # per server, the median of the workers' nonzero readings
+    bounds: tuple[float, ...]  # per server, that median times the workers that read it: at most its link's rate
+    settled: bool  # every worker's window ran on the split in use from its start
+
+
+def agreed_window(matrix: np.ndarray, settled: np.ndarray) -> Window:
+    """matrix: every worker's readings (rows: workers); settled: each worker's flag."""
+    readings, bounds = [], []
     for column in matrix.T:
         seen = column[column > 0]
-        out.append(float(np.median(seen)) if seen.size else 0.0)
-    return out
+        median = float(np.median(seen)) if seen.size else 0.0
+        readings.append(median)
+        bounds.append(median * seen.size)
+    return Window(tuple(readings), tuple(bounds), bool(np.all(settled > 0)))
 
 
 class RateFollower:
-    """Decides, from agreed readings, when the split should move and to what.
-    Pure: the thread (Follower) feeds it; tests feed it directly."""
+    """Decides, from agreed windows, when the split should move and to what.
+    Pure: the thread (Follower) feeds it; tests feed it directly.
 
-    def __init__(self, roles: Sequence[str], num_workers: int, rates: Sequence[float], fractions: Sequence[float]):
+    A window's readings vary by a third or more (a window holds a few calls
+    and the gaps between them), so the baseline is the median of the split's
+    first BASELINE_WINDOWS settled windows, and a change is a factor CHANGE
+    that holds for WINDOWS_TO_CHANGE windows running. A slowed server is the
+    job's bottleneck: the pushes of the workers that reach it share its link,
+    so the sum of their readings (the window's bound) is close to its new
+    rate; the estimate is the larger of that and the planned rate times the
+    ratio. A recovered server is not a bottleneck, so only its ratio says how
+    far it recovered."""
+
+    def __init__(
+        self,
+        roles: Sequence[str],
+        num_workers: int,
+        rates: Sequence[float],
+        fractions: Sequence[float],
+        measured: bool = True,
+    ):
         self.roles = list(roles)
         self.num_workers = num_workers
         self.full = float(np.median(rates))
         self.planned = [float(r) for r in rates]  # the rates the split in use was planned for
         self.fractions = [float(f) for f in fractions]
+        self.measured = measured  # rates in bytes/s (jbps.init measured them), so bounds compare with them
         self.baseline: list[float] | None = None
+        self.first: list[Window] = []  # the split's first settled windows, until the baseline
         self.streak = 0
 
-    def step(self, agreed: Sequence[float]) -> list[float] | None:
+    def _serves(self, s: int) -> bool:
+        return self.fractions[s] > SHARE_EPS
+
+    def step(self, window: Window) -> list[float] | None:
         """The new split, or None to keep the one in use."""
         if self.baseline is None:
-            if all(r > 0 or f == 0 for r, f in zip(agreed, self.fractions)):
-                self.baseline = list(agreed)
+            if window.settled and all(r > 0 or not self._serves(s) for s, r in enumerate(window.readings)):
+                self.first.append(window)
+            if len(self.first) == BASELINE_WINDOWS:
+                self.baseline = [float(np.median(column)) for column in zip(*(w.readings for w in self.first))]
+                self.first = []
             return None
-        estimate, changed = list(self.planned), False
-        for s, (now, then) in enumerate(zip(agreed, self.baseline)):
-            if now <= 0 or then <= 0:
+        estimate, changed, certain = list(self.planned), False, False
+        for s, (now, then) in enumerate(zip(window.readings, self.baseline)):
+            if now <= 0 or then <= 0 or not self._serves(s):
                 continue
             ratio = now / then
-            if ratio < 1 / CHANGE or (ratio > CHANGE and self.planned[s] < self.full):
+            if ratio < 1 / CHANGE:
+                bound = window.bounds[s] if self.measured else 0.0
+                estimate[s] = min(self.planned[s], max(bound, self.planned[s] * ratio))
+                changed = True
+                certain |= ratio < 1 / CHANGE**2  # far beyond a window's noise: no need to wait for another
+            elif ratio > CHANGE and self.planned[s] < self.full:
                 estimate[s] = min(self.full, self.planned[s] * ratio)
                 changed = True
         self.streak = self.streak + 1 if changed else 0
-        if self.streak < WINDOWS_TO_CHANGE:
+        if self.streak < WINDOWS_TO_CHANGE and not certain:
             return None
         self.streak = 0
         fractions = link_rate.fractions_for_rates(self.roles, estimate, self.num_workers)
         if fractions is None:
             fractions = server_fractions(self.roles, self.num_workers)
+        fractions = [f if f > SHARE_EPS else 0.0 for f in fractions]
         self.planned = estimate
-        self.baseline = None  # the new split's first window is the next baseline
+        self.baseline = None  # the new split's first settled windows make the next one
         if max(abs(a - b) for a, b in zip(fractions, self.fractions)) < MIN_MOVE:
             return None
-        self.fractions = list(fractions)
+        self.fractions = fractions
         return self.fractions
 
 
@@ -122,29 +167,33 @@ class Follower:
         self._wait_s = 2 * timeout_s + 10
         self._stop = threading.Event()
         self._lock = threading.Lock()  # held while the engine is told a split; shutdown waits for it
-        self.epochs: list[tuple[int, list[float]]] = []  # (epoch, split), for tests and the benchmark
+        self.epochs: list[dict] = []  # each split announced: epoch, fractions, the rates behind them
         self._thread = threading.Thread(target=self._run, name="jbps-rates", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         count = len(self._decide.roles)
         before = _core.engine_stats()
+        epoch = 0  # the latest split this worker announced
         while not self._stop.wait(WINDOW_S):
             after = _core.engine_stats()
-            matrix = np.zeros((self._n, count), np.float32)
-            matrix[self._rank] = readings(before, after)
+            # Every worker's readings, and whether its window ran on the latest split throughout.
+            matrix = np.zeros((self._n, count + 1), np.float32)
+            matrix[self._rank, :count] = readings(before, after)
+            matrix[self._rank, count] = before["routes_used"] >= epoch
             before = after
             try:
                 link_rate.psum_host(NAME, matrix.reshape(-1), self._init_fractions, self._wait_s)
             except RuntimeError:
                 return  # the job ended or failed: its psums say so
-            split = self._decide.step(agreed_readings(matrix.reshape(self._n, count)))
+            split = self._decide.step(agreed_window(matrix[:, :count], matrix[:, count]))
             if split is None:
                 continue
             with self._lock:
                 if self._stop.is_set():
                     return
-                self.epochs.append((_core.engine_set_routes(split), split))
+                epoch = _core.engine_set_routes(split)
+                self.epochs.append({"epoch": epoch, "fractions": split, "rates": list(self._decide.planned)})
 
     def stop(self) -> None:
         """Before the engine stops; the thread ends once its psum fails or returns."""

@@ -180,7 +180,7 @@ def init(**overrides) -> Session:
         if replannable and config.follow_rates:
             planned = _server_rates if _server_rates is not None else (1.0,) * len(roles)
             _follower = replan.Follower(
-                replan.RateFollower(roles, config.num_workers, planned, _fractions),
+                replan.RateFollower(roles, config.num_workers, planned, _fractions, measured=_server_rates is not None),
                 config.worker_rank,
                 config.num_workers,
                 _fractions,
@@ -359,6 +359,13 @@ def link_bytes_per_s() -> float | None:
     that get bytes; None on one host or with JBPS_PARTITION_BYTES set."""
     config()
     return _link_rate
+
+
+def replans() -> list[dict]:
+    """The splits the rate follower (replan.py) announced in this job so far:
+    epoch, fractions (in JBPS_SERVERS order) and the rates (bytes/s) they
+    were planned for."""
+    return list(_follower.epochs) if _follower is not None else []
 
 
 def server_rates() -> tuple[float, ...] | None:

@@ -66,10 +66,11 @@ def test_a_split_is_refused_in_a_job_whose_routes_cannot_change(session):
         load_core().engine_set_routes([1.0])
 
 
-# The follower's decisions, on readings given directly.
+# The follower's decisions, on agreed windows given directly.
 
 ROLES = [COLOCATED] * 4 + [DEDICATED] * 2
 FULL = 125e6  # 1 Gbit/s in bytes/s
+BASE = [30e6, 25e6, 28e6, 33e6, 30e6, 31e6]  # per worker, as on 1 Gbit/s links at the formula's split
 
 
 def _follower():
@@ -78,50 +79,64 @@ def _follower():
     return replan.RateFollower(ROLES, 4, [FULL] * 6, server_fractions(ROLES, 4))
 
 
-def _noisy(base, rng, spread=1.2):
-    return [b * rng.uniform(1 / spread, spread) for b in base]
+def _window(readings, settled=True):
+    # Three workers read each colocated server over the network, four each dedicated one.
+    reach = [3] * 4 + [4] * 2
+    return replan.Window(tuple(readings), tuple(r * k for r, k in zip(readings, reach)), settled)
 
 
 def test_equal_links_read_with_noise_never_move_the_split():
     rng = np.random.default_rng(0)
     follower = _follower()
-    base = [30e6, 25e6, 28e6, 33e6, 40e6, 45e6]
-    assert all(follower.step(_noisy(base, rng)) is None for _ in range(200))
+    assert all(follower.step(_window([b * rng.uniform(0.85, 1.15) for b in BASE])) is None for _ in range(300))
 
 
 def test_a_server_that_slows_moves_the_split_after_two_windows_and_back_when_it_recovers():
-    follower = _follower()
-    base = [30e6, 25e6, 28e6, 33e6, 40e6, 45e6]
-    slow = base[:5] + [base[5] * 0.4]
-    assert follower.step(base) is None  # the split's first window: the baseline
-    assert follower.step(base) is None
-    assert follower.step(slow) is None  # one window is not a change
-    split = follower.step(slow)
-    assert split is not None
     from jbps.link_rate import fractions_for_rates
 
-    assert split == pytest.approx(fractions_for_rates(ROLES, [FULL] * 5 + [0.4 * FULL], 4))
+    follower = _follower()
+    slow = BASE[:5] + [0.4 * FULL / 4]  # a dedicated server's link at 400 Mbit/s, which its 4 pushers share
+    assert follower.step(_window(BASE, settled=False)) is None  # not a baseline: the split was still moving
+    for _ in range(replan.BASELINE_WINDOWS):
+        assert follower.step(_window(BASE)) is None  # the baseline
+    assert follower.baseline is not None
+    assert follower.step(_window(slow)) is None  # one window is not a change
+    split = follower.step(_window(slow))
+    # The larger of its bound (4 pushers x 12.5 MB/s: 400 Mbit/s) and its planned rate x the ratio (0.403).
+    assert split == pytest.approx(fractions_for_rates(ROLES, [FULL] * 5 + [FULL * slow[5] / BASE[5]], 4))
     assert split[5] < split[4]
-    # The new split's readings are the new baseline; the link recovers.
-    assert follower.step(slow) is None
+    # The next settled windows are the new baseline; then the link recovers.
+    for _ in range(replan.BASELINE_WINDOWS):
+        assert follower.step(_window(slow)) is None
     fast = slow[:5] + [slow[5] * 2.5]
-    assert follower.step(fast) is None
-    back = follower.step(fast)
+    assert follower.step(_window(fast)) is None
+    back = follower.step(_window(fast))
     assert back is not None and back[5] == pytest.approx(back[4])
 
 
-def test_a_quieter_phase_that_reads_every_server_slower_does_not_move_the_split():
+def test_a_slowdown_read_in_one_window_only_or_in_a_quieter_phase_everywhere_moves_nothing():
     follower = _follower()
-    base = [30e6, 25e6, 28e6, 33e6, 40e6, 45e6]
-    follower.step(base)
-    quiet = [b / 3 for b in base]
-    assert all(follower.step(quiet) is None for _ in range(5))
+    for _ in range(replan.BASELINE_WINDOWS):
+        follower.step(_window(BASE))
+    slow = BASE[:5] + [BASE[5] / 2]
+    for readings in (slow, BASE, slow, BASE):
+        assert follower.step(_window(readings)) is None
+    quiet = [b / 3 for b in BASE]
+    assert all(follower.step(_window(quiet)) is None for _ in range(5))
 
 
-def test_the_agreed_reading_is_the_median_of_the_workers_that_reach_a_server_over_the_network():
+def test_a_drop_far_beyond_a_windows_noise_moves_the_split_at_once():
+    follower = _follower()
+    for _ in range(replan.BASELINE_WINDOWS):
+        follower.step(_window(BASE))
+    split = follower.step(_window(BASE[:5] + [BASE[5] / 4]))
+    assert split is not None and split[5] < split[4]
+
+
+def test_the_agreed_window_takes_per_server_the_median_of_the_workers_that_reach_it_over_the_network():
     # Worker 0 on a slow link of its own reads every server slow; the others
     # read server 0 (worker 0's machine) slow; worker 0 reaches its own server
-    # through shared memory (no reading).
+    # through shared memory (no reading). Worker 2 has not seen the last split yet.
     matrix = np.array(
         [
             [0, 8, 8, 8, 9, 9],
@@ -131,7 +146,10 @@ def test_the_agreed_reading_is_the_median_of_the_workers_that_reach_a_server_ove
         ],
         np.float32,
     )
-    assert replan.agreed_readings(matrix) == [10, 30, 30, 30, 40, 40]
+    window = replan.agreed_window(matrix, np.array([1, 1, 0, 1], np.float32))
+    assert window.readings == (10, 30, 30, 30, 40, 40)
+    assert window.bounds == (30, 90, 90, 90, 160, 160)
+    assert not window.settled
 
 
 def test_readings_leave_out_idle_and_shared_memory_servers():
