@@ -298,3 +298,43 @@ def test_a_server_on_a_slower_link_that_saves_nothing_is_left_out():
     for per_server in pushed:
         got = per_server / per_server.sum()
         np.testing.assert_allclose(got, fractions, atol=0.03, err_msg=str((per_server.tolist(), fractions)))
+
+
+def test_a_link_that_slows_mid_job_moves_the_split_and_every_sum_stays_exact():
+    # Two worker hosts and two CPU hosts at 300 Mbit/s; once the job runs, CPU
+    # host 3's link drops to 60 Mbit/s. The rate follower (jbps/replan.py) on
+    # both workers reads it from their acknowledgements, agrees, and moves the
+    # split away from host 3 at the same call on both; every psum before,
+    # during and after is checked against numpy.
+    with EmulatedNetwork(4, 300e6) as net:
+        with EmulatedJob(
+            net,
+            [0, 1],
+            [0, 1, 2, 3],
+            [worker_script("follow_rates.py"), "--seconds", "30"],
+            env=job_free_env(JBPS_TIMEOUT_S="60"),
+            timeout_s=240,
+        ) as job:
+            deadline = time.monotonic() + 120
+            while not all("running" in job.output(f"worker {r}").stdout for r in range(2)):
+                assert all(p.poll() is None for p in job.workers), job.describe()
+                assert time.monotonic() < deadline, "the workers never got going:\n" + job.describe()
+                time.sleep(0.05)
+            time.sleep(6)  # the follower's baseline: three windows of this split
+            net.set_rate(3, 60e6)
+            for proc in job.workers:
+                proc.wait(timeout=180)
+            reports = [last_json(job.output(f"worker {r}").stdout) for r in range(2)]
+    for report in reports:
+        assert report["wrong"] == [], report["wrong"]
+        assert report["steps"] > 20, report
+    assert reports[0]["replans"] and reports[0]["replans"] == reports[1]["replans"], reports
+    split = reports[0]["replans"][-1]["fractions"]
+    slowed = [i for i, a in enumerate(reports[0]["servers"]) if a.startswith(net.hosts[3].address + ":")]
+    assert len(slowed) == 1, reports[0]["servers"]
+    (s,) = slowed
+    assert split[s] < 0.5 * reports[0]["init_fractions"][s], (split, reports[0]["init_fractions"])
+    for report in reports:
+        assert report["pushed_after_replan"] is not None, report
+        pushed = np.array(report["pushed_after_replan"], float)
+        np.testing.assert_allclose(pushed / pushed.sum(), split, atol=0.03, err_msg=str(pushed.tolist()))
