@@ -27,6 +27,15 @@ pytestmark = needs_emulated_hosts
 WORKER_HOSTS, SERVER_HOSTS = [0, 1], [0, 1, 2]  # host 2: a CPU-only machine
 
 
+def _wait_until_running(job, seconds=120):
+    """Until every worker has printed "running" (its first psum crossed every link)."""
+    deadline = time.monotonic() + seconds
+    while not all("running" in job.output(f"worker {r}").stdout for r in range(len(job.workers))):
+        assert all(p.poll() is None for p in job.workers), job.describe()
+        assert time.monotonic() < deadline, "the workers never got going:\n" + job.describe()
+        time.sleep(0.05)
+
+
 @pytest.fixture
 def hosts():
     with EmulatedNetwork(3, "1G") as net:
@@ -154,11 +163,7 @@ def test_a_cut_link_fails_every_other_worker_naming_the_lost_peer(hosts, cut):
         env=job_free_env(JBPS_TIMEOUT_S=str(timeout_s)),
         timeout_s=180,
     ) as job:
-        deadline = time.monotonic() + 120
-        while not all("running" in job.output(f"worker {r}").stdout for r in range(2)):
-            assert all(p.poll() is None for p in job.workers), job.describe()
-            assert time.monotonic() < deadline, "the workers never got going:\n" + job.describe()
-            time.sleep(0.05)
+        _wait_until_running(job)
         cut_at = time.time()
         hosts.cut(cut)
         survivors = [r for r, host in enumerate(WORKER_HOSTS) if host != cut]
@@ -315,11 +320,7 @@ def test_a_link_that_slows_mid_job_moves_the_split_and_every_sum_stays_exact():
             env=job_free_env(JBPS_TIMEOUT_S="60"),
             timeout_s=240,
         ) as job:
-            deadline = time.monotonic() + 120
-            while not all("running" in job.output(f"worker {r}").stdout for r in range(2)):
-                assert all(p.poll() is None for p in job.workers), job.describe()
-                assert time.monotonic() < deadline, "the workers never got going:\n" + job.describe()
-                time.sleep(0.05)
+            _wait_until_running(job)
             time.sleep(6)  # the follower's baseline: three windows of this split
             net.set_rate(3, 60e6)
             for proc in job.workers:
