@@ -307,6 +307,7 @@ def bench_size(nbytes, iters, warmup, fresh=False, stages=False, cpu=False, paus
         "bytes_pulled_per_call": engine["bytes_pulled"],
         "engine_per_call": engine,
         "partition_bytes": jbps.runtime.partition_bytes(nbytes),
+        "replans": jbps.runtime.replans(),  # the rate follower's splits so far (replan.py)
     }
     if pause is not None:
         marks.append(jbps.engine_stats())
@@ -314,7 +315,6 @@ def bench_size(nbytes, iters, warmup, fresh=False, stages=False, cpu=False, paus
             "before": rate_change.answer_rates(marks[0], marks[1]),
             "after": rate_change.answer_rates(marks[1], marks[2]),
         }
-        out["replans"] = jbps.runtime.replans()
     if fresh:
         out["out_of_place"] = slowest(fresh_times, f"fresh.{nbytes}")
     if stages:

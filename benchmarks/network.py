@@ -605,6 +605,7 @@ def format_table(doc: dict) -> str:
                 + ", ".join(f"{f:.3f}" for f in d["server_fractions"])
             )
     lines += _change_lines(doc)
+    lines += _replan_lines(doc)
     chosen = [(c["k"], c["jbps"]["defaults"]) for c in doc["cases"] if "defaults" in c["jbps"]]
     if any(d.get("link_bytes_per_s") for _, d in chosen):
         lines.append(
@@ -673,6 +674,26 @@ def format_table(doc: dict) -> str:
     return "\n".join(lines)
 
 
+def _replan_lines(doc: dict) -> list[str]:
+    """The splits the rate follower moved to (jbps/replan.py), per k: none on links that keep their rate."""
+    lines = []
+    for c in doc["cases"]:
+        d = c["jbps"].get("defaults")
+        if d is None or d.get("replans") is None:
+            continue
+        if not d["replans"]:
+            lines.append(f"k = {c['k']}: the rate follower kept the split jbps.init chose")
+        for replan in d["replans"]:
+            lines.append(
+                f"k = {c['k']}: the rate follower re-planned (epoch {replan['epoch']}): "
+                + ", ".join(
+                    f"host {h} {f:.3f} of the bytes ({format_rate(8 * r)})"
+                    for h, f, r in zip(d["server_hosts"], replan["fractions"], replan["rates"])
+                )
+            )
+    return lines
+
+
 def _change_lines(doc: dict) -> list[str]:
     """The calls around the mid-run rate change, per k (defaults), against the optimum for the new links."""
     change = doc.get("rate_change")
@@ -704,15 +725,6 @@ def _change_lines(doc: dict) -> list[str]:
                     )
                     + " Mbit/s"
                     for when in ("before", "after")
-                )
-            )
-        hosts = c["jbps"]["defaults"]["server_hosts"]
-        for replan in c["jbps"]["defaults"].get("replans") or []:
-            lines.append(
-                f"    re-planned (epoch {replan['epoch']}): "
-                + ", ".join(
-                    f"host {h} {f:.3f} of the bytes ({8 * r / 1e6:.0f} Mbit/s)"
-                    for h, f, r in zip(hosts, replan["fractions"], replan["rates"])
                 )
             )
     return lines

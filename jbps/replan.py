@@ -11,16 +11,16 @@ worker's readings, so all decide alike from the same numbers: per server the
 median over the workers that reach it over the network (one worker on a slow
 link of its own reads every server slow; the others do not).
 
-A server whose reading falls below 1/CHANGE of its reading when the split in
-use began, in two windows running, is taken to run at its planned rate times
-that ratio; one planned below the job's full rate whose reading rises above
-CHANGE times is taken back up the same way (never above the full rate). The
-split for the new rates (link_rate.fractions_for_rates) is handed to the
-engine as the next route epoch (Engine::SetRoutes), and every psum follows
-it from the same call on every worker (protocol.h, kRoutes). Only readings
-relative to the split's first window count, so a quieter phase of the job
-(smaller psums read slower everywhere) moves nothing: every server reads
-slower alike, and the split for rates scaled alike is the same.
+A server whose reading falls below 1/CHANGE of its baseline (the split's
+first settled windows), in two windows running, is taken to run at its
+planned rate times that ratio; one planned below the job's full rate whose
+reading rises above CHANGE times is taken back up the same way (never above
+the full rate). The split for the new rates (link_rate.fractions_for_rates)
+is handed to the engine as the next route epoch (Engine::SetRoutes), and
+every psum follows it from the same call on every worker (protocol.h,
+kRoutes). Only readings relative to the baseline count, so a quieter phase
+of the job (smaller psums read slower everywhere) moves nothing: the split
+for rates scaled alike is the same.
 
 Not followed: a server the split leaves without bytes (too slow to help) is
 not read again, so it does not come back when its link recovers; compressed
@@ -44,7 +44,7 @@ _core = load_core()
 
 WINDOW_S = 1.0
 BASELINE_WINDOWS = 3
-CHANGE = 1.7  # a reading this many times slower (or faster) than the baseline is a change
+CHANGE = 1.5  # a reading this many times slower (or faster) than the baseline is a change
 WINDOWS_TO_CHANGE = 2  # in this many windows running
 SHARE_EPS = 1e-6  # a share below this is none
 MIN_MOVE = 0.02  # a new split moves some server's share by at least this much, else it is not worth an epoch
@@ -68,34 +68,33 @@ class Window:
     """One window's readings, agreed: the same on every worker."""
 
     readings: tuple[float, ...]  # per server, the median of the workers' nonzero readings
-    bounds: tuple[float, ...]  # per server, that median times the workers that read it: at most its link's rate
     settled: bool  # every worker's window ran on the split in use from its start
 
 
 def agreed_window(matrix: np.ndarray, settled: np.ndarray) -> Window:
     """matrix: every worker's readings (rows: workers); settled: each worker's flag."""
-    readings, bounds = [], []
+    readings = []
     for column in matrix.T:
         seen = column[column > 0]
-        median = float(np.median(seen)) if seen.size else 0.0
-        readings.append(median)
-        bounds.append(median * seen.size)
-    return Window(tuple(readings), tuple(bounds), bool(np.all(settled > 0)))
+        readings.append(float(np.median(seen)) if seen.size else 0.0)
+    return Window(tuple(readings), bool(np.all(settled > 0)))
 
 
 class RateFollower:
     """Decides, from agreed windows, when the split should move and to what.
     Pure: the thread (Follower) feeds it; tests feed it directly.
 
-    A window's readings vary by a third or more (a window holds a few calls
-    and the gaps between them), so the baseline is the median of the split's
-    first BASELINE_WINDOWS settled windows, and a change is a factor CHANGE
-    that holds for WINDOWS_TO_CHANGE windows running. A slowed server is the
-    job's bottleneck: the pushes of the workers that reach it share its link,
-    so the sum of their readings (the window's bound) is close to its new
-    rate; the estimate is the larger of that and the planned rate times the
-    ratio. A recovered server is not a bottleneck, so only its ratio says how
-    far it recovered."""
+    A window's readings vary by a quarter or more on steady links (a window
+    holds a few calls and the gaps between them), so the baseline is the
+    median of the split's first BASELINE_WINDOWS settled windows, and a
+    change is a factor CHANGE that holds for WINDOWS_TO_CHANGE windows
+    running. A changed server is taken to run at its planned rate times its
+    ratio in the latest of those windows (the first may still hold calls from
+    before the change), never above the job's full rate. The ratio, not the readings themselves:
+    a server that is not the job's bottleneck reads far below its link (its
+    pushers wait on their own links), and init's probe reads links on a
+    scale of its own, so only a reading against the same server's earlier
+    ones says how its link moved."""
 
     def __init__(
         self,
@@ -103,17 +102,15 @@ class RateFollower:
         num_workers: int,
         rates: Sequence[float],
         fractions: Sequence[float],
-        measured: bool = True,
     ):
         self.roles = list(roles)
         self.num_workers = num_workers
         self.full = float(np.median(rates))
         self.planned = [float(r) for r in rates]  # the rates the split in use was planned for
         self.fractions = [float(f) for f in fractions]
-        self.measured = measured  # rates in bytes/s (jbps.init measured them), so bounds compare with them
         self.baseline: list[float] | None = None
         self.first: list[Window] = []  # the split's first settled windows, until the baseline
-        self.streak = 0
+        self.streak = 0  # windows running that read a change
 
     def _serves(self, s: int) -> bool:
         return self.fractions[s] > SHARE_EPS
@@ -127,23 +124,24 @@ class RateFollower:
                 self.baseline = [float(np.median(column)) for column in zip(*(w.readings for w in self.first))]
                 self.first = []
             return None
-        estimate, changed, certain = list(self.planned), False, False
-        for s, (now, then) in enumerate(zip(window.readings, self.baseline)):
-            if now <= 0 or then <= 0 or not self._serves(s):
-                continue
-            ratio = now / then
-            if ratio < 1 / CHANGE:
-                bound = window.bounds[s] if self.measured else 0.0
-                estimate[s] = min(self.planned[s], max(bound, self.planned[s] * ratio))
-                changed = True
-                certain |= ratio < 1 / CHANGE**2  # far beyond a window's noise: no need to wait for another
-            elif ratio > CHANGE and self.planned[s] < self.full:
-                estimate[s] = min(self.full, self.planned[s] * ratio)
-                changed = True
-        self.streak = self.streak + 1 if changed else 0
-        if self.streak < WINDOWS_TO_CHANGE and not certain:
+        ratios = [
+            now / then if now > 0 and then > 0 and self._serves(s) else 1.0
+            for s, (now, then) in enumerate(zip(window.readings, self.baseline))
+        ]
+        slower = [r < 1 / CHANGE for r in ratios]
+        faster = [r > CHANGE and p < self.full for r, p in zip(ratios, self.planned)]
+        if not any(slower) and not any(faster):
+            self.streak = 0
+            return None
+        self.streak += 1
+        if self.streak < WINDOWS_TO_CHANGE:
             return None
         self.streak = 0
+        # The latest window's ratio: the first of a change may still hold calls from before it.
+        estimate = [
+            min(self.full, p * r) if (slow or fast) else p
+            for p, r, slow, fast in zip(self.planned, ratios, slower, faster)
+        ]
         fractions = link_rate.fractions_for_rates(self.roles, estimate, self.num_workers)
         if fractions is None:
             fractions = server_fractions(self.roles, self.num_workers)

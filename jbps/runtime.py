@@ -180,7 +180,7 @@ def init(**overrides) -> Session:
         if replannable and config.follow_rates:
             planned = _server_rates if _server_rates is not None else (1.0,) * len(roles)
             _follower = replan.Follower(
-                replan.RateFollower(roles, config.num_workers, planned, _fractions, measured=_server_rates is not None),
+                replan.RateFollower(roles, config.num_workers, planned, _fractions),
                 config.worker_rank,
                 config.num_workers,
                 _fractions,

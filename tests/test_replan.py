@@ -80,9 +80,7 @@ def _follower():
 
 
 def _window(readings, settled=True):
-    # Three workers read each colocated server over the network, four each dedicated one.
-    reach = [3] * 4 + [4] * 2
-    return replan.Window(tuple(readings), tuple(r * k for r, k in zip(readings, reach)), settled)
+    return replan.Window(tuple(readings), settled)
 
 
 def test_equal_links_read_with_noise_never_move_the_split():
@@ -95,20 +93,19 @@ def test_a_server_that_slows_moves_the_split_after_two_windows_and_back_when_it_
     from jbps.link_rate import fractions_for_rates
 
     follower = _follower()
-    slow = BASE[:5] + [0.4 * FULL / 4]  # a dedicated server's link at 400 Mbit/s, which its 4 pushers share
+    slow = BASE[:5] + [BASE[5] * 0.6]  # a CPU machine's link at 0.6 of its rate
     assert follower.step(_window(BASE, settled=False)) is None  # not a baseline: the split was still moving
     for _ in range(replan.BASELINE_WINDOWS):
         assert follower.step(_window(BASE)) is None  # the baseline
     assert follower.baseline is not None
     assert follower.step(_window(slow)) is None  # one window is not a change
     split = follower.step(_window(slow))
-    # The larger of its bound (4 pushers x 12.5 MB/s: 400 Mbit/s) and its planned rate x the ratio (0.403).
-    assert split == pytest.approx(fractions_for_rates(ROLES, [FULL] * 5 + [FULL * slow[5] / BASE[5]], 4))
+    assert split == pytest.approx(fractions_for_rates(ROLES, [FULL] * 5 + [0.6 * FULL], 4))
     assert split[5] < split[4]
     # The next settled windows are the new baseline; then the link recovers.
     for _ in range(replan.BASELINE_WINDOWS):
         assert follower.step(_window(slow)) is None
-    fast = slow[:5] + [slow[5] * 2.5]
+    fast = slow[:5] + [slow[5] / 0.6]
     assert follower.step(_window(fast)) is None
     back = follower.step(_window(fast))
     assert back is not None and back[5] == pytest.approx(back[4])
@@ -118,19 +115,11 @@ def test_a_slowdown_read_in_one_window_only_or_in_a_quieter_phase_everywhere_mov
     follower = _follower()
     for _ in range(replan.BASELINE_WINDOWS):
         follower.step(_window(BASE))
-    slow = BASE[:5] + [BASE[5] / 2]
+    slow = BASE[:5] + [BASE[5] / 1.8]
     for readings in (slow, BASE, slow, BASE):
         assert follower.step(_window(readings)) is None
     quiet = [b / 3 for b in BASE]
     assert all(follower.step(_window(quiet)) is None for _ in range(5))
-
-
-def test_a_drop_far_beyond_a_windows_noise_moves_the_split_at_once():
-    follower = _follower()
-    for _ in range(replan.BASELINE_WINDOWS):
-        follower.step(_window(BASE))
-    split = follower.step(_window(BASE[:5] + [BASE[5] / 4]))
-    assert split is not None and split[5] < split[4]
 
 
 def test_the_agreed_window_takes_per_server_the_median_of_the_workers_that_reach_it_over_the_network():
@@ -148,7 +137,6 @@ def test_the_agreed_window_takes_per_server_the_median_of_the_workers_that_reach
     )
     window = replan.agreed_window(matrix, np.array([1, 1, 0, 1], np.float32))
     assert window.readings == (10, 30, 30, 30, 40, 40)
-    assert window.bounds == (30, 90, 90, 90, 160, 160)
     assert not window.settled
 
 
