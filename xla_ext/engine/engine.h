@@ -183,6 +183,7 @@ class Engine {
   // kRoutes). Every worker must announce the same splits in the same order.
   // Returns the epoch, or 0 with *err (not running, routes_can_change off,
   // or shares that are not one finite, non-negative number per server).
+  // Not while Stop runs: the caller orders them (jbps/replan.py's lock).
   uint32_t SetRoutes(const std::vector<double>& fractions, std::string* err);
   // Why `spec`'s chunk table cannot cut its operands (its counts, sizes and
   // routes must add up, and every chunk hold whole elements), or empty.
