@@ -158,10 +158,10 @@ class Follower:
     """The thread that reads, agrees and re-plans on every worker. Every
     worker of the job runs one from jbps.init until jbps.shutdown."""
 
-    def __init__(self, decide: RateFollower, rank: int, num_workers: int, init_fractions, timeout_s: float):
+    def __init__(self, decide: RateFollower, rank: int, num_workers: int, timeout_s: float):
         self._decide = decide
         self._rank, self._n = rank, num_workers
-        self._init_fractions = tuple(init_fractions)  # the agreement psum's own routes (the plans' fractions)
+        self._init_fractions = tuple(decide.fractions)  # the agreement psum's own routes (the plans' fractions)
         self._wait_s = 2 * timeout_s + 10
         self._stop = threading.Event()
         self._lock = threading.Lock()  # held while the engine is told a split; shutdown waits for it

@@ -183,7 +183,6 @@ def init(**overrides) -> Session:
                 replan.RateFollower(roles, config.num_workers, planned, _fractions),
                 config.worker_rank,
                 config.num_workers,
-                _fractions,
                 config.timeout_s,
             )
         _config, _requested, _hosted = config, requested, hosted

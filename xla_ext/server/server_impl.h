@@ -397,12 +397,14 @@ struct SummationServer::Impl {
   std::shared_ptr<BufferPool> buffers = std::make_shared<BufferPool>();
 
   // Route epochs (kRoutes): the latest each worker of job `routes_job` has
-  // announced; a sum carries the least of them (ReadyRoutes).
+  // announced (under routes_mu); a sum carries the least of them, kept as
+  // (the job's low 32 bits << 32 | that epoch) for ReadyRoutes.
   std::mutex routes_mu;
   uint64_t routes_job = 0;
   std::vector<uint32_t> announced_routes;
+  std::atomic<uint64_t> ready_routes{0};
   void AnnounceRoutes(const ConnPtr& c, uint64_t epoch);
-  uint32_t ReadyRoutes(uint64_t job);
+  uint32_t ReadyRoutes(uint64_t job) const;
 
   // Tree checks waiting for some worker's digest (CheckTree).
   std::mutex trees_mu;

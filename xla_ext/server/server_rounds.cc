@@ -22,19 +22,20 @@ SumThread* SummationServer::Impl::ThreadFor(uint64_t key, uint64_t nbytes) {
 void SummationServer::Impl::AnnounceRoutes(const ConnPtr& c, uint64_t epoch) {
   std::lock_guard<std::mutex> lock(routes_mu);
   if (c->epoch < routes_job) return;  // an ended job's
-  if (c->epoch > routes_job) {
+  if (c->epoch > routes_job || announced_routes.empty()) {
     routes_job = c->epoch;
     announced_routes.assign(opt.num_workers, 0);
   }
-  if (announced_routes.size() != static_cast<size_t>(opt.num_workers)) announced_routes.assign(opt.num_workers, 0);
   uint32_t& mine = announced_routes[c->rank];
   mine = std::max(mine, static_cast<uint32_t>(std::min<uint64_t>(epoch, UINT32_MAX)));
+  const uint32_t ready = *std::min_element(announced_routes.begin(), announced_routes.end());
+  ready_routes.store((routes_job << 32) | ready, std::memory_order_release);
 }
 
-uint32_t SummationServer::Impl::ReadyRoutes(uint64_t job) {
-  std::lock_guard<std::mutex> lock(routes_mu);
-  if (job != routes_job || announced_routes.empty()) return 0;
-  return *std::min_element(announced_routes.begin(), announced_routes.end());
+// Read once per sum: one atomic load, no lock on the summing threads' path.
+uint32_t SummationServer::Impl::ReadyRoutes(uint64_t job) const {
+  const uint64_t v = ready_routes.load(std::memory_order_acquire);
+  return (v >> 32) == (job & 0xffffffffu) ? static_cast<uint32_t>(v) : 0;
 }
 
 void SummationServer::Impl::SumLoop(SumThread* e) {
