@@ -25,6 +25,7 @@ from typing import Mapping, Sequence
 
 from .emulated_network import EmulatedNetwork
 from jbps.procs import terminate
+from jbps.scheduler.admission import new_secret
 
 _PKG_PARENT = str(Path(__file__).resolve().parent.parent)
 _SCHEDULER_LISTENING = re.compile(r"jbps\.scheduler listening on (\S+):(\d+)")
@@ -175,6 +176,7 @@ class EmulatedJob:
         n, s = len(self.worker_hosts), len(self.server_hosts)
         timeout = self.env.get("JBPS_TIMEOUT_S") or str(max(30, int(self.timeout_s)))
         base = dict(self.env, JBPS_TIMEOUT_S=timeout, DMLC_NUM_WORKER=str(n), DMLC_NUM_SERVER=str(s))
+        base.setdefault("JBPS_JOB_SECRET", new_secret())  # as a job across hosts should be started
         first = self.worker_hosts[0]
         address = self.net.hosts[first].address
         sched = self.spawn(

@@ -12,6 +12,7 @@ import sys
 from typing import Any, Callable, Mapping, NoReturn
 
 from .errors import JbpsError
+from .scheduler.admission import check_secret
 from .sizes import parse_bytes
 
 ROLES = ("worker", "server", "scheduler")
@@ -29,6 +30,7 @@ class Option:
     # Read when none of `env` is set: BytePS spells some settings as two variables.
     # Returns (variable, raw value) or None.
     fallback: Callable[[Mapping[str, str]], tuple[str, str] | None] | None = None
+    hidden: bool = False  # a secret: never repeated in an error or a repr
 
 
 def _servers(text: str) -> tuple[str, ...]:
@@ -234,6 +236,15 @@ OPTIONS = (
     ),
     Option("job_token", ("JBPS_JOB_TOKEN",), _token, 0, "shared secret of the job; servers refuse workers without it"),
     Option(
+        "job_secret",
+        ("JBPS_JOB_SECRET",),
+        check_secret,
+        None,
+        "the job's secret (16 characters or more), the same for every member: the scheduler admits only members "
+        "that prove it, and members take the job only from a scheduler that proves it (`jbps run` draws one)",
+        hidden=True,
+    ),
+    Option(
         "trace_dir",
         ("JBPS_TRACE_DIR",),
         _text,
@@ -268,7 +279,8 @@ def _parse(opt: Option, raw: str, source: str) -> Any:
     try:
         return opt.parse(raw.strip())
     except ValueError as exc:
-        raise JbpsError(f"{source}={raw!r}: {exc}") from None
+        shown = "(hidden)" if opt.hidden else repr(raw)
+        raise JbpsError(f"{source}={shown}: {exc}") from None
 
 
 def env_value(name: str, environ: Mapping[str, str] | None = None, default: Any = _NO_DEFAULT) -> Any:
@@ -336,6 +348,7 @@ class Config:
     timeout_s: float
     shm: bool
     job_token: int
+    job_secret: str | None = dataclasses.field(repr=False)
     trace_dir: str | None
     huge_pages: bool
     follow_rates: bool

@@ -4,7 +4,8 @@
 
 Starts a scheduler (on a thread of this process, on a free loopback port),
 the summation servers and the workers, with the DMLC_* variables of the
-environment bootstrap, so `jbps.init()` in train.py needs no setting. Every
+environment bootstrap and a job secret of its own (JBPS_JOB_SECRET, unless
+set: only its children get in), so `jbps.init()` in train.py needs no setting. Every
 line a child prints is prefixed with its role and rank. Ctrl-C (SIGINT) or
 SIGTERM ends every child. The first child to fail ends the others, and its
 exit code becomes ours; when every worker succeeds, the servers end on their
@@ -30,6 +31,7 @@ from . import unknown_settings
 from .config import Config, argparse_type, exit_for_environment
 from .errors import JbpsError
 from .procs import signal_group, terminate
+from .scheduler.admission import new_secret
 from .scheduler.rendezvous import Scheduler
 from .server.settings import settings_from_environment as server_settings_from_environment
 
@@ -98,9 +100,11 @@ class _Output:
 
 
 class Job:
-    def __init__(self, command: list[str], workers: int, servers: int, local_devices: int | None, timeout_s: float):
+    def __init__(
+        self, command: list[str], workers: int, servers: int, local_devices: int | None, timeout_s: float, secret: str
+    ):
         self.command, self.workers, self.servers = command, workers, servers
-        self.local_devices, self.timeout_s = local_devices, timeout_s
+        self.local_devices, self.timeout_s, self.secret = local_devices, timeout_s, secret
         self.children: list[tuple[str, subprocess.Popen]] = []
         self.outputs: list[_Output] = []
         self.causes: list[tuple[str, str]] = []  # (worker, what happened to it): the first a server named
@@ -118,6 +122,7 @@ class Job:
             DMLC_PS_ROOT_URI=host,
             DMLC_PS_ROOT_PORT=port,
             JBPS_TIMEOUT_S=str(self.timeout_s),
+            JBPS_JOB_SECRET=self.secret,
             PYTHONUNBUFFERED="1",
             **{unknown_settings.CHECKED: "1"},  # named once, here, not by every child
             **extra,
@@ -150,7 +155,9 @@ class Job:
             scheduler.close()
 
     def run(self) -> int:
-        scheduler = Scheduler(self.workers, self.servers, bind="127.0.0.1:0", timeout_s=self.timeout_s)
+        scheduler = Scheduler(
+            self.workers, self.servers, bind="127.0.0.1:0", timeout_s=self.timeout_s, secret=self.secret
+        )
         log.info(
             "scheduler on %s; %d servers, %d workers: %s",
             scheduler.address,
@@ -288,7 +295,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     if args.workers < 1 or servers < 1 or (args.local_devices is not None and args.local_devices < 1):
         p.error("--workers, --servers and --local-devices must be at least 1")
     try:
-        args.timeout = _environment_config(args.timeout).timeout_s
+        config = _environment_config(args.timeout)
     except JbpsError as exc:
         exit_for_environment(prog, exc)
     for line in unknown_settings.messages({k: v for k, v in _inherited().items() if k not in _SET}):
@@ -297,7 +304,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         print(f"{prog}: {args.command[0]}: command not found (not on PATH, or not executable)", file=sys.stderr)
         return 127  # as a shell says of a command it cannot find
 
-    job = Job(args.command, args.workers, servers, args.local_devices, args.timeout)
+    # The job's own secret unless the environment gives one: only its children get in.
+    secret = config.job_secret or new_secret()
+    job = Job(args.command, args.workers, servers, args.local_devices, config.timeout_s, secret)
 
     def on_signal(signum, _frame):
         if not job.ending:  # a second Ctrl-C must not cut the ending short

@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
@@ -19,8 +20,10 @@ import pytest
 
 from conftest import job_free_env, last_json, worker_script
 from leftovers import MpichSegments, assert_nothing_left, listening, processes_with
+from jbps.errors import JbpsError
 from jbps.procs import terminate
 from jbps.scheduler import Registration
+from jbps.scheduler.admission import new_challenge, signed
 
 PYTHON = sys.executable
 MPIEXEC = os.path.join(os.path.dirname(PYTHON), "mpiexec")
@@ -298,6 +301,99 @@ def test_a_missing_worker_fails_everyone_naming_it():
         assert code != 0
         assert "1 of 2 workers and 2 of 2 servers registered; missing worker ids [1]" in err, err[-2000:]
     assert_nothing_left(env)
+
+
+def _stranger(address, hello):
+    """Says `hello` to the scheduler at `address` as a stranger would; returns its answer."""
+    host, _, port = address.rpartition(":")
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            conn = socket.create_connection((host, int(port)), timeout=10)
+            break
+        except OSError:
+            assert time.monotonic() < deadline, "the scheduler never listened"
+            time.sleep(0.1)
+    with conn, conn.makefile("r") as reader:
+        assert "challenge" in json.loads(reader.readline())
+        conn.sendall((json.dumps(hello) + "\n").encode())
+        return json.loads(reader.readline())
+
+
+def test_only_members_that_prove_the_job_secret_get_in():
+    secret = "s3cret-of-this-job-" + uuid.uuid4().hex
+    env = scheduler_env(60)
+    env["JBPS_JOB_SECRET"] = secret
+    address = f"127.0.0.1:{env['DMLC_PS_ROOT_PORT']}"
+    scheduler = start_member("scheduler", env, [PYTHON, "-m", "jbps.scheduler"])
+    procs = [scheduler]
+    try:
+        # Strangers come first, each claiming worker 0's place: none gets in, none is told the token.
+        hello = {"role": "worker", "worker_id": 0, "challenge": "c"}
+        answers = [_stranger(address, hello)]
+        # A hello proven on another connection (recorded from the wire) fails this connection's challenge.
+        answers.append(_stranger(address, signed(secret, "member", new_challenge(), hello)))
+        for answer in answers:
+            assert set(answer) == {"error"}, answer
+        assert "did not prove the job secret" in answers[0]["error"], answers
+        assert "proof of the job secret is wrong" in answers[1]["error"], answers
+        # A jbps worker with another secret fails in one line naming it.
+        wrong = start_member(
+            "worker",
+            {**env, "JBPS_JOB_SECRET": "another-secret-0123456789"},
+            [PYTHON, "-c", "import jbps; jbps.init()"],
+            0,
+        )
+        code, _, err = finish([wrong], 60)[0]
+        assert code != 0 and "proof of the job secret is wrong" in err, err[-3000:]
+        # The job itself assembles and sums exactly.
+        worker = [PYTHON, worker_script("random_trees.py"), "--rounds", "3", "--mode", "jit"]
+        members = [("server", [PYTHON, "-m", "jbps.server"], None)] * 2 + [("worker", worker, i) for i in range(2)]
+        procs += [start_member(role, env, argv, worker_id) for role, argv, worker_id in members]
+    except BaseException:
+        terminate(procs, grace_s=2)
+        raise
+    outputs = finish(procs, 180)
+    for code, out, err in outputs:
+        assert code == 0, err[-3000:]
+    check_reports(sorted((last_json(out) for _, out, _ in outputs[3:]), key=lambda r: r["rank"]), 2, 3)
+    refused = [line for line in outputs[0][2].splitlines() if "refused" in line]
+    assert len(refused) == 3 and secret not in outputs[0][2], outputs[0][2][-3000:]
+    assert_nothing_left(env)
+
+
+def test_a_member_with_the_secret_takes_no_job_from_a_scheduler_without_it():
+    # Whoever answers at the scheduler's address (another job's scheduler, or
+    # an impostor) must prove the secret before a worker believes its servers.
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        address = f"127.0.0.1:{listener.getsockname()[1]}"
+
+        def impostor():
+            conn, _ = listener.accept()
+            with conn, conn.makefile("r") as reader:
+                conn.sendall(b'{"challenge": "c"}\n')
+                reader.readline()
+                job = {"servers": ["127.0.0.1:1"], "token": 1, "num_workers": 1, "rank": 0}
+                conn.sendall((json.dumps({**job, "local_rank": 0, "local_size": 1}) + "\n").encode())
+                reader.readline()  # until the member hangs up
+
+        thread = threading.Thread(target=impostor, daemon=True)
+        thread.start()
+        registration = Registration(address, "worker", 20, secret="a-secret-of-sixteen-chars")
+        try:
+            with pytest.raises(JbpsError, match=f"the jbps scheduler at {address} did not prove the job secret"):
+                registration.receive()
+        finally:
+            registration.close()
+        thread.join(timeout=10)
+
+
+def test_a_short_job_secret_is_named_in_one_line_without_repeating_it():
+    env = base_env(JBPS_JOB_SECRET="hunter2")
+    proc, out, err = jbps_run(["-n", "2", PYTHON, worker_script("launch_probe.py")], env, timeout=60)
+    assert proc.returncode == 2
+    assert err.strip().startswith("jbps run: JBPS_JOB_SECRET=(hidden): is 7 characters;"), err
+    assert "hunter2" not in err and len(err.strip().splitlines()) == 1, err
 
 
 def jbps_run(args, env, timeout=180):

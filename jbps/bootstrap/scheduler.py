@@ -9,7 +9,13 @@ from ..scheduler.rendezvous import Registration
 def join_as_worker(requested: Config) -> Config:
     from . import with_membership
 
-    reg = Registration(requested.scheduler, "worker", requested.timeout_s, worker_id=requested.worker_rank)
+    reg = Registration(
+        requested.scheduler,
+        "worker",
+        requested.timeout_s,
+        worker_id=requested.worker_rank,
+        secret=requested.job_secret,
+    )
     try:
         job = reg.receive()
     finally:
@@ -25,14 +31,14 @@ def join_as_worker(requested: Config) -> Config:
     )
 
 
-def join_as_server(scheduler: str, timeout_s: float, start_server, port: int = 0):
+def join_as_server(scheduler: str, timeout_s: float, start_server, port: int = 0, secret: str | None = None):
     """Registers, learns the job, starts the server with
     start_server(bind, num_workers, token, role) on the address this host
     reaches the scheduler from (at `port`; 0: any free one), reports it and
     waits for the scheduler to say the job has assembled. Returns (server,
     job); raises JbpsError, the server stopped, if the job fails first (a
     server that went on would wait for workers that never come)."""
-    reg = Registration(scheduler, "server", timeout_s)
+    reg = Registration(scheduler, "server", timeout_s, secret=secret)
     try:
         job = reg.receive()
         try:

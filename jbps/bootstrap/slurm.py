@@ -94,6 +94,7 @@ def join_as_worker(requested: Config, environ=None) -> tuple[Config, list]:
                 bind=f"{'127.0.0.1' if one_node else '0.0.0.0'}:{port}",
                 timeout_s=requested.timeout_s,
                 token=requested.job_token or None,
+                secret=requested.job_secret,
             )
         except OSError as exc:
             raise JbpsError(
@@ -106,7 +107,9 @@ def join_as_worker(requested: Config, environ=None) -> tuple[Config, list]:
     failures: list = []
     # This node's servers register on threads, beside this task's own worker registration.
     threads = [
-        threading.Thread(target=_serve, args=(address, requested.timeout_s, hosted, failures), daemon=True)
+        threading.Thread(
+            target=_serve, args=(address, requested.timeout_s, requested.job_secret, hosted, failures), daemon=True
+        )
         for _ in range(per_node if local_id == 0 else 0)
     ]
     for t in threads:
@@ -141,7 +144,7 @@ def _run_scheduler(scheduler) -> None:
         scheduler.close()
 
 
-def _serve(address, timeout_s, hosted, failures) -> None:
+def _serve(address, timeout_s, secret, hosted, failures) -> None:
     from .mpi import start_colocated
     from .scheduler import join_as_server
 
@@ -150,6 +153,7 @@ def _serve(address, timeout_s, hosted, failures) -> None:
             address,
             timeout_s,
             lambda bind, n, token, role: start_colocated(bind, n, token, role, timeout_s),
+            secret=secret,
         )
         hosted.append(server)
     except Exception as exc:  # the worker's own registration fails with the scheduler's error too

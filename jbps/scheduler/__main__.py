@@ -73,7 +73,12 @@ def main(argv=None, prog: str | None = None) -> int:
         return 2
     try:
         scheduler = Scheduler(
-            args.num_workers, args.num_servers, bind=args.bind, timeout_s=args.timeout, token=env.job_token
+            args.num_workers,
+            args.num_servers,
+            bind=args.bind,
+            timeout_s=args.timeout,
+            token=env.job_token,
+            secret=env.job_secret,
         )
     except (OSError, ValueError, JbpsError) as exc:
         log.error("cannot listen on %s: %s", args.bind, exc)

@@ -16,7 +16,9 @@ is, and waits. Once everyone has registered, the scheduler:
 
 If someone is missing after the timeout, every member that did register gets
 an error naming who is missing, and the scheduler exits with an error. The
-wire format is one JSON object per line over TCP.
+wire format is one JSON object per line over TCP. With a job secret, members
+and scheduler prove it to each other (admission.py); a connection that does not
+is refused with a log line, and the job goes on.
 """
 
 from __future__ import annotations
@@ -30,10 +32,14 @@ import time
 from typing import Any
 
 from ..errors import JbpsError
+from .admission import SECRET_HINT, new_challenge, proven, signed
 
 log = logging.getLogger("jbps.scheduler")
 
 ROLES = ("worker", "server")
+# How long a connection may take to say its hello: members say it at once, and
+# one that does not must not hold up the others' registration for long.
+HELLO_TIMEOUT_S = 10.0
 
 
 @dataclasses.dataclass
@@ -43,6 +49,7 @@ class Member:
     worker_id: int | None
     conn: socket.socket
     reader: Any  # a text file over conn
+    challenge: str  # the member's own: the scheduler's answers prove the secret against it
     rank: int = -1
 
 
@@ -71,6 +78,7 @@ class Scheduler:
         bind: str = "127.0.0.1:0",
         timeout_s: float = 60.0,
         token: int | None = None,
+        secret: str | None = None,
     ):
         if num_workers < 1 or num_servers < 1:
             raise JbpsError(f"a job needs at least one worker and one server, got {num_workers} and {num_servers}")
@@ -84,6 +92,14 @@ class Scheduler:
         self.sock = socket.create_server((host, int(port)), reuse_port=False)
         self.address = f"{host}:{self.sock.getsockname()[1]}"
         self.members: list[Member] = []
+        self.secret = secret
+        if not secret and not host.startswith("127."):
+            log.warning(
+                "no job secret: anyone who reaches %s can join this job and learn its token; set JBPS_JOB_SECRET "
+                "to the same secret for every member (%s)",
+                self.address,
+                SECRET_HINT,
+            )
 
     def close(self) -> None:
         for m in self.members:
@@ -102,6 +118,21 @@ class Scheduler:
             f"{len(workers)} of {self.num_workers} workers and {len(servers)} of {self.num_servers} servers "
             f"registered{detail}"
         )
+
+    def _answer(self, m: Member, message: dict) -> None:
+        _send(m.conn, signed(self.secret, "scheduler", m.challenge, message) if self.secret else message)
+
+    def _admit(self, hello: dict, challenge: str) -> None:
+        """ValueError unless the hello proves the job secret (when the job has one)."""
+        if not self.secret:
+            return
+        if "proof" not in hello:
+            raise ValueError("it did not prove the job secret: it was started without JBPS_JOB_SECRET")
+        if not proven(self.secret, "member", challenge, hello):
+            raise ValueError(
+                "its proof of the job secret is wrong: another JBPS_JOB_SECRET, or a hello replayed from "
+                "another connection"
+            )
 
     def _fail(self, message: str) -> None:
         log.error("%s", message)
@@ -128,11 +159,16 @@ class Scheduler:
                 conn, peer = self.sock.accept()
             except socket.timeout:
                 continue
-            conn.settimeout(max(1.0, deadline - time.monotonic()))
+            conn.settimeout(max(1.0, min(HELLO_TIMEOUT_S, deadline - time.monotonic())))
             reader = conn.makefile("r")
+            challenge = new_challenge()
             try:
+                _send(conn, {"challenge": challenge})
                 hello = _recv(reader, f"{peer[0]}:{peer[1]}")
+                self._admit(hello, challenge)
                 role, worker_id = hello.get("role"), hello.get("worker_id")
+                if not isinstance(hello.get("challenge"), str):
+                    raise ValueError("its hello has no challenge for the scheduler to answer")
                 if role not in ROLES:
                     raise ValueError(f"role {role!r} is not one of {ROLES}")
                 if worker_id is not None and not (isinstance(worker_id, int) and 0 <= worker_id < self.num_workers):
@@ -147,14 +183,15 @@ class Scheduler:
                 if count == (self.num_workers if role == "worker" else self.num_servers):
                     raise ValueError(f"one {role} too many: the job has {count}")
             except (OSError, ValueError, ConnectionError) as exc:
-                log.warning("refused %s:%d: %s", peer[0], peer[1], exc)
+                log.warning("refused %s:%d: %s", peer[0], peer[1], exc or type(exc).__name__)
                 try:
                     _send(conn, {"error": f"jbps scheduler refused this member: {exc}"})
                 except OSError:
                     pass
                 conn.close()
                 continue
-            self.members.append(Member(role, conn.getpeername()[0], worker_id, conn, reader))
+            conn.settimeout(max(1.0, deadline - time.monotonic()))
+            self.members.append(Member(role, conn.getpeername()[0], worker_id, conn, reader, hello["challenge"]))
             log.info("%s registered from %s (%s)", role, peer[0], self._missing())
 
     def run(self) -> None:
@@ -171,7 +208,7 @@ class Scheduler:
         worker_hosts = [m.host for m in workers]
         for i, m in enumerate(servers):
             role = "colocated" if m.host in worker_hosts else "dedicated"
-            _send(m.conn, {"token": self.token, "num_workers": self.num_workers, "role": role, "index": i})
+            self._answer(m, {"token": self.token, "num_workers": self.num_workers, "role": role, "index": i})
         addresses = []
         for m in servers:
             try:
@@ -183,13 +220,13 @@ class Scheduler:
             addresses.append(reply["address"])
         for m in servers:
             try:
-                _send(m.conn, {"assembled": True})
+                self._answer(m, {"assembled": True})
             except OSError as exc:
                 self._fail(f"jbps scheduler: server at {m.host} left before the job assembled: {exc}")
         for m in workers:
             same_host = [w for w in workers if w.host == m.host]
-            _send(
-                m.conn,
+            self._answer(
+                m,
                 {
                     "servers": addresses,
                     "token": self.token,
@@ -215,18 +252,33 @@ def _connect(address: str, deadline: float) -> socket.socket:
 
 
 class Registration:
-    """A member's side: connect (retrying until the deadline), say who we are."""
+    """A member's side: connect (retrying until the deadline), say who we are
+    (proving the job secret when we have one)."""
 
-    def __init__(self, address: str, role: str, timeout_s: float, worker_id: int | None = None):
-        self.address, self.timeout_s = address, timeout_s
+    def __init__(
+        self, address: str, role: str, timeout_s: float, worker_id: int | None = None, secret: str | None = None
+    ):
+        self.address, self.timeout_s, self.secret = address, timeout_s, secret
         self.deadline = time.monotonic() + timeout_s
         self.conn = _connect(address, self.deadline)
         self.reader = self.conn.makefile("r")
         # The address we reach the scheduler from is the one others can reach us at.
         self.local_host = self.conn.getsockname()[0]
-        _send(self.conn, {"role": role, "worker_id": worker_id})
+        try:
+            challenge = self._read().get("challenge")
+            if not isinstance(challenge, str):
+                raise JbpsError(
+                    f"{address} (DMLC_PS_ROOT_URI/PORT) did not open as a jbps scheduler does: is it another "
+                    "program, or the scheduler of another jbps version?"
+                )
+        except BaseException:
+            self.close()
+            raise
+        self.challenge = new_challenge()
+        hello = {"role": role, "worker_id": worker_id, "challenge": self.challenge}
+        self.send(signed(secret, "member", challenge, hello) if secret else hello)
 
-    def receive(self) -> dict:
+    def _read(self) -> dict:
         # The scheduler answers when the whole job has registered, or fails it
         # after its own timeout: allow a little beyond ours for its message.
         self.conn.settimeout(max(0.1, self.deadline - time.monotonic()) + 5.0)
@@ -241,6 +293,16 @@ class Registration:
             raise JbpsError(f"lost the jbps scheduler at {self.address}: {exc}") from None
         if "error" in message:
             raise JbpsError(message["error"])
+        return message
+
+    def receive(self) -> dict:
+        message = self._read()
+        if self.secret and not proven(self.secret, "scheduler", self.challenge, message):
+            raise JbpsError(
+                f"the jbps scheduler at {self.address} did not prove the job secret (JBPS_JOB_SECRET): it was "
+                "started without it or with another one, or it is not this job's scheduler"
+            )
+        message.pop("proof", None)
         return message
 
     def send(self, message: dict) -> None:
@@ -277,8 +339,7 @@ def refuse(bind: str, reason: str, timeout_s: float) -> None:
                 continue
             with conn:
                 conn.settimeout(2.0)
-                try:
-                    _recv(conn.makefile("r"), "a member")  # its hello, so the answer is read as one
+                try:  # a member reads the scheduler's first line before it says anything
                     _send(conn, {"error": message})
                 except (OSError, ValueError, ConnectionError):
                     pass

@@ -105,7 +105,7 @@ def parse_args(argv=None, prog: str = "python -m jbps.server") -> argparse.Names
         "--keep-alive", action="store_true", help="keep serving after every worker said goodbye (for a following job)"
     )
     args = p.parse_args(argv)
-    args.scheduler, args.env_num_workers = env["scheduler"], env["num_workers"]
+    args.scheduler, args.env_num_workers, args.secret = env["scheduler"], env["num_workers"], env["secret"]
     try:
         check_port(args.bind, "--bind ")
     except JbpsError as exc:
@@ -140,7 +140,9 @@ def start(args):
         from ..bootstrap.scheduler import join_as_server
 
         # The host is the one the scheduler is reached from; the port is --bind's (0: any).
-        server, job = join_as_server(args.scheduler, args.timeout, make, port=int(args.bind.rpartition(":")[2] or 0))
+        server, job = join_as_server(
+            args.scheduler, args.timeout, make, port=int(args.bind.rpartition(":")[2] or 0), secret=args.secret
+        )
         return server, job["host"], job["num_workers"], job["role"]
     if args.num_workers is None and under_mpirun():
         from ..bootstrap.mpi import exchange

@@ -41,6 +41,7 @@ def settings_from_environment(environ: Mapping[str, str] | None = None) -> dict:
     check_port(bind, "JBPS_SERVER_BIND=")
     return {
         "token": env_value("job_token", environ),
+        "secret": env_value("job_secret", environ),
         "timeout_s": env_value("timeout_s", environ),
         "shm": env_value("shm", environ),
         "sum_threads": int(threads),
