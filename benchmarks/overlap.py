@@ -1,23 +1,26 @@
 """Overlap across emulated hosts: a training step's time with its gradients
 reduced as one call, in buckets, by JAX's own pmean, against the step alone
-and the communication alone.
+and the communication alone; samples/s and scaling efficiency of each.
 
-    python -m benchmarks.overlap [--workers 2] [--cpu-hosts 0,2] [--rate 1G]
+    python -m benchmarks.overlap [--workers 2] [--cpu-hosts 0,2] [--rate 1G] [--model mlp]
                                  [--layers 8] [--width 1024] [--batch 1024] [--steps 9]
                                  [--bucket-bytes 1M,16M] [--skip-gloo] [--json] [--plot timeline.png]
-    python -m benchmarks.overlap ...                       (the same)
 
-Needs root (network namespaces, as `python -m benchmarks.network`). The model is an
-MLP of --layers square layers (--width; float32), so its gradients are
-layers x width² x 4 bytes; the defaults make compute and communication take
-about as long on the development machine. For each k CPU hosts: the step
+Needs root (network namespaces, as `python -m benchmarks.network`). --model
+mlp (default) is an MLP of --layers square layers (--width; float32), so its
+gradients are layers x width² x 4 bytes; the defaults make compute and
+communication take about as long on the development machine. --model resnet
+and --model transformer train the examples' own models (step_models.py says
+how --layers and --width size them). For each k CPU hosts: the step
 with jbps.optax.distributed as one call (bucket_bytes 0) and in buckets
 (the default, and each --bucket-bytes), and the psum of the same gradients
 alone; once: the step in one process without jbps, the step alone on every
 worker host at once (no communication; the bound uses this one, since the
 workers share this machine's cores) and the step with lax.pmean over gloo
 (jax.distributed).
-Times are the slowest worker's median. The target: a bucketed step within
+Times are the slowest worker's median; samples/s are the job's (--batch x
+workers per step), and the scaling efficiency is that over workers x the
+samples/s of the step in one process. The target: a bucketed step within
 1.15 x max(step alone, communication alone). Beside it, the machine's CPU
 time per step of each (every host shares this machine's cores, its network
 stack too) and the bound that sets: no overlap ends a step before the step's
@@ -41,6 +44,7 @@ from .emulated_network import EmulatedNetwork, NetworkError, format_rate, parse_
 from jbps.procs import terminate
 from jbps.sizes import format_bytes, parse_bytes
 from .network import _wait_all, parse_range, python_env
+from . import step_models
 
 log = logging.getLogger("benchmarks.overlap")
 TARGET = 1.15
@@ -60,7 +64,8 @@ def parse_args(argv=None, prog=None):
         help="CPU-only hosts k to try, a range or list (default 0,2)",
     )
     p.add_argument("--rate", default="1G", help="each NIC's rate each way, bits/s (default 1G)")
-    p.add_argument("--layers", type=int, default=8, help="square layers of the MLP (default 8)")
+    p.add_argument("--model", choices=step_models.MODELS, default="mlp", help="what the step trains (default mlp)")
+    p.add_argument("--layers", type=int, default=8, help="square layers of the MLP (default 8); the others' blocks")
     p.add_argument("--width", type=int, default=1024, help="their width (default 1024: 4 MiB each)")
     p.add_argument("--batch", type=int, default=1024, help="examples per worker per step (default 1024)")
     p.add_argument("--steps", type=int, default=9, help="timed steps (default 9)")
@@ -94,6 +99,8 @@ def parse_args(argv=None, prog=None):
 
 def _model_args(args) -> list[str]:
     return [
+        "--model",
+        args.model,
         "--layers",
         str(args.layers),
         "--width",
@@ -112,9 +119,12 @@ def _slowest(reports: list[dict]) -> dict:
     worker's count: it is the whole machine's, every host included)."""
     return {
         "median_s": max(r["median_s"] for r in reports),
+        "samples_per_s": len(reports) * reports[0]["samples"] / max(r["median_s"] for r in reports),
         "per_worker_s": [r["median_s"] for r in reports],
         "cpu_core_s_per_step": reports[0]["cpu_core_s_per_step"],
         "cpu": reports[0]["cpu"],
+        "model": reports[0]["model"],
+        "grad_bytes": reports[0]["grad_bytes"],
     }
 
 
@@ -167,16 +177,15 @@ def run_jbps(net, n, k, args, mode: str, bucket_bytes: int | None, trace_dir: st
 
 def run(args) -> dict:
     n, ks = args.workers, args.cpu_hosts
-    grad_bytes = args.layers * (args.width * args.width + args.width) * 4
     doc = {
         "workers": n,
         "cpu_hosts": ks,
         "rate_bits": args.rate,
+        "model": args.model,
         "layers": args.layers,
         "width": args.width,
         "batch": args.batch,
         "steps": args.steps,
-        "grad_bytes": grad_bytes,
         "cases": {},
     }
     env = python_env(XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=1").strip())
@@ -192,6 +201,7 @@ def run(args) -> dict:
                 "the step in one process",
             )
         )
+        doc["describe"], doc["grad_bytes"] = doc["one_process"]["model"], doc["one_process"]["grad_bytes"]
         doc["compute"] = _slowest(
             run_on_workers(
                 net,
@@ -280,7 +290,7 @@ def format_table(doc: dict) -> str:
     ms = lambda s: f"{s * 1e3:.0f} ms"  # noqa: E731
     lines = [
         f"A training step across emulated hosts: {doc['workers']} worker hosts, "
-        f"{format_rate(doc['rate_bits'])} each way per NIC, an MLP of {doc['layers']} x {doc['width']}² float32 "
+        f"{format_rate(doc['rate_bits'])} each way per NIC, {doc['describe']} "
         f"({doc['grad_bytes'] / 2**20:.1f} MiB of gradients), batch {doc['batch']} per worker; "
         f"median of {doc['steps']} steps (slowest worker)",
         "",
@@ -314,6 +324,7 @@ def format_table(doc: dict) -> str:
             f"  {case['buckets_over_cpu_bound']:.2f}"
         )
     lines.append("(comm: the psum of the step's gradients alone; one call: bucket_bytes 0; buckets: the default)")
+    lines += _throughput_rows(doc, names)
     cores = doc["compute"]["cpu"]["cores"]
     lines += [
         "",
@@ -324,6 +335,32 @@ def format_table(doc: dict) -> str:
         *cpu_rows,
     ]
     return "\n".join(lines)
+
+
+def _throughput_rows(doc: dict, names: list[str]) -> list[str]:
+    """The job's samples/s for each way, and the scaling efficiency: over
+    workers x the samples/s of the step in one process (the machine otherwise
+    idle), and over the step alone on every worker at once (what these shared
+    cores allow without communication)."""
+    one = doc["one_process"]["samples_per_s"] * doc["workers"]
+    alone = doc["compute"]["samples_per_s"]
+    ways = [("step alone", doc["compute"])] + ([("gloo pmean", doc["gloo"])] if "gloo" in doc else [])
+    lines = [
+        "",
+        f"Samples/s over the job, and its scaling efficiency: / ({doc['workers']} x one process alone, "
+        f"{one:.0f}) and / (every worker's step alone at once, {alone:.0f})",
+        f"{'':>22}  {'samples/s':>10}  {'/ one':>6}  {'/ alone':>6}",
+    ]
+    for name, result in ways:
+        rate = result["samples_per_s"]
+        lines.append(f"{name:>22}  {rate:10.0f}  {rate / one:6.2f}  {rate / alone:6.2f}")
+    for k, case in doc["cases"].items():
+        for name in names:
+            if name != "comm":
+                rate = case[name]["samples_per_s"]
+                label = f"k = {k}, {name}"
+                lines.append(f"{label:>22}  {rate:10.0f}  {rate / one:6.2f}  {rate / alone:6.2f}")
+    return lines
 
 
 def plot(doc: dict, path: str):

@@ -1,7 +1,8 @@
-"""One worker of `python -m benchmarks.overlap`: a training step of an MLP (plain jax),
+"""One worker of `python -m benchmarks.overlap`: a training step of a model
+(benchmarks/step_models.py: an MLP, the examples' ResNet or transformer),
 timed, with the gradients reduced one way or another.
 
-    python -m benchmarks.step_worker --mode MODE [--layers 4] [--width 1024] [--batch 512]
+    python -m benchmarks.step_worker --mode MODE [--model mlp] [--layers 4] [--width 1024] [--batch 512]
                                      [--steps 8] [--warmup 2] [--bucket-bytes N]
                                      [--coordinator H:P --num-processes N --process-id I]   (gloo)
 
@@ -30,12 +31,13 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
-from benchmarks import cpu_load  # noqa: E402
+from benchmarks import cpu_load, step_models  # noqa: E402
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mode", choices=("compute", "comm", "jbps", "gloo"), required=True)
+    p.add_argument("--model", choices=step_models.MODELS, default="mlp")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--width", type=int, default=1024)
     p.add_argument("--batch", type=int, default=512)
@@ -46,29 +48,6 @@ def parse_args(argv=None):
     p.add_argument("--num-processes", type=int)
     p.add_argument("--process-id", type=int)
     return p.parse_args(argv)
-
-
-def init_params(layers: int, width: int):
-    key = jax.random.PRNGKey(0)
-    return [
-        {"w": jax.random.normal(jax.random.fold_in(key, i), (width, width)) / np.sqrt(width), "b": jnp.zeros((width,))}
-        for i in range(layers)
-    ]
-
-
-def loss(params, x, y):
-    h = x
-    for layer in params:
-        h = jnp.tanh(h @ layer["w"] + layer["b"])
-    return jnp.mean((h - y) ** 2)
-
-
-def batch(rank: int, size: int, width: int):
-    rng = np.random.default_rng(rank)
-    return (
-        jnp.asarray(rng.normal(size=(size, width)), jnp.float32),
-        jnp.asarray(rng.normal(size=(size, width)), jnp.float32),
-    )
 
 
 def time_steps(run, steps: int, warmup: int) -> tuple[list[float], list[tuple[float, float]], dict]:
@@ -104,22 +83,23 @@ def main(argv=None):
         rank = jbps.rank()
     else:
         rank = 0
-    params = init_params(args.layers, args.width)
+    model = step_models.build(args.model, args.layers, args.width, args.batch, rank)
+    params, loss, inputs = model.params, model.loss, model.inputs
     tx = optax.sgd(0.01)
     report = {
         "mode": args.mode,
         "bucket_bytes": args.bucket_bytes,
         "grad_bytes": sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(params)),
+        "model": model.describe,
+        "samples": args.batch,
     }
-
-    x, y = batch(rank, args.batch, args.width)
     state = tx.init(params)
 
     if args.mode == "compute":
 
         @jax.jit
         def step(params, state):
-            updates, state = tx.update(jax.grad(loss)(params, x, y), state, params)
+            updates, state = tx.update(jax.grad(loss)(params, *inputs), state, params)
             return optax.apply_updates(params, updates), state
     elif args.mode == "jbps":
         import jbps
@@ -129,12 +109,12 @@ def main(argv=None):
 
         @jax.jit
         def step(params, state):
-            updates, state = dist.update(jax.grad(loss)(params, x, y), state, params)
+            updates, state = dist.update(jax.grad(loss)(params, *inputs), state, params)
             return optax.apply_updates(params, updates), state
     elif args.mode == "comm":
         import jbps
 
-        grads = jax.jit(jax.grad(loss))(params, x, y)
+        grads = jax.jit(jax.grad(loss))(params, *inputs)
         psum = jax.jit(lambda g: jbps.psum(g, name="grads"))
         holder = [grads]
 
@@ -149,24 +129,25 @@ def main(argv=None):
             from jax.experimental.shard_map import shard_map
         replicated = NamedSharding(mesh, P())
 
-        def body(params, state, x, y):
-            grads = jax.lax.pmean(jax.grad(loss)(params, x[0], y[0]), "i")
+        def body(params, state, *inputs):
+            grads = jax.lax.pmean(jax.grad(loss)(params, *(a[0] for a in inputs)), "i")
             updates, state = tx.update(grads, state, params)
             return optax.apply_updates(params, updates), state
 
-        sharded = jax.jit(shard_map(body, mesh=mesh, in_specs=(P(), P(), P("i"), P("i")), out_specs=(P(), P())))
-        local = [jax.device_put(a[None], jax.local_devices()[0]) for a in (x, y)]
-        xg, yg = (
+        specs = (P(), P()) + (P("i"),) * len(inputs)
+        sharded = jax.jit(shard_map(body, mesh=mesh, in_specs=specs, out_specs=(P(), P())))
+        local = [jax.device_put(a[None], jax.local_devices()[0]) for a in inputs]
+        global_inputs = [
             jax.make_array_from_single_device_arrays(
                 (args.num_processes,) + a.shape[1:], NamedSharding(mesh, P("i")), [a]
             )
             for a in local
-        )
+        ]
         params = jax.device_put(params, replicated)
         state = jax.device_put(state, replicated)
 
         def step(params, state):
-            return sharded(params, state, xg, yg)
+            return sharded(params, state, *global_inputs)
 
     if args.mode != "comm":
         box = [params, state]

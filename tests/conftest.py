@@ -186,6 +186,7 @@ SLOW = (
     "tests/test_launch.py::test_a_misspelled_setting",
     "tests/test_launch.py::test_a_scheduler_missing",
     "tests/test_launch.py::test_a_stalled_workers_timeout",
+    "tests/test_launch.py::test_only_members_that_prove",
     "tests/test_checkpoints.py::test_a_checkpoint_moves_between",
     "tests/test_checkpoints.py::test_a_resumed_run_ends_where",
     "tests/test_checkpoints.py::test_a_checkpoint_restores_into",

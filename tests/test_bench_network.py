@@ -112,6 +112,10 @@ def test_overlap_bench_times_every_case():
     for name in ("comm", "one call", "buckets", "buckets 64 KiB"):
         assert case[name]["median_s"] > 0, name
     assert doc["one_process"]["median_s"] > 0 and doc["compute"]["median_s"] > 0 and doc["gloo"]["median_s"] > 0
+    assert doc["describe"] == "an MLP of 3 x 256² float32" and doc["grad_bytes"] == 3 * (256 * 256 + 256) * 4
+    for result in (doc["one_process"], doc["gloo"], case["buckets"]):
+        workers = len(result["per_worker_s"])
+        assert result["samples_per_s"] == pytest.approx(workers * 64 / result["median_s"]), result
     # The trace of a bucketed step: one row per bucket's call (3 kernels and their biases).
     rows = case["buckets"]["trace"][1:]
     assert rows and all(r["pushes"] and r["pulls"] for r in rows), rows

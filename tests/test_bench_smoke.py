@@ -3,6 +3,7 @@ every sum they time against the known result, and fail the run if one is wrong).
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 
@@ -316,3 +317,28 @@ def test_rate_change_bad_input_names_the_fault(text, needle):
     with pytest.raises(ValueError, match=needle):
         rate_change.parse_change(text, 2, 2, 4)
     assert rate_change.parse_change("s1=400M@3", 2, 2, 4) == rate_change.RateChange(3, 4e8, 3)
+
+
+def test_the_step_benchmark_trains_the_examples_own_transformer():
+    # benchmarks.overlap --model transformer: the step is the example's model, built by its own code.
+    from flax import nnx
+
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.step_worker", "--mode", "compute", "--model", "transformer"]
+        + ["--layers", "1", "--width", "16", "--batch", "4", "--steps", "2", "--warmup", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    spec = importlib.util.spec_from_file_location("transformer_lm", os.path.join(REPO, "examples", "transformer_lm.py"))
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    lm = example.LM(65, 16, 4, 1, rngs=nnx.Rngs(0))
+    param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(nnx.state(lm, nnx.Param)))
+    assert report["grad_bytes"] == param_bytes, report
+    assert report["model"].startswith("the transformer of examples/transformer_lm.py"), report
+    assert report["samples"] == 4 and len(report["times_s"]) == 2 and report["median_s"] > 0, report
