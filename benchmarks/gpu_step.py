@@ -22,6 +22,7 @@ import subprocess
 import sys
 
 from . import step_models
+from jbps.procs import terminate
 
 WAYS = (
     ("step alone", "compute", None),
@@ -66,21 +67,25 @@ def _reports(text: str, what: str) -> list[dict]:
 def run_way(args, mode: str, bucket_bytes) -> dict:
     env = dict(os.environ, JAX_PLATFORMS=args.platform, XLA_PYTHON_CLIENT_PREALLOCATE="false")
     argv = _worker_argv(args, mode, bucket_bytes)
-    if mode == "compute":  # no jbps: the workers' processes side by side
-        procs = [
-            subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for _ in range(args.workers)
-        ]
+    if mode != "compute":  # with jbps: the launcher starts the servers and the workers
+        argv = [sys.executable, "-m", "jbps.cli", "run", "-n", str(args.workers), *argv]
+    count = args.workers if mode == "compute" else 1  # without jbps: the workers side by side
+    procs = [
+        subprocess.Popen(
+            argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        )
+        for _ in range(count)
+    ]
+    try:
         outs = [p.communicate(timeout=args.timeout) for p in procs]
-        failed = [err for p, (_, err) in zip(procs, outs) if p.returncode]
-        text = "\n".join(out for out, _ in outs)
-    else:
-        launch = [sys.executable, "-m", "jbps.cli", "run", "-n", str(args.workers), *argv]
-        proc = subprocess.run(launch, env=env, capture_output=True, text=True, timeout=args.timeout)
-        failed = [proc.stderr] if proc.returncode else []
-        text = proc.stdout
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"{mode} took over {args.timeout:g} s (--timeout)") from None
+    finally:
+        terminate(procs, grace_s=3, what=mode)  # by PID, with everything they started
+    failed = [err for p, (_, err) in zip(procs, outs) if p.returncode]
     if failed:
         raise RuntimeError(f"{mode} failed:\n{failed[0][-3000:]}")
+    text = "\n".join(out for out, _ in outs)
     reports = _reports(text, mode)
     if mode == "jbps" and not all(r["params_equal"] for r in reports):
         raise RuntimeError("the workers' parameters differ after the run")
