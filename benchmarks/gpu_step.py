@@ -50,13 +50,6 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def _worker_argv(args, mode: str, bucket_bytes) -> list[str]:
-    argv = [sys.executable, "-m", "benchmarks.step_worker", "--mode", mode, "--model", args.model]
-    argv += ["--layers", str(args.layers), "--width", str(args.width), "--batch", str(args.batch)]
-    argv += ["--steps", str(args.steps), "--warmup", str(args.warmup)]
-    return argv + (["--bucket-bytes", str(bucket_bytes)] if bucket_bytes is not None else [])
-
-
 def _reports(text: str, what: str) -> list[dict]:
     reports = [json.loads(line[line.index("{") :]) for line in text.splitlines() if '{"mode"' in line]
     if not reports:
@@ -66,7 +59,8 @@ def _reports(text: str, what: str) -> list[dict]:
 
 def run_way(args, mode: str, bucket_bytes) -> dict:
     env = dict(os.environ, JAX_PLATFORMS=args.platform, XLA_PYTHON_CLIENT_PREALLOCATE="false")
-    argv = _worker_argv(args, mode, bucket_bytes)
+    argv = [sys.executable, "-m", "benchmarks.step_worker", "--mode", mode, *step_models.worker_args(args)]
+    argv += ["--bucket-bytes", str(bucket_bytes)] if bucket_bytes is not None else []
     if mode != "compute":  # with jbps: the launcher starts the servers and the workers
         argv = [sys.executable, "-m", "jbps.cli", "run", "-n", str(args.workers), *argv]
     count = args.workers if mode == "compute" else 1  # without jbps: the workers side by side

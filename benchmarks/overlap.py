@@ -97,34 +97,16 @@ def parse_args(argv=None, prog=None):
     return args
 
 
-def _model_args(args) -> list[str]:
-    return [
-        "--model",
-        args.model,
-        "--layers",
-        str(args.layers),
-        "--width",
-        str(args.width),
-        "--batch",
-        str(args.batch),
-        "--steps",
-        str(args.steps),
-        "--warmup",
-        str(args.warmup),
-    ]
-
-
 def _slowest(reports: list[dict]) -> dict:
     """The slowest worker's median, and the machine's CPU time per step (one
     worker's count: it is the whole machine's, every host included)."""
+    slowest = max(r["median_s"] for r in reports)
     return {
-        "median_s": max(r["median_s"] for r in reports),
-        "samples_per_s": len(reports) * reports[0]["samples"] / max(r["median_s"] for r in reports),
+        "median_s": slowest,
+        "samples_per_s": len(reports) * reports[0]["samples"] / slowest,
         "per_worker_s": [r["median_s"] for r in reports],
         "cpu_core_s_per_step": reports[0]["cpu_core_s_per_step"],
         "cpu": reports[0]["cpu"],
-        "model": reports[0]["model"],
-        "grad_bytes": reports[0]["grad_bytes"],
     }
 
 
@@ -160,7 +142,7 @@ def run_on_workers(net: EmulatedNetwork, n: int, argv_for, env, timeout_s: float
 
 
 def run_jbps(net, n, k, args, mode: str, bucket_bytes: int | None, trace_dir: str | None = None) -> dict:
-    argv = ["-m", "benchmarks.step_worker", "--mode", mode, *_model_args(args)]
+    argv = ["-m", "benchmarks.step_worker", "--mode", mode, *step_models.worker_args(args)]
     if bucket_bytes is not None:
         argv += ["--bucket-bytes", str(bucket_bytes)]
     env = job_free_env()
@@ -191,22 +173,21 @@ def run(args) -> dict:
     env = python_env(XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=1").strip())
     with EmulatedNetwork(n + max(ks), args.rate) as net, tempfile.TemporaryDirectory(prefix="jbps-overlap-") as tmp:
         log.info("%d emulated hosts at %s; the step alone ...", len(net.hosts), format_rate(args.rate))
-        doc["one_process"] = _slowest(
-            run_on_workers(
-                net,
-                1,
-                lambda i: ["-m", "benchmarks.step_worker", "--mode", "compute", *_model_args(args)],
-                env,
-                args.timeout,
-                "the step in one process",
-            )
+        (alone,) = run_on_workers(
+            net,
+            1,
+            lambda i: ["-m", "benchmarks.step_worker", "--mode", "compute", *step_models.worker_args(args)],
+            env,
+            args.timeout,
+            "the step in one process",
         )
-        doc["describe"], doc["grad_bytes"] = doc["one_process"]["model"], doc["one_process"]["grad_bytes"]
+        doc["one_process"] = _slowest([alone])
+        doc["describe"], doc["grad_bytes"] = alone["model"], alone["grad_bytes"]
         doc["compute"] = _slowest(
             run_on_workers(
                 net,
                 n,
-                lambda i: ["-m", "benchmarks.step_worker", "--mode", "compute", *_model_args(args)],
+                lambda i: ["-m", "benchmarks.step_worker", "--mode", "compute", *step_models.worker_args(args)],
                 env,
                 args.timeout,
                 "the step alone",
@@ -224,7 +205,7 @@ def run(args) -> dict:
                         "benchmarks.step_worker",
                         "--mode",
                         "gloo",
-                        *_model_args(args),
+                        *step_models.worker_args(args),
                         "--coordinator",
                         coordinator,
                         "--num-processes",

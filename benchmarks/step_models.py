@@ -101,6 +101,13 @@ def _transformer(layers: int, width: int, batch: int, rng) -> StepModel:
     )
 
 
+def worker_args(args) -> list[str]:
+    """The flags that give benchmarks/step_worker.py a driver's model and step count."""
+    flags = {"model": args.model, "layers": args.layers, "width": args.width, "batch": args.batch}
+    flags.update(steps=args.steps, warmup=args.warmup)
+    return [item for name, value in flags.items() for item in (f"--{name}", str(value))]
+
+
 def build(name: str, layers: int, width: int, batch: int, rank: int) -> StepModel:
     """Model `name` with every worker's parameters alike and its own inputs."""
     return {"mlp": _mlp, "resnet": _resnet, "transformer": _transformer}[name](

@@ -24,6 +24,7 @@ from jbps.errors import JbpsError
 from jbps.procs import terminate
 from jbps.scheduler import Registration
 from jbps.scheduler.admission import new_challenge, signed
+from jbps.scheduler.rendezvous import _connect as connect_retrying
 
 PYTHON = sys.executable
 MPIEXEC = os.path.join(os.path.dirname(PYTHON), "mpiexec")
@@ -305,15 +306,8 @@ def test_a_missing_worker_fails_everyone_naming_it():
 
 def _stranger(address, hello):
     """Says `hello` to the scheduler at `address` as a stranger would; returns its answer."""
-    host, _, port = address.rpartition(":")
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            conn = socket.create_connection((host, int(port)), timeout=10)
-            break
-        except OSError:
-            assert time.monotonic() < deadline, "the scheduler never listened"
-            time.sleep(0.1)
+    conn = connect_retrying(address, time.monotonic() + 30)  # as members reach it
+    conn.settimeout(10)
     with conn, conn.makefile("r") as reader:
         assert "challenge" in json.loads(reader.readline())
         conn.sendall((json.dumps(hello) + "\n").encode())
@@ -367,9 +361,11 @@ def test_a_member_with_the_secret_takes_no_job_from_a_scheduler_without_it():
     # an impostor) must prove the secret before a worker believes its servers.
     with socket.create_server(("127.0.0.1", 0)) as listener:
         address = f"127.0.0.1:{listener.getsockname()[1]}"
+        listener.settimeout(30)
 
         def impostor():
             conn, _ = listener.accept()
+            conn.settimeout(30)
             with conn, conn.makefile("r") as reader:
                 conn.sendall(b'{"challenge": "c"}\n')
                 reader.readline()

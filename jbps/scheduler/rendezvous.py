@@ -271,12 +271,12 @@ class Registration:
                     f"{address} (DMLC_PS_ROOT_URI/PORT) did not open as a jbps scheduler does: is it another "
                     "program, or the scheduler of another jbps version?"
                 )
-        except BaseException:
+            self.challenge = new_challenge()
+            hello = {"role": role, "worker_id": worker_id, "challenge": self.challenge}
+            self.send(signed(secret, "member", challenge, hello) if secret else hello)
+        except BaseException:  # no half-open connection is left behind
             self.close()
             raise
-        self.challenge = new_challenge()
-        hello = {"role": role, "worker_id": worker_id, "challenge": self.challenge}
-        self.send(signed(secret, "member", challenge, hello) if secret else hello)
 
     def _read(self) -> dict:
         # The scheduler answers when the whole job has registered, or fails it
