@@ -173,6 +173,7 @@ FILE_MARKERS = {
     "test_scheduling.py": "cluster",
     "test_shm.py": "cluster",
     "test_shutdown.py": "cluster",
+    "test_side_streams.py": "unit",
     "test_slurm.py": "cluster",
     "test_soak.py": "cluster",
     "test_sum_kernels.py": "unit",

@@ -65,6 +65,17 @@ def test_random_trees_on_the_gpu_match_numpy(mode, wait):
     assert [last_json(r.stdout)["backend"] for r in results] == ["gpu", "gpu"]
 
 
+@pytest.mark.parametrize("mode", ["jit", "pmap"])
+def test_random_trees_in_buckets_on_side_streams_match_numpy(mode):
+    """Small buckets: each bucket's call on a stream of its own (jbps/ops/side_stream.py)."""
+    _skip_without_gpu()
+    rounds = 4
+    results = _gpu_job(
+        [worker_script("random_trees.py"), "--rounds", str(rounds), "--mode", mode], {"JBPS_BUCKET_BYTES": "4096"}
+    )
+    check_results(results, rounds)
+
+
 def test_engine_error_fails_the_next_psum():
     _skip_without_gpu()
     for r in _gpu_job([worker_script("cuda_deferred.py")]):

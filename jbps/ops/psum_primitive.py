@@ -36,9 +36,16 @@ from ..partition.plan import tree_description
 from . import buckets, kept_operands, mapped_axes, replication
 from .compression import feedback_codec
 from .ffi import join, push_pull
+from .side_stream import on_stream
 
 AxisName = Hashable
 WHAT = "jbps.psum"
+
+# Where a psum's buckets each run on a stream of their own (side_stream.py):
+# XLA:GPU, whose custom calls otherwise wait on the compute stream. Buckets
+# take SIDE_STREAMS streams in turn, so that many are on the network at once.
+SIDE_STREAM_PLATFORMS = ("cuda",)
+SIDE_STREAMS = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,13 +262,15 @@ def _reduce_on_devices(
     grouped: mapped_axes.Axes,
     kept: Sequence[bool],
     on_cpu: bool,
+    side_streams: bool = False,
 ) -> list[jax.Array]:
     """What one device runs: its part of the sum over `reduced` and every
     worker, apart from the devices at other positions along `grouped`.
     kept[i]: leaf i is a parameter its caller keeps (kept_operands.py);
     on_cpu: the program runs on XLA:CPU only (compressed leaves then go through
     jbps's own codecs around the calls, large ones in pieces: _Wire.pieces).
-    With spec.feedback, args are the leaves then their residuals, and so are
+    side_streams: several buckets each run on a stream of their own
+    (side_stream.py). With spec.feedback, args are the leaves then their residuals, and so are
     the results."""
     num_shards = math.prod(s for _, s in reduced)
     num_groups = math.prod(s for _, s in grouped)
@@ -282,7 +291,8 @@ def _reduce_on_devices(
     for b, members in enumerate(groups):
         idx = [live[m] for m in members]
         call = spec.name if len(groups) == 1 else f"{spec.name}/bucket{b}"
-        summed, left = _push_pull_call(wire, idx, call, spec.paths, ranks, slot, num_groups, kept)
+        stream = 1 + b % SIDE_STREAMS if side_streams and len(groups) > 1 else None
+        summed, left = _push_pull_call(wire, idx, call, spec.paths, ranks, slot, num_groups, kept, stream)
         results.extend(zip(idx, summed))
         for i, r in left.items():
             residuals[i] = r
@@ -426,11 +436,12 @@ class _Part(NamedTuple):
     in_place: bool
 
 
-def _push_pull_call(wire, idx, call, paths, priorities, slot, num_groups, kept):
+def _push_pull_call(wire, idx, call, paths, priorities, slot, num_groups, kept, stream=None):
     """The jbps_psum custom calls of leaves `idx` (all non-empty), named
     `call`: one over each device's shard of every leaf (wire.shard), or, when
     some travel in pieces (wire.pieces), one per piece: call j carries piece j
     of each leaf in pieces, and the first also the leaves that travel whole.
+    stream: run each on that XLA:GPU stream (side_stream.py).
     Returns the summed shards in `idx` order (as they travel; a leaf in pieces
     decoded already), and the new residuals of the compressed leaves, by leaf."""
     pieces = {i: wire.pieces(i) for i in idx}
@@ -454,14 +465,16 @@ def _push_pull_call(wire, idx, call, paths, priorities, slot, num_groups, kept):
     summed = {}
     for j, members in enumerate(parts):
         name = call if count == 1 else f"{call}/piece{j}"
-        for part, s in zip(members, _push_pull_one(wire, members, name, priorities, slot, num_groups)):
+        for part, s in zip(members, _push_pull_one(wire, members, name, priorities, slot, num_groups, stream)):
             summed.setdefault(part.leaf, []).append(s)
     out = [wire.decode_pieces(i, summed[i], into[i]) if pieces[i] else summed[i][0] for i in idx]
     return out, left
 
 
-def _push_pull_one(wire, members, call, priorities, slot, num_groups):
-    """One jbps_psum custom call over `members` (_Part each): their summed shards."""
+def _push_pull_one(wire, members, call, priorities, slot, num_groups, stream=None):
+    """One jbps_psum custom call over `members` (_Part each): their summed
+    shards. stream: the call runs on that XLA:GPU stream, in a function of its
+    own, its sums in fresh buffers (no operand of a called function given up)."""
     idx = [m.leaf for m in members]
     shapes, dtypes = [m.planned[0] for m in members], [m.planned[1] for m in members]
     sub_paths = tuple(m.path for m in members)
@@ -480,14 +493,12 @@ def _push_pull_one(wire, members, call, priorities, slot, num_groups):
         priorities=tuple(priorities[i] for i in idx),
     )
     described = [wire.described(i) for i in idx]
-    return push_pull(
-        slot,
-        [m.shard for m in members],
-        plan,
-        list(range(len(members))),
-        tree_description(call, sub_paths, [d[0] for d in described], [d[1] for d in described]),
-        [m.in_place for m in members],
-    )
+    tree = tree_description(call, sub_paths, [d[0] for d in described], [d[1] for d in described])
+    leaves = list(range(len(members)))
+    shards = [m.shard for m in members]
+    if stream is None:
+        return push_pull(slot, shards, plan, leaves, tree, [m.in_place for m in members])
+    return on_stream(lambda s, *xs: push_pull(s, xs, plan, leaves, tree, [False] * len(xs)), [slot, *shards], stream)
 
 
 def _lower(ctx, *args, spec, typed):
@@ -501,6 +512,7 @@ def _lower(ctx, *args, spec, typed):
         grouped=grouped,
         kept=kept_operands.kept_parameters(args),
         on_cpu=tuple(ctx.module_context.platforms) == ("cpu",),
+        side_streams=tuple(ctx.module_context.platforms) == SIDE_STREAM_PLATFORMS,
     )
     return mlir.lower_fun(body, multiple_results=True)(ctx, *args)
 
