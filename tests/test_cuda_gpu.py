@@ -76,6 +76,21 @@ def test_random_trees_in_buckets_on_side_streams_match_numpy(mode):
     check_results(results, rounds)
 
 
+def test_the_compiled_step_starts_every_bucket_before_it_waits_for_one(tmp_path):
+    """XLA:GPU makes each bucket's call an async start/done pair: every start
+    comes before the first done in the step's schedule, and the backward
+    pass's kernels are scheduled between the first and the last start."""
+    _skip_without_gpu()
+    script = [worker_script("overlap_step.py"), "--bucket-bytes", "262144", "--steps", "2", "--schedule"]
+    for r in _gpu_job(script, {"JBPS_TRACE_DIR": str(tmp_path)}):
+        assert r.returncode == 0, r.stderr[-3000:]
+        schedule = last_json(r.stdout)["schedule"]
+        starts, dones, others = schedule["starts"], schedule["dones"], schedule["others"]
+        assert len(starts) == len(dones) == schedule["custom_calls"] >= 3, schedule
+        assert max(starts) < min(dones), schedule
+        assert any(starts[0] < i < starts[-1] for i in others), schedule
+
+
 def test_engine_error_fails_the_next_psum():
     _skip_without_gpu()
     for r in _gpu_job([worker_script("cuda_deferred.py")]):

@@ -1,10 +1,12 @@
 """A flax training step with jbps.optax.distributed in buckets, traced: prints,
 for each bucket's call of the last step, when it was entered, when its first
 chunk was pushed and when a server first acknowledged one of its chunks, from
-this worker's trace."""
+this worker's trace; and, with --schedule, where the compiled step's
+side-stream calls (jbps/ops/side_stream.py) start and end in its schedule."""
 
 import argparse
 import json
+import re
 import sys
 
 import flax.linen as nn
@@ -35,6 +37,7 @@ def main():
     p.add_argument("--batch", type=int, default=1024)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--bucket-bytes", type=int, default=None)
+    p.add_argument("--schedule", action="store_true", help="report the compiled step's side-stream calls")
     args = p.parse_args()
 
     jbps.init()
@@ -54,6 +57,7 @@ def main():
         updates, state = tx.update(grads, state, params)
         return optax.apply_updates(params, updates), state
 
+    schedule = side_stream_schedule(step.lower(params, state).compile().as_text()) if args.schedule else None
     for _ in range(args.steps):
         params, state = step(params, state)
     jax.block_until_ready(params)
@@ -73,7 +77,24 @@ def main():
         call = c.tensor.split("[", 1)[0]
         entered, pushed, acked = calls.get(call, (float("inf"), float("inf"), float("inf")))
         calls[call] = (min(entered, c.queued), min(pushed, c.sent_start), min(acked, c.acked))
-    sys.stdout.write(json.dumps({"rank": rank, "checksum": checksum, "calls": calls}) + "\n")
+    sys.stdout.write(json.dumps({"rank": rank, "checksum": checksum, "calls": calls, "schedule": schedule}) + "\n")
+
+
+def side_stream_schedule(hlo: str) -> dict:
+    """In the entry computation's schedule (the compiled text lists it in
+    order): the positions of the async starts and dones XLA made of the
+    stream-annotated calls, and of the other instructions."""
+    entry = hlo[hlo.index("ENTRY") :]
+    lines = [line.strip() for line in entry[: entry.index("\n}")].splitlines()[1:]]
+    starts = [i for i, line in enumerate(lines) if re.search(r"-start\(", line) and "_xla_stream_annotation" in line]
+    dones = [i for i, line in enumerate(lines) if re.search(r"-done\(", line) and "_xla_stream_annotation" in line]
+    others = [i for i in range(len(lines)) if i not in starts and i not in dones and "parameter(" not in lines[i]]
+    return {
+        "starts": starts,
+        "dones": dones,
+        "others": others,
+        "custom_calls": hlo.count('custom_call_target="jbps_psum"'),
+    }
 
 
 if __name__ == "__main__":
