@@ -48,8 +48,12 @@ def busiest_nic_share(roles: Sequence[str], fractions: Sequence[float], num_work
     return busiest_nic_bytes(machines, placement, colocated + dedicated)
 
 
-def psum_host(name: str, values: np.ndarray, fractions: Sequence[float], wait_s: float) -> float:
-    """Seconds of one psum of `values` (summed in place) through the running engine."""
+def psum_host(
+    name: str, values: np.ndarray, fractions: Sequence[float], wait_s: float, fixed_routes: bool = False
+) -> float:
+    """Seconds of one psum of `values` (summed in place) through the running
+    engine. fixed_routes: routed by `fractions` even after the rate follower
+    announced another split (replan.py's probes)."""
     plan = make_plan(
         name,
         ("",),
@@ -72,6 +76,7 @@ def psum_host(name: str, values: np.ndarray, fractions: Sequence[float], wait_s:
         tree=tree_description(name, [""], [values.shape], [values.dtype]),
         tree_key=tree_key(name),
         wait_s=wait_s,
+        fixed_routes=fixed_routes,
     )
 
 
@@ -138,8 +143,21 @@ SAME_RATE = 1.3  # a worker machine's
 DEDICATED_SAME_RATE = 1.12  # a CPU machine's
 
 
-def _one_server(count: int, server: int) -> list[float]:
+def one_server(count: int, server: int) -> list[float]:
+    """The fractions that route every chunk to `server`."""
     return [1.0 if i == server else 0.0 for i in range(count)]
+
+
+def server_load(role: str, num_workers: int) -> int:
+    """Bytes a server's NIC carries each way per byte of a psum routed to it alone."""
+    return num_workers if role != COLOCATED else max(1, num_workers - 1)
+
+
+def server_probe_bytes(role: str, num_workers: int, rate: float, seconds: float = SERVER_PROBE_S) -> int:
+    """Bytes of a psum routed to one server alone that take about `seconds`
+    on a link of `rate` bytes per second."""
+    nbytes = int(min(PROBE_MAX_BYTES, max(SERVER_PROBE_MIN_BYTES, rate * seconds / server_load(role, num_workers))))
+    return nbytes - nbytes % 4
 
 
 def server_rates(roles: Sequence[str], num_workers: int, link_bytes_per_s: float, timeout_s: float) -> list[float]:
@@ -150,16 +168,11 @@ def server_rates(roles: Sequence[str], num_workers: int, link_bytes_per_s: float
     n, count = num_workers, len(roles)
     wait_s = 2 * timeout_s + 10
     seconds = np.full(count, np.inf, np.float32)
-    loads, sizes = [], []
-    for s, role in enumerate(roles):
-        per_byte = n if role != COLOCATED else max(1, n - 1)
-        nbytes = int(min(PROBE_MAX_BYTES, max(SERVER_PROBE_MIN_BYTES, link_bytes_per_s * SERVER_PROBE_S / per_byte)))
-        nbytes -= nbytes % 4
-        sizes.append(nbytes)
-        loads.append(per_byte * nbytes)
+    sizes = [server_probe_bytes(role, n, link_bytes_per_s) for role in roles]
+    loads = [server_load(role, n) * nbytes for role, nbytes in zip(roles, sizes)]
     for r in range(SERVER_PROBE_ROUNDS):
         for s, nbytes in enumerate(sizes):
-            took = psum_host(f"{NAME}.server{s}.{r}", np.zeros(nbytes // 4, np.float32), _one_server(count, s), wait_s)
+            took = psum_host(f"{NAME}.server{s}.{r}", np.zeros(nbytes // 4, np.float32), one_server(count, s), wait_s)
             seconds[s] = min(seconds[s], took)
     psum_host(f"{NAME}.server_seconds", seconds, [1.0 / count] * count, wait_s)
     return [load / (float(t) / n) for load, t in zip(loads, seconds)]

@@ -22,10 +22,20 @@ kRoutes). Only readings relative to the baseline count, so a quieter phase
 of the job (smaller psums read slower everywhere) moves nothing: the split
 for rates scaled alike is the same.
 
-Not followed: a server the split leaves without bytes (too slow to help) is
-not read again, so it does not come back when its link recovers; compressed
-psums move servers with the rest, and their servers' error feedback for the
-moved chunks starts again from zero.
+A server the split leaves without bytes (too slow to help) has no pushes to
+read. Every PROBE_EVERY windows each worker times one psum routed to it alone
+(kept on that server whatever the split: fixed routes), sized to take about
+PROBE_S at the rate the split planned for it (longer than a rate cap's burst
+lets through at once); the times are agreed with the next window's readings,
+and give its rate as jbps.init's probe of each server reads it. A server read
+CHANGE times faster than planned in two probes running is taken to run at
+the rate the latest read, and the split is planned again: it gets its share
+back once the rated split finds it worth one. Probes run beside the job's
+psums, whose bytes share the workers' links, so they read a recovered link
+low rather than high.
+
+Not followed: compressed psums move servers with the rest, and their
+servers' error feedback for the moved chunks starts again from zero.
 """
 
 from __future__ import annotations
@@ -48,6 +58,8 @@ CHANGE = 1.5  # a reading this many times slower (or faster) than the baseline i
 WINDOWS_TO_CHANGE = 2  # in this many windows running
 SHARE_EPS = 1e-6  # a share below this is none
 MIN_MOVE = 0.02  # a new split moves some server's share by at least this much, else it is not worth an epoch
+PROBE_EVERY = 5  # windows between probes of a server the split leaves without bytes
+PROBE_S = 0.25  # a probe's length at the rate planned for its server
 NAME = "jbps.rates"
 
 
@@ -69,15 +81,18 @@ class Window:
 
     readings: tuple[float, ...]  # per server, the median of the workers' nonzero readings
     settled: bool  # every worker's window ran on the split in use from its start
+    probes: tuple[float, ...] = ()  # per server, the median of the workers' probe seconds (0: not probed)
 
 
-def agreed_window(matrix: np.ndarray, settled: np.ndarray) -> Window:
-    """matrix: every worker's readings (rows: workers); settled: each worker's flag."""
-    readings = []
-    for column in matrix.T:
-        seen = column[column > 0]
-        readings.append(float(np.median(seen)) if seen.size else 0.0)
-    return Window(tuple(readings), bool(np.all(settled > 0)))
+def _medians(matrix: np.ndarray) -> tuple[float, ...]:
+    """Per column, the median of its values above 0 (0 where none is)."""
+    return tuple(float(np.median(c[c > 0])) if np.any(c > 0) else 0.0 for c in matrix.T)
+
+
+def agreed_window(matrix: np.ndarray, settled: np.ndarray, probes: np.ndarray | None = None) -> Window:
+    """matrix: every worker's readings (rows: workers); settled: each worker's
+    flag; probes: every worker's probe seconds, if any."""
+    return Window(_medians(matrix), bool(np.all(settled > 0)), () if probes is None else _medians(probes))
 
 
 class RateFollower:
@@ -106,17 +121,69 @@ class RateFollower:
         self.roles = list(roles)
         self.num_workers = num_workers
         self.full = float(np.median(rates))
-        self.planned = [float(r) for r in rates]  # the rates the split in use was planned for
+        # The rates the split in use was planned for: bytes/s where measured (they size the probes).
+        self.planned = [float(r) for r in rates]
         self.fractions = [float(f) for f in fractions]
         self.baseline: list[float] | None = None
         self.first: list[Window] = []  # the split's first settled windows, until the baseline
         self.streak = 0  # windows running that read a change
+        self.windows = 0
+        self.probing: dict[int, int] = {}  # bytes of the probes whose times the next window brings
+        self.probe_streak: dict[int, int] = {}  # probes running that read a server CHANGE times faster
 
     def _serves(self, s: int) -> bool:
         return self.fractions[s] > SHARE_EPS
 
+    def probes(self) -> dict[int, int]:
+        """{server: bytes} to probe after the latest window: every PROBE_EVERY
+        windows, each server the split leaves without bytes whose planned rate
+        is below the job's full rate by CHANGE or more (one left out at the
+        full rate, as saving nothing, has nothing to come back from), sized
+        for the rate planned for it."""
+        self.probing = {}
+        if self.windows % PROBE_EVERY == 0:
+            self.probing = {
+                s: link_rate.server_probe_bytes(role, self.num_workers, self.planned[s], PROBE_S)
+                for s, role in enumerate(self.roles)
+                if not self._serves(s) and self.planned[s] * CHANGE < self.full
+            }
+        return dict(self.probing)
+
+    def _recovered(self, window: Window) -> dict[int, float]:
+        """{server left out: the rate its latest probe read}, for those read
+        CHANGE times faster than planned in two probes running."""
+        out = {}
+        for s, nbytes in self.probing.items():
+            seconds = window.probes[s] if s < len(window.probes) else 0.0
+            if seconds <= 0 or self._serves(s):
+                continue
+            rate = link_rate.server_load(self.roles[s], self.num_workers) * nbytes / seconds
+            self.probe_streak[s] = self.probe_streak.get(s, 0) + 1 if rate > CHANGE * self.planned[s] else 0
+            if self.probe_streak[s] >= WINDOWS_TO_CHANGE:
+                out[s] = rate
+        return out
+
+    def _plan(self, estimate: list[float]) -> list[float] | None:
+        """The split for these rates, taken as planned; None if it moves too little."""
+        fractions = link_rate.fractions_for_rates(self.roles, estimate, self.num_workers)
+        if fractions is None:
+            fractions = server_fractions(self.roles, self.num_workers)
+        fractions = [f if f > SHARE_EPS else 0.0 for f in fractions]
+        self.planned = estimate
+        self.baseline = None  # the new split's first settled windows make the next one
+        self.streak = 0
+        self.probe_streak = {}
+        if max(abs(a - b) for a, b in zip(fractions, self.fractions)) < MIN_MOVE:
+            return None
+        self.fractions = fractions
+        return self.fractions
+
     def step(self, window: Window) -> list[float] | None:
         """The new split, or None to keep the one in use."""
+        self.windows += 1
+        recovered = self._recovered(window)
+        if recovered:
+            return self._plan([min(self.full, recovered.get(s, p)) for s, p in enumerate(self.planned)])
         if self.baseline is None:
             if window.settled and all(r > 0 or not self._serves(s) for s, r in enumerate(window.readings)):
                 self.first.append(window)
@@ -136,22 +203,13 @@ class RateFollower:
         self.streak += 1
         if self.streak < WINDOWS_TO_CHANGE:
             return None
-        self.streak = 0
         # The latest window's ratio: the first of a change may still hold calls from before it.
-        estimate = [
-            min(self.full, p * r) if (slow or fast) else p
-            for p, r, slow, fast in zip(self.planned, ratios, slower, faster)
-        ]
-        fractions = link_rate.fractions_for_rates(self.roles, estimate, self.num_workers)
-        if fractions is None:
-            fractions = server_fractions(self.roles, self.num_workers)
-        fractions = [f if f > SHARE_EPS else 0.0 for f in fractions]
-        self.planned = estimate
-        self.baseline = None  # the new split's first settled windows make the next one
-        if max(abs(a - b) for a, b in zip(fractions, self.fractions)) < MIN_MOVE:
-            return None
-        self.fractions = fractions
-        return self.fractions
+        return self._plan(
+            [
+                min(self.full, p * r) if (slow or fast) else p
+                for p, r, slow, fast in zip(self.planned, ratios, slower, faster)
+            ]
+        )
 
 
 class Follower:
@@ -173,18 +231,23 @@ class Follower:
         count = len(self._decide.roles)
         before = _core.engine_stats()
         epoch = 0  # the latest split this worker announced
+        probed = np.zeros(count, np.float32)  # seconds of the latest window's probes, per server
         while not self._stop.wait(WINDOW_S):
             after = _core.engine_stats()
-            # Every worker's readings, and whether its window ran on the latest split throughout.
-            matrix = np.zeros((self._n, count + 1), np.float32)
+            # Every worker's readings, whether its window ran on the latest split
+            # throughout, and its probes' seconds.
+            matrix = np.zeros((self._n, 2 * count + 1), np.float32)
             matrix[self._rank, :count] = readings(before, after)
             matrix[self._rank, count] = before["routes_used"] >= epoch
+            matrix[self._rank, count + 1 :] = probed
             before = after
             try:
                 link_rate.psum_host(NAME, matrix.reshape(-1), self._init_fractions, self._wait_s)
+                window = agreed_window(matrix[:, :count], matrix[:, count], matrix[:, count + 1 :])
+                split = self._decide.step(window)
+                probed = self._probe(self._decide.probes(), count)
             except RuntimeError:
                 return  # the job ended or failed: its psums say so
-            split = self._decide.step(agreed_window(matrix[:, :count], matrix[:, count]))
             if split is None:
                 continue
             with self._lock:
@@ -192,6 +255,16 @@ class Follower:
                     return
                 epoch = _core.engine_set_routes(split)
                 self.epochs.append({"epoch": epoch, "fractions": split, "rates": list(self._decide.planned)})
+
+    def _probe(self, sizes: dict[int, int], count: int) -> np.ndarray:
+        """Seconds of one psum of sizes[s] bytes routed to server s alone, per
+        server (0 where none); every worker probes the same servers at the same window."""
+        seconds = np.zeros(count, np.float32)
+        for s, nbytes in sorted(sizes.items()):
+            values = np.zeros(nbytes // 4, np.float32)
+            name = f"{NAME}.probe{s}"
+            seconds[s] = link_rate.psum_host(name, values, link_rate.one_server(count, s), self._wait_s, True)
+        return seconds
 
     def stop(self) -> None:
         """Before the engine stops; the thread ends once its psum fails or returns."""

@@ -178,7 +178,8 @@ def init(**overrides) -> Session:
                 raise
         _nic_share = link_rate.busiest_nic_share(roles, _fractions, config.num_workers)
         if replannable and config.follow_rates:
-            planned = _server_rates if _server_rates is not None else (1.0,) * len(roles)
+            # bytes/s: they size the follower's probes (only their ratios move the split)
+            planned = _server_rates if _server_rates is not None else (_link_rate or 1.0,) * len(roles)
             _follower = replan.Follower(
                 replan.RateFollower(roles, config.num_workers, planned, _fractions),
                 config.worker_rank,

@@ -48,6 +48,11 @@ def test_new_splits_move_every_psum_at_the_same_round_and_every_sum_stays_exact(
         assert report["routes_announced"] == 2 and report["routes_used"] == 2, report
         share = report["pushed"][0] / sum(report["pushed"])
         assert abs(share - 0.1) < 0.06, report  # within a chunk of each call's share
+        # A psum routed to server 0 alone: with fixed routes (the follower's probe) it all goes
+        # there whatever the split; without, the split in use deals it out again.
+        (fixed, fixed_sum), (dealt, dealt_sum) = report["to_first"]["True"], report["to_first"]["False"]
+        assert fixed_sum and dealt_sum, report
+        assert fixed == [400_000, 0] and dealt[1] > 0.5 * sum(dealt), report
 
 
 def test_a_split_not_every_worker_announced_is_never_used():
@@ -120,6 +125,50 @@ def test_a_slowdown_read_in_one_window_only_or_in_a_quieter_phase_everywhere_mov
         assert follower.step(_window(readings)) is None
     quiet = [b / 3 for b in BASE]
     assert all(follower.step(_window(quiet)) is None for _ in range(5))
+
+
+def test_a_server_left_out_is_probed_every_few_windows_and_comes_back_once_it_reads_faster():
+    from jbps import link_rate
+
+    # CPU host 5 at a tenth of the others' rate: the rated split leaves it out.
+    slow = [FULL] * 5 + [FULL / 10]
+    fractions = link_rate.fractions_for_rates(ROLES, slow, 4)
+    assert fractions[5] == 0
+    follower = replan.RateFollower(ROLES, 4, slow, fractions)
+    readings = BASE[:5] + [0.0]  # no pushes reach it, so no reading
+    # Every PROBE_EVERY windows, that server alone, sized for the rate planned for it.
+    size = link_rate.server_probe_bytes(DEDICATED, 4, FULL / 10, replan.PROBE_S)
+    assert size > 4 * (160 << 10)  # beyond a rate cap's burst (benchmarks/emulated_network.py)
+
+    def window(rate=None):
+        seconds = 0.0 if rate is None else 4 * size / rate  # 4 pushes of each byte into its NIC
+        return replan.Window(tuple(readings), True, (0.0,) * 5 + (seconds,))
+
+    asked = []
+    for _ in range(3 * replan.PROBE_EVERY):
+        assert follower.step(window()) is None
+        asked.append(follower.probes())
+    assert asked == ([{}] * (replan.PROBE_EVERY - 1) + [{5: size}]) * 3, asked
+    follower.probes()  # asked again: the same
+
+    def until_probed():  # the window after a probe brings its time; the next probe comes PROBE_EVERY after it
+        for _ in range(replan.PROBE_EVERY - 2):
+            assert follower.step(window()) is None and follower.probes() == {}
+        assert follower.step(window()) is None and follower.probes() == {5: size}
+
+    # Probes that read it near the rate planned for it move nothing; two running that read 4x do.
+    assert follower.step(window(FULL / 10 * 1.3)) is None
+    until_probed()
+    assert follower.step(window(FULL / 10 * 4)) is None  # one probe is not a change
+    until_probed()
+    split = follower.step(window(FULL / 10 * 4))
+    assert split == pytest.approx(link_rate.fractions_for_rates(ROLES, [FULL] * 5 + [FULL / 10 * 4], 4))
+    assert split[5] > 0.05 and follower.probes() == {}  # served again: read from its pushes from now on
+    # A server left out at the full rate (it saves nothing) is never probed: it has nothing to come back from.
+    follower = replan.RateFollower(ROLES, 4, [FULL] * 6, [0.25] * 4 + [0.0, 0.0])
+    for _ in range(2 * replan.PROBE_EVERY):
+        follower.step(window())
+        assert follower.probes() == {}
 
 
 def test_the_agreed_window_takes_per_server_the_median_of_the_workers_that_reach_it_over_the_network():

@@ -4,7 +4,8 @@ input depends on the last step's sums), during which this worker announces
 new splits at steps of its own (--announce: one step list per rank), as the
 rate follower does (jbps/replan.py) but at chosen moments. Every sum is
 checked against numpy; then more steps, blocking, measure the bytes each
-server got under the last split. Prints one JSON line."""
+server got under the last split, and where one psum routed to server 0 alone
+goes, with fixed routes (the follower's probe) and without. Prints one JSON line."""
 
 import argparse
 import functools
@@ -17,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jbps
+from jbps import link_rate
 from jbps.extension import load_core
 
 LEAVES = (4096, 70_000, 1000, 130_000)  # float32 elements: several buckets of 256 KiB, several chunks each
@@ -80,10 +82,20 @@ def main():
             assert all(np.array_equal(np.asarray(got[d]), expect) for d in range(devices)), f"step {s}"
     after = core.engine_stats()
     pushed = [a - b for a, b in zip(after["server_bytes_pushed"], before["server_bytes_pushed"])]
+    to_first = {}  # fixed routes or not: (bytes each server got, the sum right)
+    for fixed in (True, False):
+        only_first = link_rate.one_server(len(pushed), 0)
+        for _ in range(2):  # a name's first call goes as planned; its next ones by the split its sums carried
+            values = np.full(100_000, rank + 1, np.float32)
+            ahead = core.engine_stats()["server_bytes_pushed"]
+            link_rate.psum_host(f"to_first.{fixed}", values, only_first, 60.0, fixed_routes=fixed)
+        got = [a - b for a, b in zip(core.engine_stats()["server_bytes_pushed"], ahead)]
+        to_first[str(fixed)] = (got, bool(np.all(values == size * (size + 1) // 2)))
     report = {
         "rank": rank,
         "wrong": wrong,
         "pushed": pushed,
+        "to_first": to_first,
         "routes_announced": after["routes_announced"],
         "routes_used": after["routes_used"],
     }

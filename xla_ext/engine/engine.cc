@@ -352,7 +352,7 @@ void Engine::Impl::Launch(HeldCall held, uint64_t line, uint32_t epoch) {
   std::vector<ChunkPtr> chunks;
   const size_t partition = std::max<size_t>(call->spec.partition_bytes, 1);
   std::string bad_table = CheckChunkTable(call->spec);
-  if (epoch > 0 && bad_table.empty()) {
+  if (epoch > 0 && !call->spec.fixed_routes && bad_table.empty()) {
     std::vector<double> fractions;
     {
       std::lock_guard<std::mutex> lock(s.lines_mu);

@@ -100,6 +100,9 @@ struct CallSpec {
   uint64_t tree_key = 0;
   uint64_t tree_digest = 0;  // TreeDigest(tree), filled in by Submit when 0; calls of
                              // one tree split into several (the CUDA handler) share it
+  // Routed by `servers` whatever split a route epoch announced (SetRoutes):
+  // the rate follower's probe of a server its split leaves without bytes.
+  bool fixed_routes = false;
 };
 
 // A 64-bit digest of a tree description, the same on every worker.

@@ -242,13 +242,14 @@ NB_MODULE(_core, m) {
   // (jbps/link_rate.py): the sum replaces the values, and the answer is the
   // seconds from submit to sum. The plan's routing, tree and keys come from
   // Python as a jbps_psum call's attributes do (Submit fails a call whose
-  // chunk table does not add up). The engine works on its own copy, so a call
+  // chunk table does not add up); fixed_routes keeps them whatever split the
+  // rate follower announced since. The engine works on its own copy, so a call
   // the backstop gives up on never writes a freed array.
   m.def(
       "engine_psum_host",
       [](nb::ndarray<float, nb::ndim<1>, nb::c_contig, nb::device::cpu> values, int64_t key, const std::string& name,
          int64_t partition_bytes, std::vector<uint64_t> chunk_bytes, std::vector<uint8_t> chunk_alone,
-         std::vector<int32_t> servers, const std::string& tree, int64_t tree_key, double wait_s) {
+         std::vector<int32_t> servers, const std::string& tree, int64_t tree_key, double wait_s, bool fixed_routes) {
         if (partition_bytes < 1) throw std::invalid_argument("engine_psum_host: partition_bytes must be positive");
         const size_t nbytes = values.size() * sizeof(float);
         auto copy = std::make_shared<std::vector<float>>(values.data(), values.data() + values.size());
@@ -261,6 +262,7 @@ NB_MODULE(_core, m) {
         spec.chunk_bytes = std::move(chunk_bytes);
         spec.chunk_alone = std::move(chunk_alone);
         spec.servers = std::move(servers);
+        spec.fixed_routes = fixed_routes;
         jbps::Operand op;
         op.in = op.out = copy->data();
         op.nbytes = nbytes;
@@ -288,7 +290,8 @@ NB_MODULE(_core, m) {
         return seconds;
       },
       nb::arg("values"), nb::arg("key"), nb::arg("name"), nb::arg("partition_bytes"), nb::arg("chunk_bytes"),
-      nb::arg("chunk_alone"), nb::arg("servers"), nb::arg("tree"), nb::arg("tree_key"), nb::arg("wait_s"));
+      nb::arg("chunk_alone"), nb::arg("servers"), nb::arg("tree"), nb::arg("tree_key"), nb::arg("wait_s"),
+      nb::arg("fixed_routes") = false);
   m.def("engine_running", [] { return jbps::Engine::Get().running(); });
   m.def("engine_fault", [] { return jbps::Engine::Get().fault(); });
   m.def("engine_stats", [] {
