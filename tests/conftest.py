@@ -271,6 +271,7 @@ JAX_VERSIONS = {
     "test_onebit_adam.py",
     "test_optax.py",
     "test_psum_cluster.py",
+    "test_side_streams.py",
 }
 
 

@@ -74,7 +74,6 @@ def _check(out, reference):
         np.testing.assert_allclose(np.asarray(out[key]), ref, rtol=1e-5, atol=1e-4, err_msg=key)
 
 
-@pytest.mark.jax_versions
 def test_side_stream_buckets_sum_as_numpy_in_pmap_and_shard_map(session, side_streams_on_cpu):
     rng = np.random.default_rng(1)
     tree = _tree(rng, (4,))

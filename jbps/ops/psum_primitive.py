@@ -270,8 +270,8 @@ def _reduce_on_devices(
     on_cpu: the program runs on XLA:CPU only (compressed leaves then go through
     jbps's own codecs around the calls, large ones in pieces: _Wire.pieces).
     side_streams: several buckets each run on a stream of their own
-    (side_stream.py). With spec.feedback, args are the leaves then their residuals, and so are
-    the results."""
+    (side_stream.py). With spec.feedback, args are the leaves then their
+    residuals, and so are the results."""
     num_shards = math.prod(s for _, s in reduced)
     num_groups = math.prod(s for _, s in grouped)
     names = tuple(n for n, _ in reduced)
