@@ -64,12 +64,7 @@ def parse_args(argv=None, prog=None):
         help="CPU-only hosts k to try, a range or list (default 0,2)",
     )
     p.add_argument("--rate", default="1G", help="each NIC's rate each way, bits/s (default 1G)")
-    p.add_argument("--model", choices=step_models.MODELS, default="mlp", help="what the step trains (default mlp)")
-    p.add_argument("--layers", type=int, default=8, help="square layers of the MLP (default 8); the others' blocks")
-    p.add_argument("--width", type=int, default=1024, help="their width (default 1024: 4 MiB each)")
-    p.add_argument("--batch", type=int, default=1024, help="examples per worker per step (default 1024)")
-    p.add_argument("--steps", type=int, default=9, help="timed steps (default 9)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
+    step_models.add_model_flags(p)
     p.add_argument(
         "--bucket-bytes", default="", help="comma list of bucket sizes to run beside the default (e.g. 1M,16M)"
     )

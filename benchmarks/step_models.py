@@ -101,6 +101,18 @@ def _transformer(layers: int, width: int, batch: int, rng) -> StepModel:
     )
 
 
+def add_model_flags(p, *, layers: int = 8, batch: int = 1024, steps: int = 9) -> None:
+    """The model and step-count flags every step benchmark takes (worker_args passes them on)."""
+    p.add_argument("--model", choices=MODELS, default="mlp", help="what the step trains (default mlp)")
+    p.add_argument(
+        "--layers", type=int, default=layers, help=f"square layers of the MLP (default {layers}); the others' blocks"
+    )
+    p.add_argument("--width", type=int, default=1024, help="their width (default 1024: 4 MiB each)")
+    p.add_argument("--batch", type=int, default=batch, help=f"examples per worker per step (default {batch})")
+    p.add_argument("--steps", type=int, default=steps, help=f"timed steps (default {steps})")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
+
+
 def worker_args(args) -> list[str]:
     """The flags that give benchmarks/step_worker.py a driver's model and step count."""
     flags = {"model": args.model, "layers": args.layers, "width": args.width, "batch": args.batch}

@@ -37,12 +37,7 @@ from benchmarks import cpu_load, step_models  # noqa: E402
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mode", choices=("compute", "comm", "jbps", "gloo"), required=True)
-    p.add_argument("--model", choices=step_models.MODELS, default="mlp")
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--width", type=int, default=1024)
-    p.add_argument("--batch", type=int, default=512)
-    p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--warmup", type=int, default=2)
+    step_models.add_model_flags(p, layers=4, batch=512, steps=8)
     p.add_argument("--bucket-bytes", type=int, default=None)
     p.add_argument("--coordinator")
     p.add_argument("--num-processes", type=int)
