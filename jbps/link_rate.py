@@ -143,6 +143,12 @@ SAME_RATE = 1.3  # a worker machine's
 DEDICATED_SAME_RATE = 1.12  # a CPU machine's
 
 
+def reads_as_full(role: str, rate: float, full: float) -> bool:
+    """Whether a server's reading is the job's full rate within the probe's
+    error (SAME_RATE, DEDICATED_SAME_RATE)."""
+    return rate * (SAME_RATE if role == COLOCATED else DEDICATED_SAME_RATE) >= full
+
+
 def one_server(count: int, server: int) -> list[float]:
     """The fractions that route every chunk to `server`."""
     return [1.0 if i == server else 0.0 for i in range(count)]
@@ -195,10 +201,7 @@ def fractions_for_rates(roles: Sequence[str], rates: Sequence[float], num_worker
     if not rates:
         return None
     full = float(np.median(rates))
-    snapped = []
-    for role, r in zip(roles, rates):
-        near = SAME_RATE if role == COLOCATED else DEDICATED_SAME_RATE
-        snapped.append(full if r * near >= full else r)
+    snapped = [full if reads_as_full(role, r, full) else r for role, r in zip(roles, rates)]
     if min(snapped) == full:
         return None
     return list(worthwhile_split(roles, snapped, num_workers, within=SAME_RATE).fractions)

@@ -25,14 +25,20 @@ for rates scaled alike is the same.
 A server the split leaves without bytes (too slow to help) has no pushes to
 read. Every PROBE_EVERY windows each worker times one psum routed to it alone
 (kept on that server whatever the split: fixed routes), sized to take about
-PROBE_S at the rate the split planned for it (longer than a rate cap's burst
-lets through at once); the times are agreed with the next window's readings,
-and give its rate as jbps.init's probe of each server reads it. A server read
-CHANGE times faster than planned in two probes running is taken to run at
-the rate the latest read, and the split is planned again: it gets its share
-back once the rated split finds it worth one. Probes run beside the job's
-psums, whose bytes share the workers' links, so they read a recovered link
-low rather than high.
+PROBE_S at the job's full rate: long enough that a call's fixed costs are a
+small part of it once the link is back (a probe sized for the slow rate
+took 0.069 s where its bytes take 0.048 s at the full rate, and read a
+recovered 300 Mbit/s link at 210), and longer than a rate cap's burst. The
+times are agreed with the next window's readings (the fastest worker's: the
+sum waits for the last worker to start, so the others' times hold that
+wait), and give its rate as jbps.init's probe of each server reads it. A
+server read CHANGE times faster than planned, or at the full rate within the
+probe's error (link_rate.reads_as_full), in two probes running is taken to
+run at the rate the latest read, and the split is planned again: it gets its
+share back once the rated split finds it worth one, and is probed on while
+it has none and its planned rate is below the full one. Probes run beside
+the job's psums, whose bytes share the workers' links, so they read a
+recovered link low rather than high.
 
 Not followed: compressed psums move servers with the rest, and their
 servers' error feedback for the moved chunks starts again from zero.
@@ -59,7 +65,7 @@ WINDOWS_TO_CHANGE = 2  # in this many windows running
 SHARE_EPS = 1e-6  # a share below this is none
 MIN_MOVE = 0.02  # a new split moves some server's share by at least this much, else it is not worth an epoch
 PROBE_EVERY = 5  # windows between probes of a server the split leaves without bytes
-PROBE_S = 0.25  # a probe's length at the rate planned for its server
+PROBE_S = 0.25  # a probe's length at the job's full rate
 NAME = "jbps.rates"
 
 
@@ -81,7 +87,7 @@ class Window:
 
     readings: tuple[float, ...]  # per server, the median of the workers' nonzero readings
     settled: bool  # every worker's window ran on the split in use from its start
-    probes: tuple[float, ...] = ()  # per server, the median of the workers' probe seconds (0: not probed)
+    probes: tuple[float, ...] = ()  # per server, the fastest worker's probe seconds (0: not probed)
 
 
 def _medians(matrix: np.ndarray) -> tuple[float, ...]:
@@ -92,7 +98,8 @@ def _medians(matrix: np.ndarray) -> tuple[float, ...]:
 def agreed_window(matrix: np.ndarray, settled: np.ndarray, probes: np.ndarray | None = None) -> Window:
     """matrix: every worker's readings (rows: workers); settled: each worker's
     flag; probes: every worker's probe seconds, if any."""
-    return Window(_medians(matrix), bool(np.all(settled > 0)), () if probes is None else _medians(probes))
+    fastest = () if probes is None else tuple(float(c[c > 0].min()) if np.any(c > 0) else 0.0 for c in probes.T)
+    return Window(_medians(matrix), bool(np.all(settled > 0)), fastest)
 
 
 class RateFollower:
@@ -137,28 +144,29 @@ class RateFollower:
     def probes(self) -> dict[int, int]:
         """{server: bytes} to probe after the latest window: every PROBE_EVERY
         windows, each server the split leaves without bytes whose planned rate
-        is below the job's full rate by CHANGE or more (one left out at the
-        full rate, as saving nothing, has nothing to come back from), sized
-        for the rate planned for it."""
+        is below the job's full rate (one left out at the full rate, as saving
+        nothing, has nothing to come back from), sized for the full rate."""
         self.probing = {}
         if self.windows % PROBE_EVERY == 0:
             self.probing = {
-                s: link_rate.server_probe_bytes(role, self.num_workers, self.planned[s], PROBE_S)
+                s: link_rate.server_probe_bytes(role, self.num_workers, self.full, PROBE_S)
                 for s, role in enumerate(self.roles)
-                if not self._serves(s) and self.planned[s] * CHANGE < self.full
+                if not self._serves(s) and not link_rate.reads_as_full(role, self.planned[s], self.full)
             }
         return dict(self.probing)
 
     def _recovered(self, window: Window) -> dict[int, float]:
         """{server left out: the rate its latest probe read}, for those read
-        CHANGE times faster than planned in two probes running."""
+        CHANGE times faster than planned, or at the full rate, in two probes running."""
         out = {}
         for s, nbytes in self.probing.items():
             seconds = window.probes[s] if s < len(window.probes) else 0.0
             if seconds <= 0 or self._serves(s):
                 continue
-            rate = link_rate.server_load(self.roles[s], self.num_workers) * nbytes / seconds
-            self.probe_streak[s] = self.probe_streak.get(s, 0) + 1 if rate > CHANGE * self.planned[s] else 0
+            role = self.roles[s]
+            rate = link_rate.server_load(role, self.num_workers) * nbytes / seconds
+            faster = rate > CHANGE * self.planned[s] or link_rate.reads_as_full(role, rate, self.full)
+            self.probe_streak[s] = self.probe_streak.get(s, 0) + 1 if faster else 0
             if self.probe_streak[s] >= WINDOWS_TO_CHANGE:
                 out[s] = rate
         return out

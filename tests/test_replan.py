@@ -15,7 +15,7 @@ import pytest
 from benchmarks.local_cluster import LocalCluster
 from conftest import last_json, worker_script
 from jbps import replan
-from jbps.partition import COLOCATED, DEDICATED
+from jbps.partition import COLOCATED, DEDICATED, server_fractions
 
 ENV = {
     "JBPS_FOLLOW_RATES": "0",  # the splits come from the test, at its chosen steps
@@ -136,8 +136,8 @@ def test_a_server_left_out_is_probed_every_few_windows_and_comes_back_once_it_re
     assert fractions[5] == 0
     follower = replan.RateFollower(ROLES, 4, slow, fractions)
     readings = BASE[:5] + [0.0]  # no pushes reach it, so no reading
-    # Every PROBE_EVERY windows, that server alone, sized for the rate planned for it.
-    size = link_rate.server_probe_bytes(DEDICATED, 4, FULL / 10, replan.PROBE_S)
+    # Every PROBE_EVERY windows, that server alone, sized for the job's full rate.
+    size = link_rate.server_probe_bytes(DEDICATED, 4, FULL, replan.PROBE_S)
     assert size > 4 * (160 << 10)  # beyond a rate cap's burst (benchmarks/emulated_network.py)
 
     def window(rate=None):
@@ -171,6 +171,40 @@ def test_a_server_left_out_is_probed_every_few_windows_and_comes_back_once_it_re
         assert follower.probes() == {}
 
 
+def test_a_server_still_left_out_after_a_probe_is_probed_on_until_it_reads_at_the_full_rate():
+    from jbps import link_rate
+
+    # Two workers, two CPU hosts; CPU host 3 at 0.3 of the full rate is left out (with two
+    # workers a CPU host saves little, so one even 0.7 as fast gets no bytes).
+    roles = [COLOCATED] * 2 + [DEDICATED] * 2
+    planned = [FULL] * 3 + [0.3 * FULL]
+    fractions = link_rate.fractions_for_rates(roles, planned, 2)
+    assert fractions[3] == 0 and link_rate.fractions_for_rates(roles, [FULL] * 3 + [0.7 * FULL], 2)[3] == 0
+    follower = replan.RateFollower(roles, 2, planned, fractions)
+    size = link_rate.server_probe_bytes(DEDICATED, 2, FULL, replan.PROBE_S)
+    probed = []
+
+    def probe(rate):  # windows up to the next probe, then the window that brings its time
+        for _ in range(replan.PROBE_EVERY):
+            assert follower.step(replan.Window((30e6, 30e6, 60e6, 0.0), True)) is None
+            if follower.probes():
+                break
+        probed.append(follower.probes())
+        return follower.step(replan.Window((30e6, 30e6, 60e6, 0.0), True, (0.0,) * 3 + (2 * size / rate,)))
+
+    # Read twice at 0.6: twice the planned rate, planned again there, still without bytes.
+    assert probe(0.6 * FULL) is None and probe(0.6 * FULL) is None
+    assert follower.planned[3] == pytest.approx(0.6 * FULL) and follower.fractions[3] == 0
+    # Probed on: 0.8 is neither 1.5x of 0.6 nor the full rate within the probe's error.
+    assert probe(0.8 * FULL) is None and probe(0.8 * FULL) is None and follower.planned[3] == pytest.approx(0.6 * FULL)
+    # 0.92 is the full rate as the probe reads it: the split of equal links, its share back.
+    assert probe(0.92 * FULL) is None
+    split = probe(0.92 * FULL)
+    assert probed == [{3: size}] * 6
+    assert split == pytest.approx(server_fractions(roles, 2)) and split[3] > 0.3
+    assert follower.planned[3] == pytest.approx(0.92 * FULL)
+
+
 def test_the_agreed_window_takes_per_server_the_median_of_the_workers_that_reach_it_over_the_network():
     # Worker 0 on a slow link of its own reads every server slow; the others
     # read server 0 (worker 0's machine) slow; worker 0 reaches its own server
@@ -187,6 +221,9 @@ def test_the_agreed_window_takes_per_server_the_median_of_the_workers_that_reach
     window = replan.agreed_window(matrix, np.array([1, 1, 0, 1], np.float32))
     assert window.readings == (10, 30, 30, 30, 40, 40)
     assert not window.settled
+    # Probe times: per server the fastest worker's (the sum waited for the last to start).
+    probes = np.array([[0, 0.3], [0, 0.2], [0, 0.5], [0, 0.25]], np.float32)
+    assert replan.agreed_window(matrix, np.ones(4, np.float32), probes).probes == pytest.approx((0.0, 0.2))
 
 
 def test_readings_leave_out_idle_and_shared_memory_servers():

@@ -1,13 +1,16 @@
 """A worker of the rate-follow test (tests/test_multihost.py): psums of a few
 MiB of random integers (exact in float32), each checked against numpy, until
---seconds pass, or until --replans re-plans have each been in use for
---measure-s seconds. Prints "running" once a psum has crossed every link. The
-test changes a host's link meanwhile; from the latest re-plan of the rate
-follower (jbps.runtime.replans()) on, the bytes each server gets are
-counted. Prints one JSON line."""
+--seconds pass or the test creates --stop-file (a one-element psum each step
+tells every worker, so all stop after the same step). Prints "running" and the
+servers and init's split once a psum has crossed every link, and "replanned
+N" and the split of each re-plan of the rate follower (jbps.runtime.replans())
+as it sees it, so the test can change links as the splits move. From the
+latest re-plan on, the bytes each server gets are counted. Prints one JSON
+line at the end."""
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -26,29 +29,30 @@ def data(step, rank):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--seconds", type=float, default=40)
-    p.add_argument("--replans", type=int, default=0, help="stop once this many re-plans were measured (0: never)")
-    p.add_argument("--measure-s", type=float, default=3.0)
+    p.add_argument("--stop-file", default=None, help="stop once this file exists")
     args = p.parse_args()
     jbps.init()
     rank, size = jbps.rank(), jbps.size()
-    f = jax.jit(lambda x: jbps.psum(x, name="grads"))
+    f = jax.jit(lambda x, stop: (jbps.psum(x, name="grads"), jbps.psum(stop, name="stop")))
     deadline = time.monotonic() + args.seconds
-    steps, wrong, since, at, seen, measured = 0, [], None, None, 0, 0.0
-    while time.monotonic() < deadline:
-        got = np.asarray(jax.block_until_ready(f(data(steps, rank))))
+    steps, wrong, since, at, seen, stop = 0, [], None, None, 0, 0.0
+    while not stop:
+        stop = float(time.monotonic() > deadline or bool(args.stop_file and os.path.exists(args.stop_file)))
+        got, flag = jax.block_until_ready(f(data(steps, rank), np.float32(stop)))
+        got, stop = np.asarray(got), float(flag)
         if not np.array_equal(got, sum(data(steps, r) for r in range(size))):
             wrong.append(steps)
         steps += 1
         if steps == 1:
-            print("running", flush=True)
-        if len(jbps.runtime.replans()) > seen:
-            seen = len(jbps.runtime.replans())
+            split = {"servers": list(jbps.runtime.config().servers), "fractions": list(jbps.runtime.server_fractions())}
+            print("running", json.dumps(split), flush=True)
+        replans = jbps.runtime.replans()
+        if len(replans) > seen:
+            seen = len(replans)
             at, since = steps + 2, None  # the split moves at the second call after every worker announced it
-            print(f"replanned {seen}", flush=True)
+            print(f"replanned {seen}", json.dumps({"fractions": replans[-1]["fractions"]}), flush=True)
         if since is None and at is not None and steps == at:
-            since, measured = jbps.engine_stats(), time.monotonic()
-        if args.replans and seen >= args.replans and since is not None and time.monotonic() - measured > args.measure_s:
-            break
+            since = jbps.engine_stats()
     after = jbps.engine_stats()
     pushed = (
         None if since is None else [a - b for a, b in zip(after["server_bytes_pushed"], since["server_bytes_pushed"])]
