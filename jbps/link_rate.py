@@ -5,7 +5,8 @@ takes on the link (partition/defaults.py), so jbps.init times psums of
 doubling size through the job's own servers, from 256 KiB until one takes at
 least PROBE_MIN_S (or reaches PROBE_MAX_BYTES). The rate is the bytes the
 busiest NIC carried in the last doubling over the time it added, so a call's
-fixed costs cancel (or the last call's bytes over its time, if more). Every
+fixed costs cancel (or the last call's bytes over its time, if more; and at
+most 1.25 times that: rate_from_probes). Every
 worker must plan the same chunks, so the times are agreed, not local: each
 probe's seconds are summed by one more psum, and every worker reads the same
 sum from the servers and so derives the same rate. It costs 0.3-0.5 s per
@@ -112,15 +113,31 @@ def measure(roles: Sequence[str], fractions: Sequence[float], num_workers: int, 
         if probes[-1][1] >= PROBE_MIN_S or nbytes >= PROBE_MAX_BYTES:
             break
         nbytes *= 2
-    (small, t_small), (large, t_large) = ([(0, 0.0)] + probes)[-2:]
-    # The last doubling's bytes over the time it added, so that a call's fixed
-    # costs (its first chunk's round trip, waking threads) cancel; but never
-    # less than the whole last call gives, which counts those costs as link
-    # time: when the smaller call was quick by chance (tbf's burst lets its
-    # first bytes through at once), the difference alone underestimates.
+    return rate_from_probes(probes, share)
+
+
+# A call of PROBE_MIN_S or more spends at most this part of its time on fixed
+# costs, so the link carries its bytes at most 1 / (1 - this) times faster
+# than the whole call reads.
+MAX_FIXED_SHARE = 0.2
+
+
+def rate_from_probes(timed: Sequence[tuple[int, float]], share: float) -> float:
+    """The busiest link's bytes per second from the probes' (bytes, agreed
+    seconds), doubling in size: the last doubling's bytes over the time it
+    added, so that a call's fixed costs (its first chunk's round trip, waking
+    threads) cancel; but never less than the whole last call gives, which
+    counts those costs as link time (when the smaller call was quick by
+    chance, as when tbf's burst lets its first bytes through at once, the
+    difference alone underestimates), and, where the last call took
+    PROBE_MIN_S or more, never more than 1 / (1 - MAX_FIXED_SHARE) of that
+    (when the smaller call was slow by chance, a busy CPU, the difference
+    alone overestimates: read 1.9 Gbit/s on a 1 Gbit/s link once)."""
+    (small, t_small), (large, t_large) = ([(0, 0.0)] + list(timed))[-2:]
     whole = share * large / t_large
     added = t_large - t_small
-    return whole if added <= 0 else max(whole, share * (large - small) / added)
+    rate = whole if added <= 0 else max(whole, share * (large - small) / added)
+    return min(rate, whole / (1 - MAX_FIXED_SHARE)) if t_large >= PROBE_MIN_S else rate
 
 
 probes: list[tuple[int, float]] = []

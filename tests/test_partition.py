@@ -73,6 +73,27 @@ def test_the_link_probe_counts_the_busiest_nic_as_the_formula_does(n, k):
     assert busiest_nic_share(roles, fractions, n) == pytest.approx(optimal_split(n, k).time_s(1.0, 1.0))
 
 
+def test_the_link_probes_rate_lets_fixed_costs_cancel_and_bounds_a_chance_slow_or_quick_probe():
+    # Probes doubling in size on a link of 100 bytes/s with 0.05 s of fixed
+    # costs per call; the busiest NIC carries half of each probe's bytes.
+    from jbps.link_rate import MAX_FIXED_SHARE, rate_from_probes
+
+    link, fixed, share = 100.0, 0.05, 0.5
+    timed = [(b, fixed + share * b / link) for b in (8, 16, 32, 64)]
+    assert rate_from_probes(timed, share) == pytest.approx(link)  # the fixed costs cancel
+    assert rate_from_probes(timed, share) > share * 64 / timed[-1][1]  # which the whole call counts
+    # The smaller call quick by chance (a burst): never below what the whole last call gives.
+    quick = timed[:-2] + [(32, 0.01), timed[-1]]
+    assert rate_from_probes(quick, share) == pytest.approx(share * 64 / timed[-1][1])
+    # The smaller call slow by chance (a busy CPU): the difference would read 4x the link.
+    slow = timed[:-2] + [(32, timed[-1][1] - share * 32 / (4 * link)), timed[-1]]
+    whole = share * 64 / timed[-1][1]
+    assert rate_from_probes(slow, share) == pytest.approx(whole / (1 - MAX_FIXED_SHARE))
+    assert rate_from_probes(slow, share) < 1.5 * link
+    # One probe only (the first took PROBE_MIN_S): its bytes over its time.
+    assert rate_from_probes([(64, 0.5)], share) == pytest.approx(share * 64 / 0.5)
+
+
 def test_split_rejects_bad_counts():
     with pytest.raises(ValueError, match="num_workers"):
         optimal_split(0, 1)
