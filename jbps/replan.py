@@ -90,16 +90,16 @@ class Window:
     probes: tuple[float, ...] = ()  # per server, the fastest worker's probe seconds (0: not probed)
 
 
-def _medians(matrix: np.ndarray) -> tuple[float, ...]:
-    """Per column, the median of its values above 0 (0 where none is)."""
-    return tuple(float(np.median(c[c > 0])) if np.any(c > 0) else 0.0 for c in matrix.T)
+def _per_column(matrix: np.ndarray, reduce) -> tuple[float, ...]:
+    """Per column, `reduce` of its values above 0 (0 where none is)."""
+    return tuple(float(reduce(c[c > 0])) if np.any(c > 0) else 0.0 for c in matrix.T)
 
 
 def agreed_window(matrix: np.ndarray, settled: np.ndarray, probes: np.ndarray | None = None) -> Window:
     """matrix: every worker's readings (rows: workers); settled: each worker's
     flag; probes: every worker's probe seconds, if any."""
-    fastest = () if probes is None else tuple(float(c[c > 0].min()) if np.any(c > 0) else 0.0 for c in probes.T)
-    return Window(_medians(matrix), bool(np.all(settled > 0)), fastest)
+    fastest = () if probes is None else _per_column(probes, np.min)
+    return Window(_per_column(matrix, np.median), bool(np.all(settled > 0)), fastest)
 
 
 class RateFollower:

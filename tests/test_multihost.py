@@ -27,13 +27,19 @@ pytestmark = needs_emulated_hosts
 WORKER_HOSTS, SERVER_HOSTS = [0, 1], [0, 1, 2]  # host 2: a CPU-only machine
 
 
+def _until(job, what, seconds, waiting_for):
+    """Until what() holds, while every worker runs, for at most `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not what():
+        assert all(p.poll() is None for p in job.workers), job.describe()
+        assert time.monotonic() < deadline, f"{waiting_for}: not within {seconds} s\n" + job.describe()
+        time.sleep(0.05)
+
+
 def _wait_until_running(job, seconds=120):
     """Until every worker has printed "running" (its first psum crossed every link)."""
-    deadline = time.monotonic() + seconds
-    while not all("running" in job.output(f"worker {r}").stdout for r in range(len(job.workers))):
-        assert all(p.poll() is None for p in job.workers), job.describe()
-        assert time.monotonic() < deadline, "the workers never got going:\n" + job.describe()
-        time.sleep(0.05)
+    outputs = [f"worker {r}" for r in range(len(job.workers))]
+    _until(job, lambda: all("running" in job.output(w).stdout for w in outputs), seconds, "the workers getting going")
 
 
 @pytest.fixture
@@ -336,22 +342,21 @@ def test_a_link_that_slows_mid_job_moves_the_split_and_back_when_it_recovers_wit
             def split_in_use():
                 return (lines("replanned") or [first])[-1]["fractions"]
 
-            def until(what, seconds=60):
-                deadline = time.monotonic() + seconds
-                while not what():
-                    assert time.monotonic() < deadline and job.workers[0].poll() is None, job.describe()
-                    time.sleep(0.1)
-
             # Host 3 serves (init's probe can misread a link and leave it out, until the
             # follower's probes bring it back), and the split has its baseline: three windows.
-            until(lambda: split_in_use()[s] > 0.1)
+            _until(job, lambda: split_in_use()[s] > 0.1, 60, "host 3 serving")
             served = split_in_use()
             time.sleep(6)
             net.set_rate(3, 60e6)
-            until(lambda: split_in_use()[s] < 0.5 * served[s])
+            _until(job, lambda: split_in_use()[s] < 0.5 * served[s], 60, "a split that moves bytes off host 3")
             slowed = len(lines("replanned"))
             net.set_rate(3, 300e6)
-            until(lambda: any(r["fractions"][s] > 0.5 * served[s] for r in lines("replanned")[slowed:]))
+            _until(
+                job,
+                lambda: any(r["fractions"][s] > 0.5 * served[s] for r in lines("replanned")[slowed:]),
+                60,
+                "a split that gives host 3 its share back",
+            )
             time.sleep(3)  # pushes are counted from the latest re-plan on
             stop.touch()
             for proc in job.workers:

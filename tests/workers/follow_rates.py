@@ -61,10 +61,8 @@ def main():
         "rank": rank,
         "steps": steps,
         "wrong": wrong,
-        "servers": list(jbps.runtime.config().servers),
         "replans": jbps.runtime.replans(),
         "pushed_after_replan": pushed,
-        "init_fractions": list(jbps.runtime.server_fractions()),
     }
     print(json.dumps(report), flush=True)
     jbps.shutdown()
