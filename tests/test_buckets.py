@@ -77,7 +77,9 @@ def test_random_trees_in_small_buckets_match_numpy(mode, devices):
 def test_a_training_step_pushes_its_first_bucket_before_the_last_is_entered(tmp_path):
     def run(bucket_bytes, trace_dir):
         results = run_job(
-            [worker_script("overlap_step.py"), "--bucket-bytes", str(bucket_bytes)],
+            # A backward pass of ~0.2 s (4096 rows): a server's first acknowledgement must fit
+            # in it even when the machine is busy with other work (CI builds beside the tests).
+            [worker_script("overlap_step.py"), "--bucket-bytes", str(bucket_bytes), "--batch", "4096"],
             workers=2,
             servers=2,
             env={"JBPS_TRACE_DIR": str(trace_dir), "JBPS_TIMEOUT_S": "60"},
