@@ -45,7 +45,7 @@ from jbps.partition.split import allreduce_time_s, optimal_split
 from jbps.procs import terminate
 from . import cpu_load
 from .plotting import finish
-from .rate_change import applied_during, calls_to_follow, parse_change
+from .rate_change import applied_during, calls_to_follow, parse_change, slow_after
 from .report import parse_report
 
 log = logging.getLogger("benchmarks.network")
@@ -710,7 +710,12 @@ def _change_lines(doc: dict) -> list[str]:
         lines.append(
             f"  k = {c['k']}: before {', '.join(f'{t:.3f}' for t in per_call[:at])} s; after "
             f"{', '.join(f'{t:.3f}' for t in per_call[at:])} s; optimum for the new links {best:.3f} s: "
-            + ("not within 1.10x of it by the last call" if follow is None else f"within 1.10x from call {follow} on")
+            + (
+                "not within 1.10x of it by the last call"
+                if follow is None
+                else f"within 1.10x from call {follow} on"
+                + f" ({slow_after(per_call, at, best, follow)} later calls above it)"
+            )
         )
         answers = c["jbps"]["defaults"].get("server_answer_rates")
         if answers:

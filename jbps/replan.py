@@ -199,6 +199,8 @@ class RateFollower:
                 self.baseline = [float(np.median(column)) for column in zip(*(w.readings for w in self.first))]
                 self.first = []
             return None
+        if not any(r > 0 and self._serves(s) for s, r in enumerate(window.readings)):
+            return None  # no psum in this window (a step longer than it): no news either way
         ratios = [
             now / then if now > 0 and then > 0 and self._serves(s) else 1.0
             for s, (now, then) in enumerate(zip(window.readings, self.baseline))

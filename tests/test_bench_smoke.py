@@ -298,11 +298,15 @@ def test_network_compression_goals_hold_each_codec_to_its_target_beside_the_cpu_
 
 
 def test_rate_change_followed_and_answer_rates():
-    # Calls before the change at 1.0 s; after it the optimum is 2.0 s: followed once every
-    # later call is within 1.10x of it, not at the first call that is.
+    # Calls before the change at 1.0 s; after it the optimum is 2.0 s: followed from the first
+    # of two calls running within 1.10x of it, from which on the median call is too; a lone
+    # slow call later does not move it.
     per_call = [1.0, 1.0, 4.0, 2.1, 3.0, 2.2, 2.0]
     assert rate_change.calls_to_follow(per_call, 2, 2.0) == 4
+    assert rate_change.calls_to_follow(per_call + [3.0, 2.1, 2.1], 2, 2.0) == 4
+    assert rate_change.slow_after(per_call + [3.0, 2.1, 2.1], 2, 2.0, 4) == 1
     assert rate_change.calls_to_follow(per_call[:5], 2, 2.0) is None
+    assert rate_change.calls_to_follow(per_call[:5] + [2.1, 3.0, 3.0], 2, 2.0) is None  # never two running within
     assert rate_change.calls_to_follow([1.0, 2.0], 1, 2.0) == 1
     before = {"server_unacked_seconds": [1.0, 0.0], "server_bytes_acked": [10, 0]}
     after = {"server_unacked_seconds": [3.0, 0.0], "server_bytes_acked": [410, 0]}

@@ -104,6 +104,8 @@ def test_a_server_that_slows_moves_the_split_after_two_windows_and_back_when_it_
         assert follower.step(_window(BASE)) is None  # the baseline
     assert follower.baseline is not None
     assert follower.step(_window(slow)) is None  # one window is not a change
+    # A window without a psum (a step longer than a window) is no news: the next slow one is the second.
+    assert follower.step(_window([0.0] * len(BASE))) is None
     split = follower.step(_window(slow))
     assert split == pytest.approx(fractions_for_rates(ROLES, [FULL] * 5 + [0.6 * FULL], 4))
     assert split[5] < split[4]
