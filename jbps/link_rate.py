@@ -50,11 +50,17 @@ def busiest_nic_share(roles: Sequence[str], fractions: Sequence[float], num_work
 
 
 def psum_host(
-    name: str, values: np.ndarray, fractions: Sequence[float], wait_s: float, fixed_routes: bool = False
+    name: str,
+    values: np.ndarray,
+    fractions: Sequence[float],
+    wait_s: float,
+    fixed_routes: bool = False,
+    priority: int = 0,
 ) -> float:
     """Seconds of one psum of `values` (summed in place) through the running
     engine. fixed_routes: routed by `fractions` even after the rate follower
-    announced another split (replan.py's probes)."""
+    announced another split (replan.py's probes); priority: larger is sent
+    sooner, among the job's own psums' chunks."""
     plan = make_plan(
         name,
         ("",),
@@ -78,6 +84,7 @@ def psum_host(
         tree_key=tree_key(name),
         wait_s=wait_s,
         fixed_routes=fixed_routes,
+        priority=priority,
     )
 
 

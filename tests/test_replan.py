@@ -107,7 +107,9 @@ def test_a_server_that_slows_moves_the_split_after_two_windows_and_back_when_it_
     # A window without a psum (a step longer than a window) is no news: the next slow one is the second.
     assert follower.step(_window([0.0] * len(BASE))) is None
     split = follower.step(_window(slow))
-    assert split == pytest.approx(fractions_for_rates(ROLES, [FULL] * 5 + [0.6 * FULL], 4))
+    # Planned at the rate read, its share for a little less: a share too large would set every call's pace.
+    assert follower.planned[5] == pytest.approx(0.6 * FULL)
+    assert split == pytest.approx(fractions_for_rates(ROLES, [FULL] * 5 + [replan.SLOWED_SHADE * 0.6 * FULL], 4))
     assert split[5] < split[4]
     # The next settled windows are the new baseline; then the link recovers.
     for _ in range(replan.BASELINE_WINDOWS):
@@ -142,21 +144,22 @@ def test_a_server_left_out_is_probed_every_few_windows_and_comes_back_once_it_re
     size = link_rate.server_probe_bytes(DEDICATED, 4, FULL, replan.PROBE_S)
     assert size > 4 * (160 << 10)  # beyond a rate cap's burst (benchmarks/emulated_network.py)
 
-    def window(rate=None):
+    def window(rate=None):  # CPU host 4, serving at the full rate, is probed beside it as the reference
         seconds = 0.0 if rate is None else 4 * size / rate  # 4 pushes of each byte into its NIC
-        return replan.Window(tuple(readings), True, (0.0,) * 5 + (seconds,))
+        reference = 0.0 if rate is None else 4 * size / FULL
+        return replan.Window(tuple(readings), True, (0.0,) * 4 + (reference, seconds))
 
     asked = []
     for _ in range(3 * replan.PROBE_EVERY):
         assert follower.step(window()) is None
         asked.append(follower.probes())
-    assert asked == ([{}] * (replan.PROBE_EVERY - 1) + [{5: size}]) * 3, asked
+    assert asked == ([{}] * (replan.PROBE_EVERY - 1) + [{5: size, 4: size}]) * 3, asked
     follower.probes()  # asked again: the same
 
     def until_probed():  # the window after a probe brings its time; the next probe comes PROBE_EVERY after it
         for _ in range(replan.PROBE_EVERY - 2):
             assert follower.step(window()) is None and follower.probes() == {}
-        assert follower.step(window()) is None and follower.probes() == {5: size}
+        assert follower.step(window()) is None and follower.probes() == {5: size, 4: size}
 
     # Probes that read it near the rate planned for it move nothing; two running that read 4x do.
     assert follower.step(window(FULL / 10 * 1.3)) is None
@@ -186,13 +189,16 @@ def test_a_server_still_left_out_after_a_probe_is_probed_on_until_it_reads_at_th
     size = link_rate.server_probe_bytes(DEDICATED, 2, FULL, replan.PROBE_S)
     probed = []
 
-    def probe(rate):  # windows up to the next probe, then the window that brings its time
+    def probe(rate, links=1.0):  # windows up to the next probe, then the window that brings its time
         for _ in range(replan.PROBE_EVERY):
             assert follower.step(replan.Window((30e6, 30e6, 60e6, 0.0), True)) is None
             if follower.probes():
                 break
         probed.append(follower.probes())
-        return follower.step(replan.Window((30e6, 30e6, 60e6, 0.0), True, (0.0,) * 3 + (2 * size / rate,)))
+        # The job's psums leave the probes `links` of the workers' links: CPU host 3's probe and
+        # that of CPU host 2 (the reference, serving at the full rate) alike.
+        seconds = (0.0, 0.0, 2 * size / (FULL * links), 2 * size / (rate * links))
+        return follower.step(replan.Window((30e6, 30e6, 60e6, 0.0), True, seconds))
 
     # Read twice at 0.6: twice the planned rate, planned again there, still without bytes.
     assert probe(0.6 * FULL) is None and probe(0.6 * FULL) is None
@@ -202,9 +208,16 @@ def test_a_server_still_left_out_after_a_probe_is_probed_on_until_it_reads_at_th
     # 0.92 is the full rate as the probe reads it: the split of equal links, its share back.
     assert probe(0.92 * FULL) is None
     split = probe(0.92 * FULL)
-    assert probed == [{3: size}] * 6
+    assert probed == [{3: size, 2: size}] * 6
     assert split == pytest.approx(server_fractions(roles, 2)) and split[3] > 0.3
     assert follower.planned[3] == pytest.approx(0.92 * FULL)
+
+    # Probes that the job's psums slow to 0.6 of the links read a recovered host at the full
+    # rate against the reference beside them (alone, at 0.6 of it: too slow for a share).
+    follower = replan.RateFollower(roles, 2, planned, fractions)
+    assert probe(FULL, links=0.6) is None
+    split = probe(FULL, links=0.6)
+    assert split == pytest.approx(server_fractions(roles, 2)) and follower.planned[3] == pytest.approx(FULL)
 
 
 def test_the_agreed_window_takes_per_server_the_median_of_the_workers_that_reach_it_over_the_network():
@@ -223,16 +236,29 @@ def test_the_agreed_window_takes_per_server_the_median_of_the_workers_that_reach
     window = replan.agreed_window(matrix, np.array([1, 1, 0, 1], np.float32))
     assert window.readings == (10, 30, 30, 30, 40, 40)
     assert not window.settled
+    # The others waiting on worker 0 (their pushes done) read nothing of servers 4 and 5 but
+    # one: read by fewer than half the workers, those servers are no news, not slow.
+    matrix[2:, 4:] = 0
+    matrix[1, 5] = 0
+    assert replan.agreed_window(matrix, np.ones(4, np.float32)).readings == (10, 30, 30, 30, 24.5, 0)
     # Probe times: per server the fastest worker's (the sum waited for the last to start).
     probes = np.array([[0, 0.3], [0, 0.2], [0, 0.5], [0, 0.25]], np.float32)
     assert replan.agreed_window(matrix, np.ones(4, np.float32), probes).probes == pytest.approx((0.0, 0.2))
 
 
 def test_readings_leave_out_idle_and_shared_memory_servers():
-    before = {"server_bytes_acked": [0, 0, 0], "server_unacked_seconds": [0, 0, 0], "server_shared_memory": [0, 0, 1]}
-    after = {
-        "server_bytes_acked": [100, 0, 100],
-        "server_unacked_seconds": [0.5, 0, 0.001],
-        "server_shared_memory": [0, 0, 1],
+    few = replan.MIN_READ_PUSHES - 1
+    before = {
+        "server_bytes_acked": [0, 0, 0, 0],
+        "server_chunks_acked": [0, 0, 0, 0],
+        "server_unacked_seconds": [0, 0, 0, 0],
+        "server_shared_memory": [0, 0, 1, 0],
     }
-    assert replan.readings(before, after) == [200.0, 0.0, 0.0]
+    after = {
+        "server_bytes_acked": [100, 0, 100, 100],
+        "server_chunks_acked": [few + 1, 0, few + 1, few],
+        "server_unacked_seconds": [0.5, 0, 0.001, 0.1],
+        "server_shared_memory": [0, 0, 1, 0],
+    }
+    # Server 3's few pushes (a call's last, alone on the links or waiting long) are no reading.
+    assert replan.readings(before, after) == [200.0, 0.0, 0.0, 0.0]

@@ -55,13 +55,17 @@ EngineStats Engine::stats() const {
   s.bytes_shm = impl_->bytes_shm.load();
   s.chunks_fused = impl_->chunks_fused.load();
   std::lock_guard<std::mutex> lock(impl_->mu);
+  const int64_t now = SteadyNs();
   for (auto& c : impl_->conns) {
     s.shm_servers += c->transport->slots() > 0;
     s.server_shared_memory.push_back(c->transport->slots() > 0);
     s.server_bytes_pushed.push_back(c->bytes_pushed.load());
     s.server_bytes_pulled.push_back(c->bytes_pulled.load());
     s.server_bytes_acked.push_back(c->bytes_acked);
-    s.server_unacked_seconds.push_back(c->unacked_ns * 1e-9);
+    s.server_chunks_acked.push_back(c->chunks_acked);
+    // With the stretch still open: a reading taken mid-call counts the time its acknowledged bytes took.
+    const int64_t open = c->unacked_since_ns != 0 ? now - c->unacked_since_ns : 0;
+    s.server_unacked_seconds.push_back((c->unacked_ns + open) * 1e-9);
   }
   s.routes_used = impl_->routes_used.load();
   std::lock_guard<std::mutex> routes(impl_->lines_mu);

@@ -57,6 +57,7 @@ struct EngineStats {
   std::vector<uint64_t> server_bytes_pushed;   // of bytes_pushed, to each server in order
   std::vector<uint64_t> server_bytes_pulled;   // of bytes_pulled, from each server
   std::vector<uint64_t> server_bytes_acked;    // pushed bytes each server acknowledged
+  std::vector<uint64_t> server_chunks_acked;   // and the pushes they came in
   std::vector<double> server_unacked_seconds;  // wall time with a push to the server not yet acknowledged
   std::vector<uint8_t> server_shared_memory;   // 1 where the server is reached through shared memory
   uint32_t routes_announced = 0;               // the latest route epoch SetRoutes announced

@@ -224,6 +224,7 @@ struct ServerConn {
   int64_t unacked_since_ns = 0;
   uint64_t unacked_ns = 0;
   uint64_t bytes_acked = 0;
+  uint64_t chunks_acked = 0;
   std::condition_variable send_cv;
   bool sending = false;  // a thread is writing chunks taken from sendq (one at a time keeps their order)
   bool bye = false;

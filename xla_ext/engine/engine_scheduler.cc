@@ -149,7 +149,10 @@ bool Engine::Impl::AckLocked(ServerConn* sc, const RoundKey& rk) {
                          [&](const ChunkPtr& c) { return c->key == rk.key && c->round == rk.round; });
   if (it == sc->unacked.end()) return false;
   if (opt.trace) (*it)->times.acked = NowMicros();
-  if (!(*it)->tree) sc->bytes_acked += (*it)->nbytes;
+  if (!(*it)->tree) {
+    sc->bytes_acked += (*it)->nbytes;
+    ++sc->chunks_acked;
+  }
   queue.GiveBack();
   sc->unacked.erase(it);
   DropSkipped(sc);

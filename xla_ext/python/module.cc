@@ -243,13 +243,15 @@ NB_MODULE(_core, m) {
   // seconds from submit to sum. The plan's routing, tree and keys come from
   // Python as a jbps_psum call's attributes do (Submit fails a call whose
   // chunk table does not add up); fixed_routes keeps them whatever split the
-  // rate follower announced since. The engine works on its own copy, so a call
+  // rate follower announced since; priority orders its chunks among the job's
+  // (larger is sent sooner). The engine works on its own copy, so a call
   // the backstop gives up on never writes a freed array.
   m.def(
       "engine_psum_host",
       [](nb::ndarray<float, nb::ndim<1>, nb::c_contig, nb::device::cpu> values, int64_t key, const std::string& name,
          int64_t partition_bytes, std::vector<uint64_t> chunk_bytes, std::vector<uint8_t> chunk_alone,
-         std::vector<int32_t> servers, const std::string& tree, int64_t tree_key, double wait_s, bool fixed_routes) {
+         std::vector<int32_t> servers, const std::string& tree, int64_t tree_key, double wait_s, bool fixed_routes,
+         int64_t priority) {
         if (partition_bytes < 1) throw std::invalid_argument("engine_psum_host: partition_bytes must be positive");
         const size_t nbytes = values.size() * sizeof(float);
         auto copy = std::make_shared<std::vector<float>>(values.data(), values.data() + values.size());
@@ -268,6 +270,7 @@ NB_MODULE(_core, m) {
         op.nbytes = nbytes;
         op.dtype = jbps::DType::kF32;
         op.base_key = static_cast<uint64_t>(key);
+        op.priority = priority;
         spec.operands.push_back(op);
         auto result = std::make_shared<std::promise<std::string>>();
         std::future<std::string> answer = result->get_future();
@@ -291,7 +294,7 @@ NB_MODULE(_core, m) {
       },
       nb::arg("values"), nb::arg("key"), nb::arg("name"), nb::arg("partition_bytes"), nb::arg("chunk_bytes"),
       nb::arg("chunk_alone"), nb::arg("servers"), nb::arg("tree"), nb::arg("tree_key"), nb::arg("wait_s"),
-      nb::arg("fixed_routes") = false);
+      nb::arg("fixed_routes") = false, nb::arg("priority") = 0);
   m.def("engine_running", [] { return jbps::Engine::Get().running(); });
   m.def("engine_fault", [] { return jbps::Engine::Get().fault(); });
   m.def("engine_stats", [] {
@@ -309,6 +312,7 @@ NB_MODULE(_core, m) {
     d["server_bytes_pushed"] = s.server_bytes_pushed;
     d["server_bytes_pulled"] = s.server_bytes_pulled;
     d["server_bytes_acked"] = s.server_bytes_acked;
+    d["server_chunks_acked"] = s.server_chunks_acked;
     d["server_unacked_seconds"] = s.server_unacked_seconds;
     d["server_shared_memory"] = std::vector<bool>(s.server_shared_memory.begin(), s.server_shared_memory.end());
     d["routes_announced"] = s.routes_announced;
