@@ -18,7 +18,7 @@ psum goes ahead of the job's chunks: a window that waited behind a slowed
 call would last as long as the call, and the follower would act one call later.
 
 A server whose reading falls below 1/CHANGE of its baseline (the split's
-first settled windows), in two windows running, is taken to run at its
+first settled windows), in WINDOWS_TO_CHANGE windows running, is taken to run at its
 planned rate times that ratio, and its share is planned for SLOWED_SHADE of
 that; one planned below the job's full rate whose reading rises above CHANGE
 times is taken back up the same way (never above the full rate). The split for the new rates (link_rate.fractions_for_rates)
@@ -75,7 +75,8 @@ CHANGE = 1.5  # a reading this many times slower (or faster) than the baseline i
 # host cut to 400 of 1,000 Mbit/s, 6 servers): planned at the rate read, 0.135-0.142 of the
 # bytes and calls 1.2-1.5x the optimum; at 0.8 of it, 0.103-0.114 and 1.08-1.10x.
 SLOWED_SHADE = 0.8
-WINDOWS_TO_CHANGE = 2  # in this many windows running
+WINDOWS_TO_CHANGE = 3  # in this many windows running (1.5 s: two gave equal links a false change)
+PROBES_TO_CHANGE = 2  # a left-out server read faster in this many probes running comes back
 # A worker's reading of a server counts from this many pushes acknowledged in the window:
 # the last few pushes of a call, alone on the links, read several times faster or (one
 # waiting long for its acknowledgement) slower than the link.
@@ -212,7 +213,7 @@ class RateFollower:
                 rate = self.planned[ref] * ref_seconds / seconds
             faster = rate > CHANGE * self.planned[s] or link_rate.reads_as_full(role, rate, self.full)
             self.probe_streak[s] = self.probe_streak.get(s, 0) + 1 if faster else 0
-            if self.probe_streak[s] >= WINDOWS_TO_CHANGE:
+            if self.probe_streak[s] >= PROBES_TO_CHANGE:
                 out[s] = rate
         return out
 
