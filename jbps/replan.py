@@ -18,11 +18,13 @@ psum goes ahead of the job's chunks: a window that waited behind a slowed
 call would last as long as the call, and the follower would act one call later.
 
 A server whose reading falls below 1/CHANGE of its baseline (the split's
-first settled windows), in WINDOWS_TO_CHANGE windows running, is taken to run at its
-planned rate times that ratio, and its share is planned for SLOWED_SHADE of
-that; one planned below the job's full rate whose reading rises above CHANGE
-times is taken back up the same way (never above the full rate). The split for the new rates (link_rate.fractions_for_rates)
-is handed to the engine as the next route epoch (Engine::SetRoutes), and
+first settled windows), in WINDOWS_TO_CHANGE windows running, is taken to
+run at its planned rate times that ratio, and its share is planned for
+SLOWED_SHADE of that; one planned below the job's full rate whose reading
+rises above CHANGE times is taken back up the same way (never above the full
+rate). A window without a reading is no news either way. The split for the
+new rates (link_rate.fractions_for_rates) is handed to the engine as the
+next route epoch (Engine::SetRoutes), and
 every psum follows it from the same call on every worker (protocol.h,
 kRoutes). Only readings relative to the baseline count, so a quieter phase
 of the job (smaller psums read slower everywhere) moves nothing: the split
@@ -37,14 +39,16 @@ took 0.069 s where its bytes take 0.048 s at the full rate, and read a
 recovered 300 Mbit/s link at 210), and longer than a rate cap's burst. The
 times are agreed with the next window's readings (the fastest worker's: the
 sum waits for the last worker to start, so the others' times hold that
-wait), and give its rate as jbps.init's probe of each server reads it. A
+wait), and give its rate against a reference: a server of its role that
+serves at the full rate, probed beside it, whose time shares the job's
+traffic alike (a probe alone read a recovered link at 0.55-0.9 of it). A
 server read CHANGE times faster than planned, or at the full rate within the
 probe's error (link_rate.reads_as_full), in two probes running is taken to
 run at the rate the latest read, and the split is planned again: it gets its
 share back once the rated split finds it worth one, and is probed on while
-it has none and its planned rate is below the full one. Probes run beside
-the job's psums, whose bytes share the workers' links, so they read a
-recovered link low rather than high.
+it has none and its planned rate is below the full one. Without a reference
+(no server of its role serves at the full rate) its probe alone gives the
+rate, which reads a recovered link low rather than high.
 
 Not followed: compressed psums move servers with the rest, and their
 servers' error feedback for the moved chunks starts again from zero.
