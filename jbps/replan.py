@@ -138,8 +138,10 @@ class RateFollower:
     A window's readings vary by a quarter or more on steady links (a window
     holds a few calls and the gaps between them), so the baseline is the
     median of the split's first BASELINE_WINDOWS settled windows, and a
-    change is a factor CHANGE that holds for WINDOWS_TO_CHANGE windows
-    running. A changed server is taken to run at its planned rate times its
+    change is a factor CHANGE that holds for one server in WINDOWS_TO_CHANGE
+    of its readings running (a slower reading of one server, then a faster
+    one of another, once made three and re-planned nothing, but restarted
+    the baseline in the slowed state). A changed server is taken to run at its planned rate times its
     ratio in the latest of those windows (the first may still hold calls from
     before the change), never above the job's full rate. The ratio, not the readings themselves:
     a server that is not the job's bottleneck reads far below its link (its
@@ -163,10 +165,16 @@ class RateFollower:
         self.fractions = [float(f) for f in fractions]
         self.baseline: list[float] | None = None
         self.first: list[Window] = []  # the split's first settled windows, until the baseline
-        self.streak = 0  # windows running that read a change
+        self._restart_streaks()
         self.windows = 0
         self.probing: dict[int, int] = {}  # bytes of the probes whose times the next window brings
         self.probe_streak: dict[int, int] = {}  # probes running that read a server CHANGE times faster
+
+    def _restart_streaks(self) -> None:
+        count = len(self.roles)
+        self.slow_streak = [0] * count  # per server, its readings running that read it CHANGE times slower
+        self.fast_streak = [0] * count  # or faster
+        self.ratios = [1.0] * count  # per server, its latest reading over its baseline
 
     def _serves(self, s: int) -> bool:
         return self.fractions[s] > SHARE_EPS
@@ -230,7 +238,7 @@ class RateFollower:
         fractions = [f if f > SHARE_EPS else 0.0 for f in fractions]
         self.planned = estimate
         self.baseline = None  # the new split's first settled windows make the next one
-        self.streak = 0
+        self._restart_streaks()
         self.probe_streak = {}
         if max(abs(a - b) for a, b in zip(fractions, self.fractions)) < MIN_MOVE:
             return None
@@ -251,29 +259,23 @@ class RateFollower:
                 self.baseline = [float(np.median(column)) for column in zip(*(w.readings for w in self.first))]
                 self.first = []
             return None
-        if not any(r > 0 and self._serves(s) for s, r in enumerate(window.readings)):
-            return None  # no psum in this window (a step longer than it): no news either way
-        ratios = [
-            now / then if now > 0 and then > 0 and self._serves(s) else 1.0
-            for s, (now, then) in enumerate(zip(window.readings, self.baseline))
-        ]
-        slower = [r < 1 / CHANGE for r in ratios]
-        faster = [r > CHANGE and p < self.full for r, p in zip(ratios, self.planned)]
-        if not any(slower) and not any(faster):
-            self.streak = 0
+        # Per server: its readings running (a window without one is no news of it, as when a
+        # step is longer than a window) that read it CHANGE times slower, or faster.
+        for s, (now, then) in enumerate(zip(window.readings, self.baseline)):
+            if now <= 0 or then <= 0 or not self._serves(s):
+                continue
+            self.ratios[s] = now / then
+            slow, fast = now / then < 1 / CHANGE, now / then > CHANGE and self.planned[s] < self.full
+            self.slow_streak[s] = self.slow_streak[s] + 1 if slow else 0
+            self.fast_streak[s] = self.fast_streak[s] + 1 if fast else 0
+        slower = {s for s, n in enumerate(self.slow_streak) if n >= WINDOWS_TO_CHANGE}
+        faster = {s for s, n in enumerate(self.fast_streak) if n >= WINDOWS_TO_CHANGE}
+        if not slower and not faster:
             return None
-        self.streak += 1
-        if self.streak < WINDOWS_TO_CHANGE:
-            return None
-        # The latest window's ratio: the first of a change may still hold calls from before it.
-        self.slowed = (self.slowed | {s for s, slow in enumerate(slower) if slow}) - {
-            s for s, fast in enumerate(faster) if fast
-        }
+        self.slowed = (self.slowed | slower) - faster
+        # Its latest ratio: the first window of a change may still hold calls from before it.
         return self._plan(
-            [
-                min(self.full, p * r) if (slow or fast) else p
-                for p, r, slow, fast in zip(self.planned, ratios, slower, faster)
-            ]
+            [min(self.full, p * self.ratios[s]) if s in slower | faster else p for s, p in enumerate(self.planned)]
         )
 
 

@@ -122,6 +122,28 @@ def test_a_server_that_slows_moves_the_split_after_a_few_windows_and_back_when_i
     assert back is not None and back[5] == pytest.approx(back[4])
 
 
+def test_a_change_counts_per_server_and_a_window_without_its_reading_does_not_break_it():
+    def ready():
+        follower = _follower()
+        for _ in range(replan.BASELINE_WINDOWS):
+            follower.step(_window(BASE))
+        return follower
+
+    def slow(s):
+        return [b * 0.5 if i == s else b for i, b in enumerate(BASE)]
+
+    # Slower readings of different servers in turn are no server's change.
+    follower = ready()
+    assert all(follower.step(_window(slow(s))) is None for s in (5, 4, 5, 4, 5))
+    # Host 5 slow, then a window where only the others push (host 5 has no reading), then slow again.
+    follower = ready()
+    unread = BASE[:5] + [0.0]
+    windows = [slow(5), unread] * (replan.WINDOWS_TO_CHANGE - 1)
+    assert all(follower.step(_window(w)) is None for w in windows)
+    split = follower.step(_window(slow(5)))
+    assert split is not None and split[5] < split[4] and follower.planned[5] == pytest.approx(0.5 * FULL)
+
+
 def test_a_slowdown_read_in_one_window_only_or_in_a_quieter_phase_everywhere_moves_nothing():
     follower = _follower()
     for _ in range(replan.BASELINE_WINDOWS):
