@@ -66,7 +66,9 @@ def test_random_trees_across_hosts_match_numpy_and_split_bytes_by_role(hosts, mo
             "--big-elems",
             str(big_elems),
         ],
-        env=job_free_env(JBPS_TIMEOUT_S="60"),
+        # Init's split and the byte counts, with no rate follower beside them: its psums (every
+        # 0.5 s, test_a_link_that_slows_mid_job...) could be in flight when the stats are read.
+        env=job_free_env(JBPS_TIMEOUT_S="60", JBPS_FOLLOW_RATES="0"),
         local_devices=devices,
         timeout_s=300,
     )
