@@ -120,7 +120,8 @@ def calls_to_follow(per_call_s: list[float], at_call: int, optimum_s: float) -> 
     after = per_call_s[at_call:]
     bound = FOLLOWED_WITHIN * optimum_s
     for i, t in enumerate(after):
-        if t <= bound and all(u <= bound for u in after[i + 1 : i + 2]) and float(np.median(after[i:])) <= bound:
+        next_within = i + 1 == len(after) or after[i + 1] <= bound
+        if t <= bound and next_within and float(np.median(after[i:])) <= bound:
             return i + 1
     return None
 

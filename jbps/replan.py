@@ -102,7 +102,7 @@ def readings(before: dict, after: dict) -> list[float]:
         acked = after["server_bytes_acked"][s] - before["server_bytes_acked"][s]
         waited = after["server_unacked_seconds"][s] - before["server_unacked_seconds"][s]
         pushes = after["server_chunks_acked"][s] - before["server_chunks_acked"][s]
-        out.append(0.0 if shm or waited <= 0 or acked <= 0 or pushes < MIN_READ_PUSHES else acked / waited)
+        out.append(0.0 if shm or waited <= 0 or pushes < MIN_READ_PUSHES else acked / waited)
     return out
 
 
@@ -141,9 +141,10 @@ class RateFollower:
     change is a factor CHANGE that holds for one server in WINDOWS_TO_CHANGE
     of its readings running (a slower reading of one server, then a faster
     one of another, once made three and re-planned nothing, but restarted
-    the baseline in the slowed state). A changed server is taken to run at its planned rate times its
-    ratio in the latest of those windows (the first may still hold calls from
-    before the change), never above the job's full rate. The ratio, not the readings themselves:
+    the baseline in the slowed state). A changed server is taken to run at
+    its planned rate times its ratio in the latest of those windows (the
+    first may still hold calls from before the change), never above the
+    job's full rate. The ratio, not the readings themselves:
     a server that is not the job's bottleneck reads far below its link (its
     pushers wait on their own links), and init's probe reads links on a
     scale of its own, so only a reading against the same server's earlier
@@ -168,6 +169,7 @@ class RateFollower:
         self._restart_streaks()
         self.windows = 0
         self.probing: dict[int, int] = {}  # bytes of the probes whose times the next window brings
+        self.references: dict[int, int] = {}  # of those, a left-out server's reference (_recovered)
         self.probe_streak: dict[int, int] = {}  # probes running that read a server CHANGE times faster
 
     def _restart_streaks(self) -> None:
@@ -193,7 +195,7 @@ class RateFollower:
         nothing, has nothing to come back from), sized for the full rate; and
         beside it a reference, a server of its role that serves at the full
         rate, probed alike (see _recovered)."""
-        self.probing = {}
+        self.probing, self.references = {}, {}
         if self.windows % PROBE_EVERY == 0:
             self.probing = {
                 s: link_rate.server_probe_bytes(role, self.num_workers, self.full, PROBE_S)
@@ -203,6 +205,7 @@ class RateFollower:
             for s in list(self.probing):
                 ref = self._reference(self.roles[s])
                 if ref is not None:
+                    self.references[s] = ref
                     self.probing[ref] = self.probing[s]
         return dict(self.probing)
 
@@ -219,8 +222,8 @@ class RateFollower:
             # Probes share the workers' links with the job's psums, which read a recovered link
             # at 0.55-0.9 of its rate; a reference probed beside it shares them alike, so the
             # ratio of the two times reads it on the reference's planned (full) rate.
-            ref = self._reference(role)
-            ref_seconds = window.probes[ref] if ref in self.probing and ref < len(window.probes) else 0.0
+            ref = self.references.get(s)
+            ref_seconds = window.probes[ref] if ref is not None and ref < len(window.probes) else 0.0
             if ref_seconds > 0:
                 rate = self.planned[ref] * ref_seconds / seconds
             faster = rate > CHANGE * self.planned[s] or link_rate.reads_as_full(role, rate, self.full)
@@ -264,10 +267,9 @@ class RateFollower:
         for s, (now, then) in enumerate(zip(window.readings, self.baseline)):
             if now <= 0 or then <= 0 or not self._serves(s):
                 continue
-            self.ratios[s] = now / then
-            slow, fast = now / then < 1 / CHANGE, now / then > CHANGE and self.planned[s] < self.full
-            self.slow_streak[s] = self.slow_streak[s] + 1 if slow else 0
-            self.fast_streak[s] = self.fast_streak[s] + 1 if fast else 0
+            ratio = self.ratios[s] = now / then
+            self.slow_streak[s] = self.slow_streak[s] + 1 if ratio < 1 / CHANGE else 0
+            self.fast_streak[s] = self.fast_streak[s] + 1 if ratio > CHANGE and self.planned[s] < self.full else 0
         slower = {s for s, n in enumerate(self.slow_streak) if n >= WINDOWS_TO_CHANGE}
         faster = {s for s, n in enumerate(self.fast_streak) if n >= WINDOWS_TO_CHANGE}
         if not slower and not faster:
