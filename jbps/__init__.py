@@ -36,6 +36,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Config",
     "DistributedOptimizer",
+    "elastic",
     "JbpsError",
     "Session",
     "broadcast",
@@ -66,9 +67,9 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    # jbps.optax imports optax; load it when first used, not with `import jbps`.
-    if name == "optax":
-        return importlib.import_module(".optax", __name__)
+    # jbps.optax imports optax; load it (and jbps.elastic) when first used, not with `import jbps`.
+    if name in ("optax", "elastic"):
+        return importlib.import_module(f".{name}", __name__)
     if name == "DistributedOptimizer":
         return importlib.import_module(".optax", __name__).distributed
     raise AttributeError(f"module 'jbps' has no attribute {name!r}")

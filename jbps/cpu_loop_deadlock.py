@@ -56,5 +56,5 @@ def warn_if_affected(local_rank: int) -> bool:
     if not loops_need_waits():
         return False
     if local_rank == 0:
-        warnings.warn("jbps: " + ADVICE.format(version=jax.__version__), RuntimeWarning, stacklevel=3)
+        warnings.warn("jbps: " + ADVICE.format(version=jax.__version__), RuntimeWarning, stacklevel=4)
     return True

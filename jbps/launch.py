@@ -1,6 +1,7 @@
 """`jbps run`: a whole job on this machine from one command.
 
     jbps run -n 2 [--servers 2] [--local-devices 4] python train.py args...
+    jbps run -n 3 --min-workers 2 --max-workers 4 python train.py   # elastic (jbps.elastic.run)
 
 Starts a scheduler (on a thread of this process, on a free loopback port),
 the summation servers and the workers, with the DMLC_* variables of the
@@ -11,6 +12,11 @@ SIGTERM ends every child. The first child to fail ends the others, and its
 exit code becomes ours; when every worker succeeds, the servers end on their
 own and we exit 0. Children are ended by PID with everything they spawned
 (jbps.procs), so nothing is left behind.
+
+An elastic job (--min-workers, --max-workers) runs jbps/scheduler/elastic.py's
+scheduler and no server processes (each worker runs its own server): a worker
+that fails is started again (at most --max-restarts times in all) and joins
+the others at their next commit, while they go on without it.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from .config import Config, argparse_type, exit_for_environment
 from .errors import JbpsError
 from .procs import signal_group, terminate
 from .scheduler.admission import new_secret
+from .scheduler.elastic import ElasticScheduler
 from .scheduler.rendezvous import Scheduler
 from .server.settings import settings_from_environment as server_settings_from_environment
 
@@ -101,9 +108,17 @@ class _Output:
 
 class Job:
     def __init__(
-        self, command: list[str], workers: int, servers: int, local_devices: int | None, timeout_s: float, secret: str
+        self,
+        command: list[str],
+        workers: int,
+        servers: int,
+        local_devices: int | None,
+        timeout_s: float,
+        secret: str,
+        elastic: tuple[int, int, int] | None = None,
     ):
         self.command, self.workers, self.servers = command, workers, servers
+        self.elastic = elastic  # (min workers, max workers, restarts allowed), or None
         self.local_devices, self.timeout_s, self.secret = local_devices, timeout_s, secret
         self.children: list[tuple[str, subprocess.Popen]] = []
         self.outputs: list[_Output] = []
@@ -154,10 +169,24 @@ class Job:
         finally:
             scheduler.close()
 
+    def _spawn_worker(self, rank: int, scheduler: Scheduler) -> None:
+        self._spawn(f"worker {rank}", self.command, self._env(scheduler, "worker", {"DMLC_WORKER_ID": str(rank)}))
+
     def run(self) -> int:
-        scheduler = Scheduler(
-            self.workers, self.servers, bind="127.0.0.1:0", timeout_s=self.timeout_s, secret=self.secret
-        )
+        if self.elastic:
+            scheduler = ElasticScheduler(
+                self.workers,
+                self.elastic[0],
+                self.elastic[1],
+                bind="127.0.0.1:0",
+                timeout_s=self.timeout_s,
+                secret=self.secret,
+            )
+        else:
+            scheduler = Scheduler(
+                self.workers, self.servers, bind="127.0.0.1:0", timeout_s=self.timeout_s, secret=self.secret
+            )
+        self.scheduler = scheduler
         log.info(
             "scheduler on %s; %d servers, %d workers: %s",
             scheduler.address,
@@ -167,7 +196,7 @@ class Job:
         )
         threading.Thread(target=self._rendezvous, args=(scheduler,), daemon=True).start()
         try:
-            for i in range(self.servers):
+            for i in range(0 if self.elastic else self.servers):  # elastic: each worker runs its own
                 # `-m` puts the working directory first on sys.path: from a source
                 # checkout that would be the checkout's package. Servers run from the
                 # folder holding the jbps this launcher imported, so they get the same.
@@ -178,9 +207,7 @@ class Job:
                     cwd=_PACKAGE_PARENT,
                 )
             for rank in range(self.workers):
-                self._spawn(
-                    f"worker {rank}", self.command, self._env(scheduler, "worker", {"DMLC_WORKER_ID": str(rank)})
-                )
+                self._spawn_worker(rank, scheduler)
             return self._wait()
         except OSError as exc:  # the command cannot be started (main checks it is there; it may still not run)
             log.error("cannot start %s: %s", " ".join(self.command), exc)
@@ -205,17 +232,36 @@ class Job:
         ends it (each child is waited on by a thread of its own, so the first
         is known exactly), and its code becomes ours."""
         exits: queue.Queue = queue.Queue()
+
+        def watch(name: str, proc: subprocess.Popen) -> None:
+            threading.Thread(target=lambda: exits.put((name, proc.wait())), daemon=True).start()
+
         for name, proc in self.children:
-            threading.Thread(target=lambda n=name, p=proc: exits.put((n, p.wait())), daemon=True).start()
+            watch(name, proc)
         workers = {name for name, _ in self.children if name.startswith("worker")}
         succeeded: set[str] = set()
         servers_done_by = None
+        restarts = self.elastic[2] if self.elastic else 0
         while True:
             try:
                 name, code = exits.get(timeout=0.2)
             except queue.Empty:
                 if servers_done_by is not None and time.monotonic() > servers_done_by:
                     return 0
+                continue
+            if code != 0 and restarts > 0 and self.scheduler_error is None and len(succeeded) == 0:
+                # Elastic: the others go on without it, and it joins them again at their next commit.
+                restarts -= 1
+                log.warning(
+                    "%s exited with %d: starting it again (%d restart%s left)",
+                    name,
+                    code,
+                    restarts,
+                    "" if restarts == 1 else "s",
+                )
+                self.children = [(n, p) for n, p in self.children if n != name]
+                self._spawn_worker(int(name.split()[1]), self.scheduler)
+                watch(name, self.children[-1][1])
                 continue
             if code != 0:
                 # The servers' word on who started it may still be on its way: a moment for it.
@@ -284,6 +330,19 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         action="store_true",
         help="say how the job assembles: the scheduler's address, each member registering",
     )
+    p.add_argument(
+        "--min-workers",
+        type=int,
+        default=None,
+        help="an elastic job (jbps.elastic.run): the fewest workers it goes on with (with --max-workers)",
+    )
+    p.add_argument("--max-workers", type=int, default=None, help="an elastic job: the most workers it takes in")
+    p.add_argument(
+        "--max-restarts",
+        type=int,
+        default=3,
+        help="an elastic job: how many times in all a failed worker is started again (default 3)",
+    )
     p.add_argument("command", nargs=argparse.REMAINDER, help="the worker command, e.g. python train.py")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="[%(name)s] %(message)s")
@@ -294,6 +353,17 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     servers = args.servers if args.servers is not None else args.workers
     if args.workers < 1 or servers < 1 or (args.local_devices is not None and args.local_devices < 1):
         p.error("--workers, --servers and --local-devices must be at least 1")
+    elastic = None
+    if args.min_workers is not None or args.max_workers is not None:
+        if args.min_workers is None or args.max_workers is None:
+            p.error("an elastic job needs both --min-workers and --max-workers")
+        if not 1 <= args.min_workers <= args.workers <= args.max_workers:
+            p.error("an elastic job needs 1 <= --min-workers <= --workers <= --max-workers")
+        if args.servers is not None:
+            p.error("an elastic job runs a summation server in each worker: --servers does not apply")
+        if args.max_restarts < 0:
+            p.error("--max-restarts must be at least 0")
+        elastic = (args.min_workers, args.max_workers, args.max_restarts)
     try:
         config = _environment_config(args.timeout)
     except JbpsError as exc:
@@ -306,7 +376,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
 
     # The job's own secret unless the environment gives one: only its children get in.
     secret = config.job_secret or new_secret()
-    job = Job(args.command, args.workers, servers, args.local_devices, config.timeout_s, secret)
+    job = Job(args.command, args.workers, servers, args.local_devices, config.timeout_s, secret, elastic)
 
     def on_signal(signum, _frame):
         if not job.ending:  # a second Ctrl-C must not cut the ending short

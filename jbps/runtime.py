@@ -103,10 +103,23 @@ def init(**overrides) -> Session:
     initialized is a no-op; different settings raise JbpsError (call
     shutdown() first).
     """
+    return _start(Config.resolve(overrides))
+
+
+def start_member(requested: Config, joined: tuple[Config, list]) -> Session:
+    """init() for a job whose membership was found outside the bootstraps
+    (an elastic generation, jbps/elastic.py): `joined` is the config and the
+    servers this process hosts. Psum names restart from the first, as every
+    member of the new generation traces its psums afresh."""
+    global _names
+    _names = itertools.count()
+    return _start(requested, joined)
+
+
+def _start(requested: Config, joined: tuple[Config, list] | None = None) -> Session:
     global _config, _requested, _hosted, _fractions, _spans_hosts, _link_rate, _server_rates, _nic_share
     global _atexit_registered, _follower
     with _lock:
-        requested = Config.resolve(overrides)
         if _config is not None:
             if requested != _requested:
                 raise JbpsError("jbps is already initialized with different settings; call jbps.shutdown() first")
@@ -115,9 +128,9 @@ def init(**overrides) -> Session:
         register_ffi_targets()
         # Misspelled settings are named before the bootstrap, which may wait for a scheduler.
         unknown_settings.warn(
-            lambda line: warnings.warn(line, RuntimeWarning, stacklevel=4), local_rank=requested.local_rank or 0
+            lambda line: warnings.warn(line, RuntimeWarning, stacklevel=5), local_rank=requested.local_rank or 0
         )
-        config, hosted = bootstrap.complete(requested)
+        config, hosted = joined if joined is not None else bootstrap.complete(requested)
         across = defaults.spans_hosts(config.servers)
         replannable = across and len(config.servers) > 1  # the split may move as links change (replan.py)
         # Until the servers' roles are known, the window as if every server got bytes (the most).
@@ -240,7 +253,19 @@ def _shutdown_at_exit() -> None:
         time.sleep(0.005)
 
 
-def _shutdown(reason: str) -> None:
+def leave() -> None:
+    """Stops the engine and this process's servers at once, without waiting
+    for the other workers' goodbyes: an elastic worker leaving its generation
+    (jbps/elastic.py), whose peers leave it too or have already failed."""
+    _shutdown("", wait_for_peers=False)
+
+
+def engine_fault() -> str:
+    """Why the job failed (a lost worker or server, a timeout), or ""."""
+    return _core.engine_fault() if _config is not None else ""
+
+
+def _shutdown(reason: str, wait_for_peers: bool = True) -> None:
     global _config, _requested, _hosted, _follower
     with _lock:
         if _config is None:
@@ -256,7 +281,8 @@ def _shutdown(reason: str) -> None:
         # Servers this process hosts serve the other workers until they are
         # done too (each says goodbye), or the timeout passes.
         for server in _hosted:
-            server.wait(_config.timeout_s)
+            if wait_for_peers:
+                server.wait(_config.timeout_s)
             server.stop()
         _config, _requested, _hosted = None, None, []
 

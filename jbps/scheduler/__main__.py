@@ -20,6 +20,7 @@ import sys
 from .. import unknown_settings
 from ..config import Config, argparse_type, exit_for_environment
 from ..errors import JbpsError
+from .elastic import ElasticScheduler
 from .rendezvous import Scheduler, refuse
 
 log = logging.getLogger("jbps.scheduler")
@@ -60,8 +61,23 @@ def main(argv=None, prog: str | None = None) -> int:
         default=env.timeout_s,
         help="seconds to wait for everyone (env JBPS_TIMEOUT_S)",
     )
+    p.add_argument(
+        "--min-workers",
+        type=argparse_type("num_workers"),
+        default=None,
+        help="an elastic job (jbps.elastic.run): the fewest workers it goes on with (with --max-workers)",
+    )
+    p.add_argument(
+        "--max-workers",
+        type=argparse_type("num_workers"),
+        default=None,
+        help="an elastic job: the most workers it takes in",
+    )
     args = p.parse_args(argv)
     unknown_settings.warn(lambda line: print(line, file=sys.stderr, flush=True))
+    elastic = args.min_workers is not None or args.max_workers is not None
+    if elastic:
+        return _run_elastic(p, args, env)
     if args.num_workers is None or args.num_servers is None:
         reason = "--num-workers and --num-servers are required (or DMLC_NUM_WORKER and DMLC_NUM_SERVER)"
         misspelled = [f"{var} is not read (did you mean {near}?)" for var, near in unknown_settings.unknown() if near]
@@ -92,6 +108,36 @@ def main(argv=None, prog: str | None = None) -> int:
         scheduler.run()
     except JbpsError:
         return 1  # already logged, and every member was told
+    finally:
+        scheduler.close()
+    return 0
+
+
+def _run_elastic(p: argparse.ArgumentParser, args: argparse.Namespace, env) -> int:
+    if args.min_workers is None or args.max_workers is None:
+        p.error("an elastic job needs both --min-workers and --max-workers")
+    num_workers = args.num_workers if args.num_workers is not None else args.min_workers
+    try:
+        scheduler = ElasticScheduler(
+            num_workers,
+            args.min_workers,
+            args.max_workers,
+            bind=args.bind,
+            timeout_s=args.timeout,
+            secret=env.job_secret,
+        )
+    except (OSError, ValueError, JbpsError) as exc:
+        log.error("cannot start on %s: %s", args.bind, exc)
+        return 1
+    print(
+        f"jbps.scheduler listening on {scheduler.address} for an elastic job of {args.min_workers} to "
+        f"{args.max_workers} workers, starting with {num_workers}",
+        flush=True,
+    )
+    try:
+        scheduler.run()
+    except JbpsError:
+        return 1
     finally:
         scheduler.close()
     return 0

@@ -159,40 +159,61 @@ class Scheduler:
                 conn, peer = self.sock.accept()
             except socket.timeout:
                 continue
-            conn.settimeout(max(1.0, min(HELLO_TIMEOUT_S, deadline - time.monotonic())))
-            reader = conn.makefile("r")
-            challenge = new_challenge()
-            try:
-                _send(conn, {"challenge": challenge})
-                hello = _recv(reader, f"{peer[0]}:{peer[1]}")
-                self._admit(hello, challenge)
-                role, worker_id = hello.get("role"), hello.get("worker_id")
-                if not isinstance(hello.get("challenge"), str):
-                    raise ValueError("its hello has no challenge for the scheduler to answer")
-                if role not in ROLES:
-                    raise ValueError(f"role {role!r} is not one of {ROLES}")
-                if worker_id is not None and not (isinstance(worker_id, int) and 0 <= worker_id < self.num_workers):
-                    raise ValueError(f"worker id {worker_id!r} is out of range for {self.num_workers} workers")
-                if (
-                    role == "worker"
-                    and worker_id is not None
-                    and any(m.worker_id == worker_id for m in self.members if m.role == "worker")
-                ):
-                    raise ValueError(f"worker id {worker_id} registered twice")
-                count = sum(m.role == role for m in self.members)
-                if count == (self.num_workers if role == "worker" else self.num_servers):
-                    raise ValueError(f"one {role} too many: the job has {count}")
-            except (OSError, ValueError, ConnectionError) as exc:
-                log.warning("refused %s:%d: %s", peer[0], peer[1], exc or type(exc).__name__)
-                try:
-                    _send(conn, {"error": f"jbps scheduler refused this member: {exc}"})
-                except OSError:
-                    pass
-                conn.close()
+            member = self._greet(conn, peer, deadline)
+            if member is None:
                 continue
             conn.settimeout(max(1.0, deadline - time.monotonic()))
-            self.members.append(Member(role, conn.getpeername()[0], worker_id, conn, reader, hello["challenge"]))
-            log.info("%s registered from %s (%s)", role, peer[0], self._missing())
+            self.members.append(member)
+            log.info("%s registered from %s (%s)", member.role, peer[0], self._missing())
+
+    def _check_hello(self, hello: dict) -> None:
+        """ValueError if this member cannot join the job as it says."""
+        role, worker_id = hello.get("role"), hello.get("worker_id")
+        if hello.get("elastic"):
+            raise ValueError(
+                "it runs jbps.elastic.run, and this job is not elastic: start the scheduler with --min-workers "
+                "and --max-workers (or jbps run with them)"
+            )
+        if role not in ROLES:
+            raise ValueError(f"role {role!r} is not one of {ROLES}")
+        if worker_id is not None and not (isinstance(worker_id, int) and 0 <= worker_id < self.num_workers):
+            raise ValueError(f"worker id {worker_id!r} is out of range for {self.num_workers} workers")
+        if (
+            role == "worker"
+            and worker_id is not None
+            and any(m.worker_id == worker_id for m in self.members if m.role == "worker")
+        ):
+            raise ValueError(f"worker id {worker_id} registered twice")
+        count = sum(m.role == role for m in self.members)
+        if count == (self.num_workers if role == "worker" else self.num_servers):
+            raise ValueError(f"one {role} too many: the job has {count}")
+
+    def _opening(self, challenge: str) -> dict:
+        """The scheduler's first line on a connection."""
+        return {"challenge": challenge}
+
+    def _greet(self, conn: socket.socket, peer, deadline: float) -> Member | None:
+        """Reads a new connection's hello; the member, or None (the connection
+        refused with a log line and closed)."""
+        conn.settimeout(max(1.0, min(HELLO_TIMEOUT_S, deadline - time.monotonic())))
+        reader = conn.makefile("r")
+        challenge = new_challenge()
+        try:
+            _send(conn, self._opening(challenge))
+            hello = _recv(reader, f"{peer[0]}:{peer[1]}")
+            self._admit(hello, challenge)
+            if not isinstance(hello.get("challenge"), str):
+                raise ValueError("its hello has no challenge for the scheduler to answer")
+            self._check_hello(hello)
+        except (OSError, ValueError, ConnectionError) as exc:
+            log.warning("refused %s:%d: %s", peer[0], peer[1], exc or type(exc).__name__)
+            try:
+                _send(conn, {"error": f"jbps scheduler refused this member: {exc}"})
+            except OSError:
+                pass
+            conn.close()
+            return None
+        return Member(hello["role"], conn.getpeername()[0], hello.get("worker_id"), conn, reader, hello["challenge"])
 
     def run(self) -> None:
         """Registers everyone, hands out roles and addresses; raises JbpsError
@@ -256,7 +277,13 @@ class Registration:
     (proving the job secret when we have one)."""
 
     def __init__(
-        self, address: str, role: str, timeout_s: float, worker_id: int | None = None, secret: str | None = None
+        self,
+        address: str,
+        role: str,
+        timeout_s: float,
+        worker_id: int | None = None,
+        secret: str | None = None,
+        **extra: Any,
     ):
         self.address, self.timeout_s, self.secret = address, timeout_s, secret
         self.deadline = time.monotonic() + timeout_s
@@ -265,14 +292,15 @@ class Registration:
         # The address we reach the scheduler from is the one others can reach us at.
         self.local_host = self.conn.getsockname()[0]
         try:
-            challenge = self._read().get("challenge")
+            self.opening = self._read()
+            challenge = self.opening.get("challenge")
             if not isinstance(challenge, str):
                 raise JbpsError(
                     f"{address} (DMLC_PS_ROOT_URI/PORT) did not open as a jbps scheduler does: is it another "
                     "program, or the scheduler of another jbps version?"
                 )
             self.challenge = new_challenge()
-            hello = {"role": role, "worker_id": worker_id, "challenge": self.challenge}
+            hello = {"role": role, "worker_id": worker_id, "challenge": self.challenge, **extra}
             self.send(signed(secret, "member", challenge, hello) if secret else hello)
         except BaseException:  # no half-open connection is left behind
             self.close()

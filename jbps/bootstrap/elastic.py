@@ -1,0 +1,110 @@
+"""An elastic worker's side of the rendezvous (the scheduler is jbps/scheduler/elastic.py).
+
+One connection to the scheduler for the process's life. For each generation
+the worker learns its rank, the worker count and the token, starts its
+summation server, says where it listens, and learns every server's address.
+Between generations it says "regroup"; at its end, "done".
+"""
+
+from __future__ import annotations
+
+import select
+import time
+
+from ..config import Config
+from ..errors import JbpsError
+from ..scheduler.rendezvous import Registration
+from .mpi import start_colocated
+
+# Beyond the timeout, while waiting for a generation: the scheduler's own
+# bounds (its timeout, then the settle time) come first and say why.
+_SCHEDULER_GRACE_S = 15.0
+
+
+class Membership:
+    """A worker's place in an elastic job."""
+
+    def __init__(self, requested: Config):
+        if not requested.scheduler:
+            raise JbpsError(
+                "jbps.elastic.run needs the job's scheduler: start the job with `jbps run --min-workers N "
+                "--max-workers M ...`, or set DMLC_PS_ROOT_URI and DMLC_PS_ROOT_PORT to a scheduler started "
+                "with --min-workers and --max-workers"
+            )
+        self.requested = requested
+        self.reg = Registration(
+            requested.scheduler,
+            "worker",
+            requested.timeout_s,
+            worker_id=requested.worker_rank,
+            secret=requested.job_secret,
+            elastic=True,
+        )
+        if not self.reg.opening.get("elastic"):
+            self.reg.close()
+            raise JbpsError(
+                f"the scheduler at {requested.scheduler} runs a job that is not elastic: start it with "
+                "--min-workers and --max-workers for jbps.elastic.run"
+            )
+        self.generation = 0
+        self.regroup_asked = False
+
+    def join(self) -> tuple[Config, list, dict]:
+        """Waits for the next generation (bounded) and starts this worker's
+        server in it; the worker's config, the servers it hosts, and the
+        generation as the scheduler gave it."""
+        timeout = self.requested.timeout_s
+        self.reg.deadline = time.monotonic() + timeout + _SCHEDULER_GRACE_S
+        while True:
+            job = self.reg.receive()
+            if "generation" not in job:  # a regroup notice that crossed our own
+                continue
+            server = start_colocated(f"{self.reg.local_host}:0", job["num_workers"], job["token"], "colocated", timeout)
+            try:
+                self.reg.send({"address": f"{self.reg.local_host}:{server.port}"})
+                reply = self.reg.receive()
+            except BaseException:
+                server.stop()
+                raise
+            if reply.get("retry"):  # another member failed to start its server
+                server.stop()
+                continue
+            break
+        from . import with_membership
+
+        try:
+            config = with_membership(
+                self.requested,
+                servers=tuple(reply["servers"]),
+                num_workers=job["num_workers"],
+                worker_rank=job["rank"],
+                local_rank=job["local_rank"],
+                local_size=job["local_size"],
+                job_token=job["token"],
+            )
+        except BaseException:
+            server.stop()
+            raise
+        self.generation, self.regroup_asked = job["generation"], False
+        return config, [server], job
+
+    def asked_to_regroup(self) -> bool:
+        """Whether the scheduler has asked this generation to regroup (a worker
+        waits to join); does not wait."""
+        while not self.regroup_asked and select.select([self.reg.conn], [], [], 0)[0]:
+            self.reg.deadline = time.monotonic() + self.requested.timeout_s
+            if self.reg.receive().get("regroup"):
+                self.regroup_asked = True
+        return self.regroup_asked
+
+    def leave_generation(self) -> None:
+        self.reg.send({"regroup": True})
+
+    def finish(self) -> None:
+        try:
+            self.reg.send({"done": True})
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self.reg.close()

@@ -1,0 +1,179 @@
+"""Elastic training: a lost worker does not end the job, and a new one joins at a commit.
+
+    state = jbps.elastic.State(params=params, opt_state=opt_state, step=0)
+
+    @jbps.elastic.run
+    def train(state):
+        while state.step < steps:
+            state.params, state.opt_state = update(state.params, state.opt_state, batch(state.step))
+            state.step += 1
+            state.commit()
+
+    train(state)        # under `jbps run -n 3 --min-workers 2 --max-workers 4 python train.py`
+
+As in Horovod's elastic mode: `run` calls the training function in the job's
+current generation (jbps/scheduler/elastic.py). When a peer is lost, the
+psums of the survivors fail; `run` rolls their state back to its last commit,
+they regroup without the lost worker and the function is called again. A new
+worker waits until the others' next commit, where they regroup with it. At the
+start of every generation the state is broadcast from rank 0, which held the
+last commit, so a newcomer starts from it. Each generation is a new job (new
+token, plan and split for its size), so no sum mixes two memberships; jax's
+caches are cleared so that the step is traced afresh for it.
+
+Every worker commits at the same points of its loop (commit agrees, by a small
+psum, on whether to regroup). What the state holds must be what the function
+needs to go on from a commit: it is what survives a regroup.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from . import link_rate, runtime
+from .config import Config
+from .errors import JbpsError
+
+log = logging.getLogger("jbps.elastic")
+
+_PLAIN = (bool, int, float)  # kept as Python values, broadcast as arrays
+
+
+class _Regroup(Exception):
+    """Raised by State.commit when the generation regroups (a worker waits to join)."""
+
+
+class State:
+    """What training needs to go on after a membership change: named pytrees
+    (params, optimizer state, the step, any extras), kept as attributes.
+    commit() saves a host copy of them; a failed generation restores it."""
+
+    def __init__(self, **values: Any):
+        if not values:
+            raise JbpsError("jbps.elastic.State needs the values training goes on from, e.g. State(params=..., step=0)")
+        object.__setattr__(self, "_names", tuple(values))
+        object.__setattr__(self, "_membership", None)
+        object.__setattr__(self, "commits", 0)
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
+        self._save()
+
+    def _save(self) -> None:
+        saved = {}
+        for name in self._names:
+            value = getattr(self, name)
+            saved[name] = value if isinstance(value, _PLAIN) else jax.tree_util.tree_map(np.array, jax.device_get(value))
+        object.__setattr__(self, "_committed", saved)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in self._names:
+            raise AttributeError(
+                f"jbps.elastic.State has no value {name!r}: give it when the state is made "
+                f"(it holds {', '.join(self._names)})"
+            )
+        object.__setattr__(self, name, value)
+
+    def values(self) -> dict:
+        return {name: getattr(self, name) for name in self._names}
+
+    def commit(self) -> None:
+        """Saves the state (waiting for the step's results); then, with every
+        worker, regroups if a worker waits to join (the training function is
+        called again, in the next generation, from this commit)."""
+        self._save()
+        object.__setattr__(self, "commits", self.commits + 1)
+        membership = self._membership
+        if membership is not None:
+            wanted = np.array([1.0 if membership.asked_to_regroup() else 0.0], np.float32)
+            link_rate.psum_host(
+                "jbps.elastic.commit",
+                wanted,
+                runtime.server_fractions(),
+                runtime.config().timeout_s,
+                priority=np.iinfo(np.int64).max,
+            )
+            if wanted[0] > 0:
+                raise _Regroup()
+
+    def restore(self) -> None:
+        """Sets every value back to the last commit."""
+        for name, value in self._committed.items():
+            object.__setattr__(self, name, value if isinstance(value, _PLAIN) else jax.tree_util.tree_map(np.array, value))
+
+    def sync(self, root: int = 0) -> None:
+        """Every worker takes the root's values (at the start of a generation)."""
+        values = self.values()
+        plain = {n: type(v) for n, v in values.items() if isinstance(v, _PLAIN)}
+        tree = {n: np.asarray(v) if n in plain else v for n, v in values.items()}
+        tree = runtime_broadcast(tree, root)
+        for name, value in tree.items():
+            object.__setattr__(self, name, plain[name](value.item()) if name in plain else value)
+        self._save()
+
+
+def runtime_broadcast(tree: dict, root: int) -> dict:
+    from .ops import broadcast
+
+    return broadcast(tree, root, name="jbps.elastic.sync")
+
+
+def run(func: Callable) -> Callable:
+    """Decorator: calls func(state, ...) in the elastic job until it returns,
+    again after each membership change. Call the result on every worker."""
+
+    @functools.wraps(func)
+    def wrapper(state: State, *args, **kwargs):
+        if not isinstance(state, State):
+            raise JbpsError(f"{func.__name__}'s first argument must be a jbps.elastic.State, got {type(state).__name__}")
+        from .bootstrap.elastic import Membership
+
+        if runtime.is_initialized():
+            raise JbpsError("jbps.elastic.run starts the job itself: do not call jbps.init() before it")
+        requested = Config.resolve({})
+        membership = Membership(requested)
+        try:
+            while True:
+                config, hosted, job = membership.join()
+                jax.clear_caches()  # plans, sizes and keys of the last generation are baked into its programs
+                runtime.start_member(requested, (config, hosted))
+                object.__setattr__(state, "_membership", membership)
+                started = time.monotonic()
+                try:
+                    state.sync(root=0)
+                    log.info(
+                        "jbps.elastic: generation %d, %d workers, rank %d (joined in %.2f s)",
+                        job["generation"],
+                        job["num_workers"],
+                        job["rank"],
+                        time.monotonic() - started,
+                    )
+                    result = func(state, *args, **kwargs)
+                except _Regroup:
+                    log.info("jbps.elastic: regrouping at commit %d: a worker joins", state.commits)
+                except Exception as exc:
+                    fault = runtime.engine_fault()
+                    if not fault:
+                        raise  # the training's own error, not the job's: it ends this worker
+                    log.warning("jbps.elastic: %s: rolling back to the last commit and regrouping", fault)
+                    state.restore()
+                else:
+                    runtime.shutdown()  # waits for the others' last psums, as a job's end does
+                    object.__setattr__(state, "_membership", None)
+                    membership.finish()
+                    return result
+                object.__setattr__(state, "_membership", None)
+                runtime.leave()
+                membership.leave_generation()
+        finally:
+            object.__setattr__(state, "_membership", None)
+            if runtime.is_initialized():
+                runtime.leave()
+            membership.close()
+
+    return wrapper

@@ -1,0 +1,269 @@
+"""The rendezvous of an elastic job: workers may be lost and may join, and the job goes on.
+
+    jbps run -n 3 --min-workers 2 --max-workers 4 python train.py
+    python -m jbps.scheduler --num-workers 3 --min-workers 2 --max-workers 4
+
+The scheduler stays up for the job's life and assembles it in *generations*.
+Each generation is a job of its own: a fresh token (so a server refuses any
+frame of an older membership, and no sum mixes two), the workers numbered
+0..n-1, and one summation server inside every worker (servers go with their
+worker: nothing but workers to lose). Each member keeps one connection for its
+life; on it the scheduler hands out generations, and learns:
+
+- "regroup": the member left its generation at a commit, or after its psums
+  failed (a lost peer), and waits for the next;
+- "done": its training returned;
+- the connection's end: the member is gone.
+
+A generation is assembled once no member of the running one is still running
+(each has regrouped, finished or gone), at least --min-workers wait, and no
+one has come or gone for SETTLE_S. The first waits for --num-workers (or, after
+the timeout, for --min-workers). The survivors keep their order, so rank 0 of
+the next generation held the last commit; newcomers follow. When a newcomer
+waits and the running generation is below --max-workers, its members are told
+to regroup, which they do together at their next commit (jbps/elastic.py).
+Every wait is bounded by the timeout: a running member that says nothing for
+that long after the others regrouped is dropped; fewer than --min-workers for
+that long fail every waiting member with a message saying so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import secrets
+import selectors
+import socket
+import time
+
+from ..errors import JbpsError
+from .rendezvous import HELLO_TIMEOUT_S, Member, Scheduler, _recv
+
+log = logging.getLogger("jbps.scheduler")
+
+# Quiet time before a generation is assembled: the survivors of a loss all hear
+# of it from their servers within milliseconds, and re-register in well under this.
+SETTLE_S = 1.0
+_POLL_S = 0.1
+
+
+@dataclasses.dataclass
+class ElasticMember(Member):
+    generation: int = 0  # the last generation it ran in (0: none yet)
+    told_to_regroup: bool = False
+    waiting_since: float = 0.0
+
+
+class ElasticScheduler(Scheduler):
+    def __init__(
+        self,
+        num_workers: int,
+        min_workers: int,
+        max_workers: int,
+        *,
+        bind: str = "127.0.0.1:0",
+        timeout_s: float = 60.0,
+        secret: str | None = None,
+        settle_s: float = SETTLE_S,
+    ):
+        if not 1 <= min_workers <= num_workers <= max_workers:
+            raise JbpsError(
+                f"an elastic job needs 1 <= --min-workers <= --num-workers <= --max-workers, got {min_workers}, "
+                f"{num_workers} and {max_workers}"
+            )
+        super().__init__(num_workers, 1, bind=bind, timeout_s=timeout_s, secret=secret)
+        self.min_workers, self.max_workers, self.settle_s = min_workers, max_workers, settle_s
+        self.generation = 0
+        self.ready: list[ElasticMember] = []  # waiting for the next generation, in arrival order
+        self.running: list[ElasticMember] = []
+        self.finished = 0
+        self.selector = selectors.DefaultSelector()
+        self.last_change = time.monotonic()
+        self.short_since: float | None = None  # since when fewer than min_workers could be assembled
+
+    def _opening(self, challenge: str) -> dict:
+        return {"challenge": challenge, "elastic": True}
+
+    def _check_hello(self, hello: dict) -> None:
+        if hello.get("role") != "worker":
+            raise ValueError(
+                f"role {hello.get('role')!r}: an elastic job's members are workers only (each runs its own "
+                "summation server)"
+            )
+        if not hello.get("elastic"):
+            raise ValueError(
+                "it called jbps.init(), and this job is elastic: its workers train inside jbps.elastic.run"
+            )
+        if len(self.ready) + len(self.running) >= self.max_workers:
+            raise ValueError(f"the job has its {self.max_workers} workers (--max-workers)")
+
+    def close(self) -> None:
+        for m in self.ready + self.running:
+            m.conn.close()
+        self.selector.close()
+        self.sock.close()
+
+    def _drop(self, m: ElasticMember, why: str) -> None:
+        for group in (self.ready, self.running):
+            if m in group:
+                group.remove(m)
+        try:
+            self.selector.unregister(m.conn)
+        except (KeyError, ValueError):
+            pass
+        m.conn.close()
+        self.last_change = time.monotonic()
+        log.warning("worker %s %s (%d running, %d waiting)", self._name(m), why, len(self.running), len(self.ready))
+
+    @staticmethod
+    def _name(m: ElasticMember) -> str:
+        return f"{m.rank} of generation {m.generation} ({m.host})" if m.generation else f"from {m.host}"
+
+    def _accept(self) -> None:
+        conn, peer = self.sock.accept()
+        member = self._greet(conn, peer, time.monotonic() + HELLO_TIMEOUT_S)
+        if member is None:
+            return
+        m = ElasticMember(member.role, member.host, member.worker_id, member.conn, member.reader, member.challenge)
+        m.waiting_since = time.monotonic()
+        conn.settimeout(HELLO_TIMEOUT_S)  # a member's lines come whole: a partial one is a member gone wrong
+        self.selector.register(conn, selectors.EVENT_READ, m)
+        self.ready.append(m)
+        self.last_change = time.monotonic()
+        log.info("worker registered from %s (%d running, %d waiting)", peer[0], len(self.running), len(self.ready))
+
+    def _hear(self, m: ElasticMember) -> None:
+        try:
+            message = _recv(m.reader, f"worker {self._name(m)}")
+        except (OSError, ValueError, ConnectionError) as exc:
+            self._drop(m, f"is gone: {exc}")
+            return
+        if message.get("done"):
+            self.finished += 1
+            self._drop(m, "finished")
+        elif message.get("regroup") and m in self.running:
+            self.running.remove(m)
+            self.ready.append(m)
+            m.waiting_since = self.last_change = time.monotonic()
+            log.info("worker %s waits for the next generation", self._name(m))
+
+    def _order(self, members: list[ElasticMember]) -> list[ElasticMember]:
+        """The last generation's survivors in their order (rank 0 held the last commit), then newcomers."""
+        survivors = sorted((m for m in members if m.generation == self.generation > 0), key=lambda m: m.rank)
+        newcomers = [m for m in members if m not in survivors]
+        newcomers.sort(key=lambda m: (m.worker_id is None, m.worker_id if m.worker_id is not None else 0))
+        return survivors + newcomers
+
+    def _assemble(self) -> None:
+        members = self._order(self.ready)[: self.max_workers]
+        generation, token = self.generation + 1, secrets.randbits(63) or 1
+        for rank, m in enumerate(members):
+            same_host = [w for w in members if w.host == m.host]
+            self._answer(
+                m,
+                {
+                    "generation": generation,
+                    "token": token,
+                    "num_workers": len(members),
+                    "rank": rank,
+                    "local_rank": same_host.index(m),
+                    "local_size": len(same_host),
+                },
+            )
+        addresses = []
+        for m in members:
+            m.conn.settimeout(self.timeout_s)
+            try:
+                reply = _recv(m.reader, f"worker from {m.host}")
+                addresses.append(reply["address"])
+            except (OSError, ValueError, ConnectionError, KeyError) as exc:
+                # The others stop the servers they started and wait for the next try.
+                self._drop(m, f"did not start its server for generation {generation}: {exc}")
+                for other in members:
+                    if other is not m and other in self.ready:
+                        self._answer(other, {"retry": True})
+                return
+            finally:
+                m.conn.settimeout(HELLO_TIMEOUT_S)
+        self.generation = generation
+        for rank, m in enumerate(members):
+            self._answer(m, {"servers": addresses})
+            m.rank, m.generation, m.told_to_regroup = rank, generation, False
+            self.ready.remove(m)
+            self.running.append(m)
+        self.last_change = time.monotonic()
+        log.info("generation %d assembled: %d workers, servers %s", generation, len(members), ",".join(addresses))
+
+    def _ready_to_assemble(self, now: float) -> bool:
+        if self.running or not self.ready:
+            return False
+        if self.generation == 0 and len(self.ready) < self.num_workers:
+            # The first waits for the job's size, then for its minimum.
+            return now - self.started >= self.timeout_s and len(self.ready) >= self.min_workers
+        if len(self.ready) >= self.max_workers:
+            return True
+        return len(self.ready) >= self.min_workers and now - self.last_change >= self.settle_s
+
+    def _step(self, now: float) -> None:
+        """What the scheduler does between messages."""
+        if self.ready and self.running and len(self.running) < self.max_workers:
+            for m in self.running:
+                if not m.told_to_regroup:
+                    try:
+                        self._answer(m, {"regroup": True})
+                        m.told_to_regroup = True
+                    except OSError as exc:
+                        self._drop(m, f"is gone: {exc}")
+            oldest = min(m.waiting_since for m in self.ready)
+            if now - oldest > self.timeout_s:
+                for m in list(self.running):
+                    self._drop(m, f"said nothing for {self.timeout_s:g} s after the others regrouped: dropped")
+        if self._ready_to_assemble(now):
+            self._assemble()
+        enough = len(self.ready) + len(self.running) >= self.min_workers
+        if self.generation > 0 and not self.running and not enough and self.ready:
+            if self.short_since is None:
+                self.short_since = now
+            elif now - self.short_since > self.timeout_s:
+                self._fail(
+                    f"jbps scheduler {self.address}: {len(self.ready)} workers left, fewer than the job's minimum "
+                    f"of {self.min_workers} (--min-workers), for {self.timeout_s:g} s (JBPS_TIMEOUT_S)"
+                )
+        else:
+            self.short_since = None
+
+    def _fail(self, message: str) -> None:
+        self.members = self.ready + self.running  # those Scheduler._fail tells
+        super()._fail(message)
+
+    def run(self) -> None:
+        """Runs the job's generations until every member has finished or
+        gone; raises JbpsError (after telling every waiting member) if the job
+        cannot go on."""
+        self.started = time.monotonic()
+        self.sock.settimeout(HELLO_TIMEOUT_S)
+        self.selector.register(self.sock, selectors.EVENT_READ, None)
+        while True:
+            for key, _ in self.selector.select(_POLL_S):
+                if key.data is None:
+                    try:
+                        self._accept()
+                    except (socket.timeout, OSError):
+                        pass
+                else:
+                    self._hear(key.data)
+            now = time.monotonic()
+            if self.generation == 0 and not self.ready and now - self.started > self.timeout_s:
+                self._fail(f"jbps scheduler {self.address}: no worker registered in {self.timeout_s:g} s")
+            if self.generation == 0 and self.ready and now - self.started > self.timeout_s:
+                if len(self.ready) < self.min_workers:
+                    self._fail(
+                        f"jbps scheduler {self.address}: timed out after {self.timeout_s:g} s (JBPS_TIMEOUT_S) "
+                        f"waiting for the job: {len(self.ready)} of at least {self.min_workers} workers registered"
+                    )
+            self._step(now)
+            if self.generation > 0 and not self.ready and not self.running:
+                if self.finished:
+                    log.info("job done: %d workers finished, over %d generations", self.finished, self.generation)
+                    return
+                self._fail(f"jbps scheduler {self.address}: every worker is gone, none finished")

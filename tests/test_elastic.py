@@ -1,0 +1,257 @@
+"""Elastic jobs (jbps.elastic, jbps/scheduler/elastic.py): a worker killed
+mid-training leaves the others training, a restarted one joins them at a
+commit, and every step's sum is checked by the workers against numpy for the
+membership it ran in (tests/workers/elastic_train.py); the final parameters
+against numpy's total over the sizes each step was committed with. Every
+process is ended by PID and checked gone."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from conftest import job_free_env, worker_script
+from leftovers import assert_nothing_left
+from jbps.errors import JbpsError
+from jbps.procs import terminate
+from jbps.scheduler.elastic import ElasticScheduler
+from jbps.scheduler.rendezvous import Scheduler
+
+TRAIN = worker_script("elastic_train.py")
+SECRET = "elastic-test-secret-0123456789"
+
+
+def env_for(address, worker_id, devices=2, **extra):
+    host, _, port = address.rpartition(":")
+    env = job_free_env(
+        JAX_PLATFORMS="cpu",
+        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+        DMLC_ROLE="worker",
+        DMLC_PS_ROOT_URI=host,
+        DMLC_PS_ROOT_PORT=port,
+        DMLC_WORKER_ID=str(worker_id),
+        JBPS_JOB_SECRET=SECRET,
+        JBPS_TEST_MARKER=extra.pop("marker"),
+        **extra,
+    )
+    return env
+
+
+class Job:
+    """An elastic scheduler on a thread of the test process, and its workers."""
+
+    def __init__(self, tmp_path, num_workers, min_workers, max_workers, timeout_s=60.0):
+        self.scheduler = ElasticScheduler(
+            num_workers, min_workers, max_workers, bind="127.0.0.1:0", timeout_s=timeout_s, secret=SECRET
+        )
+        self.error = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        self.tmp_path, self.timeout_s = tmp_path, timeout_s
+        self.marker = os.urandom(8).hex()
+        self.procs = []
+
+    def _run(self):
+        try:
+            self.scheduler.run()
+        except JbpsError as exc:
+            self.error = str(exc)
+        finally:
+            self.scheduler.close()
+
+    def start(self, worker_id, *args):
+        n = len(self.procs)
+        env = env_for(self.scheduler.address, worker_id, marker=self.marker, JBPS_TIMEOUT_S=str(self.timeout_s))
+        out = open(self.tmp_path / f"worker{n}.out", "w")
+        err = open(self.tmp_path / f"worker{n}.err", "w")
+        proc = subprocess.Popen(
+            [sys.executable, TRAIN, *args], env=env, stdout=out, stderr=err, start_new_session=True, cwd="/"
+        )
+        self.procs.append(proc)
+        return n
+
+    def lines(self, n):
+        text = (self.tmp_path / f"worker{n}.out").read_text()
+        return [json.loads(line) for line in text.splitlines(keepends=True) if line.startswith("{") and line.endswith("\n")]
+
+    def stderr(self, n):
+        return (self.tmp_path / f"worker{n}.err").read_text()
+
+    def wait_for_step(self, n, step, timeout=120):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(line.get("step", 0) >= step for line in self.lines(n)):
+                return
+            assert self.procs[n].poll() is None, f"worker {n} exited with {self.procs[n].returncode}: {self.stderr(n)}"
+            time.sleep(0.05)
+        raise AssertionError(f"worker {n} did not reach step {step} in {timeout} s: {self.stderr(n)}")
+
+    def finish(self, timeout=180):
+        codes = [p.wait(timeout=timeout) for p in self.procs]
+        self.thread.join(timeout=30)
+        return codes
+
+    def close(self):
+        terminate([p for p in self.procs if p.poll() is None], grace_s=2.0, what="test")
+        env = {"JBPS_TEST_MARKER": self.marker}
+        assert_nothing_left(env)
+
+
+@pytest.fixture
+def job_factory(tmp_path):
+    jobs = []
+
+    def make(*args, **kwargs):
+        jobs.append(Job(tmp_path, *args, **kwargs))
+        return jobs[-1]
+
+    yield make
+    for job in jobs:
+        job.close()
+
+
+def final(job, n):
+    done = [line for line in job.lines(n) if line.get("done")]
+    assert done, f"worker {n} did not finish: {job.stderr(n)}"
+    return done[-1]
+
+
+def test_a_killed_worker_leaves_the_others_training_and_a_restarted_one_rejoins_with_every_sum_exact(job_factory):
+    job = job_factory(3, 2, 3)
+    steps = ["--steps", "60", "--step-seconds", "0.15"]
+    for i in range(3):
+        job.start(i, *steps)
+    job.wait_for_step(2, 5)
+    job.procs[2].send_signal(signal.SIGKILL)  # mid-training, psums of the next step on their way
+    killed_at = time.time()
+    job.wait_for_step(0, max(line["step"] for line in job.lines(0)) + 3)
+    newcomer = job.start(2, *steps)
+    codes = job.finish()
+    assert codes == [0, 0, -signal.SIGKILL, 0], [job.stderr(n) for n in range(4)]
+    assert job.error is None
+    results = [final(job, n) for n in (0, 1, newcomer)]
+    for result in results:
+        assert result["exact"], result  # w equals numpy's total over the committed sizes
+        assert result == results[0]  # every worker ends with the same state
+    # 2 local devices per worker: sizes 6 (3 workers), 4 after the loss, 6 after the join, in that order.
+    sizes = results[0]["sizes"]
+    runs = [s for i, s in enumerate(sizes) if i == 0 or sizes[i - 1] != s]
+    assert runs == [6, 4, 6], sizes
+    # The survivors went on after the kill, and the newcomer ran the last steps with them.
+    after_kill = [line for line in job.lines(0) if "step" in line and line["at"] > killed_at]
+    assert {line["size"] for line in after_kill} == {2, 3}
+    assert job.lines(newcomer)[0]["step"] > 5 and job.lines(newcomer)[0]["size"] == 3
+    assert "rolling back to the last commit and regrouping" in job.stderr(0)
+
+
+def test_too_few_workers_left_fail_with_a_message_naming_the_minimum(job_factory):
+    job = job_factory(2, 2, 2, timeout_s=4.0)
+    for i in range(2):
+        job.start(i, "--steps", "400", "--step-seconds", "0.05")
+    job.wait_for_step(0, 3)
+    job.procs[1].send_signal(signal.SIGKILL)
+    codes = job.finish(timeout=60)
+    assert codes[1] == -signal.SIGKILL and codes[0] != 0
+    assert "fewer than the job's minimum of 2 (--min-workers)" in job.stderr(0)
+    assert "fewer than the job's minimum" in job.error
+
+
+def test_jbps_run_starts_a_failed_worker_again_and_it_rejoins(tmp_path):
+    marker = os.urandom(8).hex()
+    env = job_free_env(JAX_PLATFORMS="cpu", JBPS_TEST_MARKER=marker)
+    die = tmp_path / "died"
+    argv = [sys.executable, "-m", "jbps", "run", "-n", "3", "--min-workers", "2", "--max-workers", "3"]
+    argv += ["--local-devices", "2", sys.executable, TRAIN, "--steps", "40", "--step-seconds", "0.1"]
+    argv += ["--die-at", "5", "--die-file", str(die)]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=240, cwd="/")
+    try:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert die.exists()
+        assert "exited with -9: starting it again (2 restarts left)" in proc.stderr
+        done = [json.loads(line.split("] ", 1)[1]) for line in proc.stdout.splitlines() if '"done"' in line]
+        assert len(done) == 3 and all(d["exact"] and d == done[0] for d in done), done
+    finally:
+        assert_nothing_left({"JBPS_TEST_MARKER": marker})
+
+
+def failing_quietly(run):
+    def call():
+        try:
+            run()
+        except JbpsError:
+            pass  # the scheduler's own timeout
+
+    return call
+
+
+def test_an_elastic_worker_and_a_plain_job_refuse_each_other_with_one_line(tmp_path):
+    plain = Scheduler(1, 1, bind="127.0.0.1:0", timeout_s=5.0, secret=SECRET)
+    waiting = threading.Thread(target=failing_quietly(plain.run), daemon=True)
+    waiting.start()
+    marker = os.urandom(8).hex()
+    proc = subprocess.run(
+        [sys.executable, TRAIN, "--steps", "2"],
+        env=env_for(plain.address, 0, marker=marker, JBPS_TIMEOUT_S="5"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+    )
+    waiting.join(timeout=20)  # its own timeout ends it: nobody it waits for came
+    plain.close()
+    assert proc.returncode != 0
+    assert "runs a job that is not elastic: start it with --min-workers and --max-workers" in proc.stderr
+
+    elastic = ElasticScheduler(1, 1, 1, bind="127.0.0.1:0", timeout_s=5.0, secret=SECRET)
+    waiting = threading.Thread(target=failing_quietly(elastic.run), daemon=True)
+    waiting.start()
+    code = "import jbps; jbps.init()"
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env_for(elastic.address, 0, marker=marker, JBPS_TIMEOUT_S="5"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+    )
+    waiting.join(timeout=20)
+    elastic.close()
+    assert proc.returncode != 0
+    assert "this job is elastic: its workers train inside jbps.elastic.run" in proc.stderr
+    assert_nothing_left({"JBPS_TEST_MARKER": marker})
+
+
+def test_a_stranger_without_the_secret_is_refused_and_the_job_goes_on(job_factory):
+    job = job_factory(1, 1, 2)
+    job.start(0, "--steps", "30", "--step-seconds", "0.1")
+    job.wait_for_step(0, 2)
+    stranger = env_for(job.scheduler.address, 1, marker=job.marker, JBPS_TIMEOUT_S="10")
+    stranger["JBPS_JOB_SECRET"] = "not-the-secret-of-this-job"
+    proc = subprocess.run([sys.executable, TRAIN, "--steps", "2"], env=stranger, capture_output=True, text=True,
+                          timeout=60, cwd="/")
+    assert proc.returncode != 0
+    assert "its proof of the job secret is wrong" in proc.stderr
+    assert job.finish() == [0]
+    result = final(job, 0)
+    assert result["exact"] and set(result["sizes"]) == {2}  # one worker, 2 devices, never regrouped
+
+
+def test_a_state_names_its_values_and_refuses_others():
+    import numpy as np
+
+    import jbps.elastic
+
+    state = jbps.elastic.State(params={"w": np.ones(3, np.float32)}, step=0)
+    state.step = 5
+    state.params = {"w": np.zeros(3, np.float32)}
+    state.restore()  # to the values it was made with, its first commit
+    assert state.step == 0 and np.array_equal(state.params["w"], np.ones(3, np.float32))
+    with pytest.raises(AttributeError, match="has no value 'opt_state'.*holds params, step"):
+        state.opt_state = {}
+    with pytest.raises(JbpsError, match="needs the values training goes on from"):
+        jbps.elastic.State()

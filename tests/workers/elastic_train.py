@@ -1,0 +1,90 @@
+"""A worker of the elastic tests (tests/test_elastic.py): trains inside
+jbps.elastic.run, checking every step's sum against numpy for the generation
+it ran in.
+
+Each step, device d of the worker of rank r (of n, with k local devices)
+contributes (r*k + d + 1) * (step + 1): the sum is (step + 1) * T(T+1)/2 for
+T = n*k, exact in float32, and any sum mixing two memberships misses it. The
+state keeps w (the sums' running total over T) and, per committed step, the
+T it ran with; at the end w must equal numpy's total over that history.
+
+Prints one JSON line per committed step ({"step", "size", "rank"}) and a last
+one: {"done", "w", "expected", "sizes"}. --die-at STEP kills this process
+(SIGKILL) before that step, once per --die-file (created first).
+"""
+
+import argparse
+import functools
+import json
+import os
+import signal
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jbps
+import jbps.elastic
+
+
+def first_to_claim(path):
+    """True in the one process that creates `path`."""
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        return True
+    except FileExistsError:
+        return False
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--step-seconds", type=float, default=0.1)
+    p.add_argument("--die-at", type=int, default=None)
+    p.add_argument("--die-file", default=None)
+    args = p.parse_args()
+    k = jax.local_device_count()
+
+    @functools.partial(jax.pmap, axis_name="i")
+    def contribute(step, offset):
+        d = jax.lax.axis_index("i").astype(jnp.float32)
+        x = jnp.ones((1000,), jnp.float32) * (offset + d + 1.0) * (step + 1.0)
+        return jbps.psum(x, "i")
+
+    state = jbps.elastic.State(w=np.zeros((1000,), np.float32), sizes=np.zeros((args.steps,), np.int32), step=0)
+
+    @jbps.elastic.run
+    def train(state):
+        while state.step < args.steps:
+            if args.die_at is not None and state.step == args.die_at and first_to_claim(args.die_file):
+                os.kill(os.getpid(), signal.SIGKILL)
+            n, r = jbps.size(), jbps.rank()
+            total = n * k
+            steps = np.full((k,), state.step, np.float32)
+            out = np.asarray(contribute(steps, np.full((k,), r * k, np.float32)))
+            want = np.float32((state.step + 1) * total * (total + 1) / 2)
+            if not np.all(out == want):
+                print(json.dumps({"wrong": state.step, "size": n, "got": float(out.ravel()[0]), "want": float(want)}))
+                sys.exit(3)
+            state.w = np.asarray(state.w) + out[0] / np.float32(total)
+            sizes = np.array(state.sizes)
+            sizes[state.step] = total
+            state.sizes = sizes
+            state.step += 1
+            state.commit()
+            print(json.dumps({"step": state.step, "size": n, "rank": r, "at": time.time()}), flush=True)
+            time.sleep(args.step_seconds)
+
+    train(state)
+    expected = np.zeros((1000,), np.float32)
+    for s, total in enumerate(np.asarray(state.sizes)):
+        expected = expected + np.float32((s + 1) * int(total) * (int(total) + 1) / 2) / np.float32(total)
+    w = np.asarray(state.w)
+    print(json.dumps({"done": True, "w": float(w[0]), "expected": float(expected[0]),
+                      "exact": bool(np.array_equal(w, expected)), "sizes": np.asarray(state.sizes).tolist()}))
+
+
+if __name__ == "__main__":
+    main()
