@@ -54,6 +54,11 @@ class State:
     (params, optimizer state, the step, any extras), kept as attributes.
     commit() saves a host copy of them; a failed generation restores it."""
 
+    _names: tuple[str, ...]
+    _membership: Any  # the worker's Membership while a generation runs
+    _committed: dict
+    commits: int
+
     def __init__(self, **values: Any):
         if not values:
             raise JbpsError("jbps.elastic.State needs the values training goes on from, e.g. State(params=..., step=0)")
@@ -68,7 +73,9 @@ class State:
         saved = {}
         for name in self._names:
             value = getattr(self, name)
-            saved[name] = value if isinstance(value, _PLAIN) else jax.tree_util.tree_map(np.array, jax.device_get(value))
+            saved[name] = (
+                value if isinstance(value, _PLAIN) else jax.tree_util.tree_map(np.array, jax.device_get(value))
+            )
         object.__setattr__(self, "_committed", saved)
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -104,7 +111,9 @@ class State:
     def restore(self) -> None:
         """Sets every value back to the last commit."""
         for name, value in self._committed.items():
-            object.__setattr__(self, name, value if isinstance(value, _PLAIN) else jax.tree_util.tree_map(np.array, value))
+            object.__setattr__(
+                self, name, value if isinstance(value, _PLAIN) else jax.tree_util.tree_map(np.array, value)
+            )
 
     def sync(self, root: int = 0) -> None:
         """Every worker takes the root's values (at the start of a generation)."""
@@ -130,7 +139,9 @@ def run(func: Callable) -> Callable:
     @functools.wraps(func)
     def wrapper(state: State, *args, **kwargs):
         if not isinstance(state, State):
-            raise JbpsError(f"{func.__name__}'s first argument must be a jbps.elastic.State, got {type(state).__name__}")
+            raise JbpsError(
+                f"{func.__name__}'s first argument must be a jbps.elastic.State, got {type(state).__name__}"
+            )
         from .bootstrap.elastic import Membership
 
         if runtime.is_initialized():
@@ -156,7 +167,7 @@ def run(func: Callable) -> Callable:
                     result = func(state, *args, **kwargs)
                 except _Regroup:
                     log.info("jbps.elastic: regrouping at commit %d: a worker joins", state.commits)
-                except Exception as exc:
+                except Exception:
                     fault = runtime.engine_fault()
                     if not fault:
                         raise  # the training's own error, not the job's: it ends this worker

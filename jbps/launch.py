@@ -173,6 +173,7 @@ class Job:
         self._spawn(f"worker {rank}", self.command, self._env(scheduler, "worker", {"DMLC_WORKER_ID": str(rank)}))
 
     def run(self) -> int:
+        scheduler: Scheduler
         if self.elastic:
             scheduler = ElasticScheduler(
                 self.workers,

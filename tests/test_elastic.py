@@ -77,7 +77,9 @@ class Job:
 
     def lines(self, n):
         text = (self.tmp_path / f"worker{n}.out").read_text()
-        return [json.loads(line) for line in text.splitlines(keepends=True) if line.startswith("{") and line.endswith("\n")]
+        return [
+            json.loads(line) for line in text.splitlines(keepends=True) if line.startswith("{") and line.endswith("\n")
+        ]
 
     def stderr(self, n):
         return (self.tmp_path / f"worker{n}.err").read_text()
@@ -232,8 +234,9 @@ def test_a_stranger_without_the_secret_is_refused_and_the_job_goes_on(job_factor
     job.wait_for_step(0, 2)
     stranger = env_for(job.scheduler.address, 1, marker=job.marker, JBPS_TIMEOUT_S="10")
     stranger["JBPS_JOB_SECRET"] = "not-the-secret-of-this-job"
-    proc = subprocess.run([sys.executable, TRAIN, "--steps", "2"], env=stranger, capture_output=True, text=True,
-                          timeout=60, cwd="/")
+    proc = subprocess.run(
+        [sys.executable, TRAIN, "--steps", "2"], env=stranger, capture_output=True, text=True, timeout=60, cwd="/"
+    )
     assert proc.returncode != 0
     assert "its proof of the job secret is wrong" in proc.stderr
     assert job.finish() == [0]

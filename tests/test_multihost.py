@@ -375,3 +375,82 @@ def test_a_link_that_slows_mid_job_moves_the_split_and_back_when_it_recovers_wit
         assert report["pushed_after_replan"] is not None, report
         pushed = np.array(report["pushed_after_replan"], float)
         np.testing.assert_allclose(pushed / pushed.sum(), split, atol=0.03, err_msg=str(pushed.tolist()))
+
+
+def test_an_elastic_job_across_hosts_goes_on_after_a_kill_a_rejoin_and_a_cut_link_with_every_sum_exact(tmp_path):
+    """3 worker hosts train elastically (tests/workers/elastic_train.py checks every
+    step's sum against numpy for its membership): the worker on host 2 is killed,
+    the others go on; it is started again and rejoins; then host 1's link is cut
+    (no FIN): the survivors' psums time out, the scheduler drops host 1's worker,
+    and hosts 0 and 2 finish with the parameters numpy computes from the sizes
+    each step was committed with."""
+    timeout = "15"
+    with EmulatedNetwork(3, "1G") as net:
+        base = job_free_env(JBPS_TIMEOUT_S=timeout, JBPS_JOB_SECRET="elastic-multihost-secret-0123")
+        outputs = {}
+
+        def spawn(name, host, argv, env):
+            out, err = open(tmp_path / f"{name}.out", "w"), open(tmp_path / f"{name}.err", "w")
+            outputs[name] = tmp_path / f"{name}.out"
+            return net.run(host, argv, env=env, stdout=out, stderr=err, cwd=str(tmp_path))
+
+        address = net.hosts[0].address
+        scheduler = spawn(
+            "scheduler",
+            0,
+            [sys.executable, "-m", "jbps.scheduler", "--bind", f"{address}:0", "--num-workers", "3"]
+            + ["--min-workers", "2", "--max-workers", "3"],
+            base,
+        )
+        deadline = time.monotonic() + 60
+        while "listening on" not in outputs["scheduler"].read_text():
+            assert scheduler.poll() is None and time.monotonic() < deadline, (tmp_path / "scheduler.err").read_text()
+            time.sleep(0.05)
+        port = outputs["scheduler"].read_text().split("listening on ")[1].split()[0].rsplit(":", 1)[1]
+        argv = [sys.executable, worker_script("elastic_train.py"), "--steps", "90", "--step-seconds", "0.2"]
+
+        def worker(name, host, worker_id):
+            env = dict(
+                base,
+                DMLC_ROLE="worker",
+                DMLC_PS_ROOT_URI=address,
+                DMLC_PS_ROOT_PORT=port,
+                DMLC_WORKER_ID=str(worker_id),
+                JAX_PLATFORMS="cpu",
+                XLA_FLAGS="--xla_force_host_platform_device_count=1",
+            )
+            return spawn(name, host, argv, env)
+
+        def lines(name):
+            text = outputs[name].read_text()
+            return [json.loads(s) for s in text.splitlines(keepends=True) if s.startswith("{") and s.endswith("\n")]
+
+        def until(name, what, seconds=120):
+            deadline = time.monotonic() + seconds
+            while not any(what(line) for line in lines(name)):
+                assert time.monotonic() < deadline, f"{name}: " + (tmp_path / f"{name}.err").read_text()[-3000:]
+                time.sleep(0.05)
+
+        procs = {f"w{h}": worker(f"w{h}", h, h) for h in range(3)}
+        until("w0", lambda line: line.get("step", 0) >= 5)
+        procs["w2"].kill()
+        killed_at = time.time()
+        until("w0", lambda line: line.get("size") == 2)
+        procs["w2b"] = worker("w2b", 2, 2)
+        until("w2b", lambda line: line.get("size") == 3)
+        net.cut(1)
+        cut_at = time.time()
+        until("w0", lambda line: line.get("size") == 2 and line.get("at", 0) > cut_at, seconds=120)
+        after = lambda t: next(line["at"] - t for line in lines("w0") if line.get("at", 0) > t)  # noqa: E731
+        print(f"survivors' next commit: {after(killed_at):.2f} s after the kill, {after(cut_at):.2f} s after the cut")
+        for name in ("w0", "w2b"):
+            assert procs[name].wait(timeout=120) == 0, (tmp_path / f"{name}.err").read_text()[-3000:]
+        results = [next(line for line in lines(name) if line.get("done")) for name in ("w0", "w2b")]
+        assert results[0] == results[1] and results[0]["exact"], results
+        sizes = results[0]["sizes"]
+        runs = [s for i, s in enumerate(sizes) if i == 0 or sizes[i - 1] != s]
+        assert runs == [3, 2, 3, 2], sizes
+        assert scheduler.wait(timeout=30) == 0, (tmp_path / "scheduler.err").read_text()
+        for proc in procs.values():  # the cut host's worker fails its own way; ended by PID
+            if proc.poll() is None:
+                terminate([proc], 1.0, "test")

@@ -15,15 +15,16 @@ life; on it the scheduler hands out generations, and learns:
 - "done": its training returned;
 - the connection's end: the member is gone.
 
-A generation is assembled once no member of the running one is still running
-(each has regrouped, finished or gone), at least --min-workers wait, and no
-one has come or gone for SETTLE_S. The first waits for --num-workers (or, after
-the timeout, for --min-workers). The survivors keep their order, so rank 0 of
+A generation is assembled as soon as no member of the running one is still
+running (each has regrouped, finished or gone) and at least --min-workers wait.
+The first waits for --num-workers (or, after the timeout, for --min-workers). The survivors keep their order, so rank 0 of
 the next generation held the last commit; newcomers follow. When a newcomer
 waits and the running generation is below --max-workers, its members are told
 to regroup, which they do together at their next commit (jbps/elastic.py).
-Every wait is bounded by the timeout: a running member that says nothing for
-that long after the others regrouped is dropped; fewer than --min-workers for
+A member whose host vanishes without closing its connection is noticed as its
+peers notice it (TCP keepalive, the engine's liveness bound). Every wait is
+bounded by the timeout: a running member that says nothing for that long after
+the others regrouped is dropped; fewer than --min-workers for
 that long fail every waiting member with a message saying so.
 """
 
@@ -41,10 +42,20 @@ from .rendezvous import HELLO_TIMEOUT_S, Member, Scheduler, _recv
 
 log = logging.getLogger("jbps.scheduler")
 
-# Quiet time before a generation is assembled: the survivors of a loss all hear
-# of it from their servers within milliseconds, and re-register in well under this.
-SETTLE_S = 1.0
 _POLL_S = 0.1
+
+
+def watch_liveness(conn: socket.socket, timeout_s: float) -> None:
+    """The bound the engine's own connections have (xla_ext/transport/net.cc,
+    SetLiveness): a member whose host vanishes without closing the connection
+    (power loss, a cut link) is noticed within max(4 s, timeout_s / 2), as its
+    peers notice it, and not after the scheduler's whole timeout."""
+    probe_s = max(1, int(timeout_s / 8))
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, probe_s)
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, probe_s)
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, 4 * probe_s * 1000)
 
 
 @dataclasses.dataclass
@@ -64,7 +75,6 @@ class ElasticScheduler(Scheduler):
         bind: str = "127.0.0.1:0",
         timeout_s: float = 60.0,
         secret: str | None = None,
-        settle_s: float = SETTLE_S,
     ):
         if not 1 <= min_workers <= num_workers <= max_workers:
             raise JbpsError(
@@ -72,13 +82,12 @@ class ElasticScheduler(Scheduler):
                 f"{num_workers} and {max_workers}"
             )
         super().__init__(num_workers, 1, bind=bind, timeout_s=timeout_s, secret=secret)
-        self.min_workers, self.max_workers, self.settle_s = min_workers, max_workers, settle_s
+        self.min_workers, self.max_workers = min_workers, max_workers
         self.generation = 0
         self.ready: list[ElasticMember] = []  # waiting for the next generation, in arrival order
         self.running: list[ElasticMember] = []
         self.finished = 0
         self.selector = selectors.DefaultSelector()
-        self.last_change = time.monotonic()
         self.short_since: float | None = None  # since when fewer than min_workers could be assembled
 
     def _opening(self, challenge: str) -> dict:
@@ -112,7 +121,6 @@ class ElasticScheduler(Scheduler):
         except (KeyError, ValueError):
             pass
         m.conn.close()
-        self.last_change = time.monotonic()
         log.warning("worker %s %s (%d running, %d waiting)", self._name(m), why, len(self.running), len(self.ready))
 
     @staticmethod
@@ -127,9 +135,9 @@ class ElasticScheduler(Scheduler):
         m = ElasticMember(member.role, member.host, member.worker_id, member.conn, member.reader, member.challenge)
         m.waiting_since = time.monotonic()
         conn.settimeout(HELLO_TIMEOUT_S)  # a member's lines come whole: a partial one is a member gone wrong
+        watch_liveness(conn, self.timeout_s)
         self.selector.register(conn, selectors.EVENT_READ, m)
         self.ready.append(m)
-        self.last_change = time.monotonic()
         log.info("worker registered from %s (%d running, %d waiting)", peer[0], len(self.running), len(self.ready))
 
     def _hear(self, m: ElasticMember) -> None:
@@ -144,7 +152,6 @@ class ElasticScheduler(Scheduler):
         elif message.get("regroup") and m in self.running:
             self.running.remove(m)
             self.ready.append(m)
-            m.waiting_since = self.last_change = time.monotonic()
             log.info("worker %s waits for the next generation", self._name(m))
 
     def _order(self, members: list[ElasticMember]) -> list[ElasticMember]:
@@ -191,7 +198,6 @@ class ElasticScheduler(Scheduler):
             m.rank, m.generation, m.told_to_regroup = rank, generation, False
             self.ready.remove(m)
             self.running.append(m)
-        self.last_change = time.monotonic()
         log.info("generation %d assembled: %d workers, servers %s", generation, len(members), ",".join(addresses))
 
     def _ready_to_assemble(self, now: float) -> bool:
@@ -200,9 +206,7 @@ class ElasticScheduler(Scheduler):
         if self.generation == 0 and len(self.ready) < self.num_workers:
             # The first waits for the job's size, then for its minimum.
             return now - self.started >= self.timeout_s and len(self.ready) >= self.min_workers
-        if len(self.ready) >= self.max_workers:
-            return True
-        return len(self.ready) >= self.min_workers and now - self.last_change >= self.settle_s
+        return len(self.ready) >= self.min_workers
 
     def _step(self, now: float) -> None:
         """What the scheduler does between messages."""
@@ -233,7 +237,7 @@ class ElasticScheduler(Scheduler):
             self.short_since = None
 
     def _fail(self, message: str) -> None:
-        self.members = self.ready + self.running  # those Scheduler._fail tells
+        self.members = [*self.ready, *self.running]  # those Scheduler._fail tells
         super()._fail(message)
 
     def run(self) -> None:

@@ -82,8 +82,17 @@ def main():
     for s, total in enumerate(np.asarray(state.sizes)):
         expected = expected + np.float32((s + 1) * int(total) * (int(total) + 1) / 2) / np.float32(total)
     w = np.asarray(state.w)
-    print(json.dumps({"done": True, "w": float(w[0]), "expected": float(expected[0]),
-                      "exact": bool(np.array_equal(w, expected)), "sizes": np.asarray(state.sizes).tolist()}))
+    print(
+        json.dumps(
+            {
+                "done": True,
+                "w": float(w[0]),
+                "expected": float(expected[0]),
+                "exact": bool(np.array_equal(w, expected)),
+                "sizes": np.asarray(state.sizes).tolist(),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":
