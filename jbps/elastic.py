@@ -115,8 +115,43 @@ class State:
                 self, name, value if isinstance(value, _PLAIN) else jax.tree_util.tree_map(np.array, value)
             )
 
+    def layout(self) -> list[str]:
+        """One line per leaf: its path, shape and dtype (what must agree across workers)."""
+        lines = []
+        for name, value in self.values().items():
+            if isinstance(value, _PLAIN):
+                lines.append(f"{name}: {type(value).__name__}")
+                continue
+            for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
+                lines.append(f"{name}{jax.tree_util.keystr(path)}: {np.shape(leaf)} {np.result_type(leaf)}")
+        return lines
+
+    def _check_like_root(self, root: int) -> None:
+        """JbpsError naming the first leaf where this worker's state differs
+        from the root's (a worker joining with another model), before any of
+        its values is broadcast."""
+        from .ops import broadcast
+
+        mine = "\n".join(self.layout()).encode()
+        size = int(np.asarray(broadcast(np.array([len(mine)], np.int32), root, name="jbps.elastic.layout_size"))[0])
+        padded = np.frombuffer(mine[:size].ljust(size, b"\0"), np.uint8)
+        theirs = bytes(np.asarray(broadcast(padded, root, name="jbps.elastic.layout"))).decode(errors="replace")
+        if theirs != mine.decode():
+            ours, root_lines = self.layout(), theirs.split("\n")
+            at = next(
+                (i for i, (a, b) in enumerate(zip(ours, root_lines)) if a != b), min(len(ours), len(root_lines))
+            )
+            here = ours[at] if at < len(ours) else "nothing"
+            there = root_lines[at] if at < len(root_lines) else "nothing"
+            raise JbpsError(
+                f"jbps.elastic: this worker's state differs from the job's: it has {here} where rank {root} has "
+                f"{there} (a worker joining with another model is refused; the job goes on without it)"
+            )
+
     def sync(self, root: int = 0) -> None:
-        """Every worker takes the root's values (at the start of a generation)."""
+        """Every worker takes the root's values (at the start of a generation),
+        after checking that every worker's state has the root's layout."""
+        self._check_like_root(root)
         values = self.values()
         plain = {n: type(v) for n, v in values.items() if isinstance(v, _PLAIN)}
         tree = {n: np.asarray(v) if n in plain else v for n, v in values.items()}

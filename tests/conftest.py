@@ -200,6 +200,7 @@ SLOW = (
     "tests/test_elastic.py::test_jbps_run_starts",
     "tests/test_elastic.py::test_an_elastic_worker_and",
     "tests/test_elastic.py::test_a_stranger",
+    "tests/test_elastic.py::test_a_worker_joining",
     "tests/test_multihost.py::",
     "tests/test_buckets.py::test_random_trees_in_small_buckets_match_numpy",
     "tests/test_checkout.py::test_the_readme_mpmd_line_runs_from_the_checkout_root",

@@ -258,3 +258,17 @@ def test_a_state_names_its_values_and_refuses_others():
         state.opt_state = {}
     with pytest.raises(JbpsError, match="needs the values training goes on from"):
         jbps.elastic.State()
+
+
+def test_a_worker_joining_with_another_model_is_refused_naming_the_leaf_and_the_job_goes_on(job_factory):
+    job = job_factory(2, 2, 3)
+    for i in range(2):
+        job.start(i, "--steps", "40", "--step-seconds", "0.1")
+    job.wait_for_step(0, 3)
+    stranger = job.start(2, "--steps", "40", "--width", "999")
+    codes = job.finish()
+    assert codes[:2] == [0, 0] and codes[stranger] != 0
+    assert "it has w: (999,) float32 where rank 0 has w: (1000,) float32" in job.stderr(stranger)
+    results = [final(job, n) for n in range(2)]
+    assert results[0] == results[1] and results[0]["exact"], results
+    assert set(results[0]["sizes"]) == {4}  # 2 workers x 2 devices throughout: the bad joiner never summed

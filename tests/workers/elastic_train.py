@@ -44,16 +44,17 @@ def main():
     p.add_argument("--step-seconds", type=float, default=0.1)
     p.add_argument("--die-at", type=int, default=None)
     p.add_argument("--die-file", default=None)
+    p.add_argument("--width", type=int, default=1000, help="another width: a worker of another model")
     args = p.parse_args()
     k = jax.local_device_count()
 
     @functools.partial(jax.pmap, axis_name="i")
     def contribute(step, offset):
         d = jax.lax.axis_index("i").astype(jnp.float32)
-        x = jnp.ones((1000,), jnp.float32) * (offset + d + 1.0) * (step + 1.0)
+        x = jnp.ones((args.width,), jnp.float32) * (offset + d + 1.0) * (step + 1.0)
         return jbps.psum(x, "i")
 
-    state = jbps.elastic.State(w=np.zeros((1000,), np.float32), sizes=np.zeros((args.steps,), np.int32), step=0)
+    state = jbps.elastic.State(w=np.zeros((args.width,), np.float32), sizes=np.zeros((args.steps,), np.int32), step=0)
 
     @jbps.elastic.run
     def train(state):
@@ -78,7 +79,7 @@ def main():
             time.sleep(args.step_seconds)
 
     train(state)
-    expected = np.zeros((1000,), np.float32)
+    expected = np.zeros((args.width,), np.float32)
     for s, total in enumerate(np.asarray(state.sizes)):
         expected = expected + np.float32((s + 1) * int(total) * (int(total) + 1) / 2) / np.float32(total)
     w = np.asarray(state.w)
