@@ -138,9 +138,7 @@ class State:
         theirs = bytes(np.asarray(broadcast(padded, root, name="jbps.elastic.layout"))).decode(errors="replace")
         if theirs != mine.decode():
             ours, root_lines = self.layout(), theirs.split("\n")
-            at = next(
-                (i for i, (a, b) in enumerate(zip(ours, root_lines)) if a != b), min(len(ours), len(root_lines))
-            )
+            at = next((i for i, (a, b) in enumerate(zip(ours, root_lines)) if a != b), min(len(ours), len(root_lines)))
             here = ours[at] if at < len(ours) else "nothing"
             there = root_lines[at] if at < len(root_lines) else "nothing"
             raise JbpsError(
