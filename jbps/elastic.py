@@ -123,7 +123,9 @@ class State:
                 lines.append(f"{name}: {type(value).__name__}")
                 continue
             for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
-                lines.append(f"{name}{jax.tree_util.keystr(path)}: {np.shape(leaf)} {np.result_type(leaf)}")
+                # As jax holds it: a fresh state's Python 0 and a trained one's int32 step agree.
+                dtype = jax.dtypes.canonicalize_dtype(np.result_type(leaf))
+                lines.append(f"{name}{jax.tree_util.keystr(path)}: {np.shape(leaf)} {dtype}")
         return lines
 
     def _check_like_root(self, root: int) -> None:

@@ -124,6 +124,7 @@ class Job:
         self.outputs: list[_Output] = []
         self.causes: list[tuple[str, str]] = []  # (worker, what happened to it): the first a server named
         self.scheduler_error: str | None = None
+        self.scheduler_done = False  # its job finished (an elastic scheduler returns then)
         self.stop_signal: int | None = None  # the signal that ends the job, if one does
         self.ending = False
 
@@ -164,6 +165,7 @@ class Job:
     def _rendezvous(self, scheduler: Scheduler) -> None:
         try:
             scheduler.run()
+            self.scheduler_done = True
         except JbpsError as exc:
             self.scheduler_error = str(exc)  # every member was told, and fails with it
         finally:
@@ -247,9 +249,16 @@ class Job:
             try:
                 name, code = exits.get(timeout=0.2)
             except queue.Empty:
+                if self.elastic and self.scheduler_done and servers_done_by is None:
+                    # The job is over: a worker started again and still on its way has nothing to join.
+                    servers_done_by = time.monotonic() + 10
                 if servers_done_by is not None and time.monotonic() > servers_done_by:
                     return 0
                 continue
+            if code != 0 and self.elastic and self.scheduler_done:
+                # A worker started again too late to join: the job it would have joined is over.
+                log.warning("%s exited with %d after the elastic job was over", name, code)
+                code = 0
             if code != 0 and restarts > 0 and self.scheduler_error is None and len(succeeded) == 0:
                 # Elastic: the others go on without it, and it joins them again at their next commit.
                 restarts -= 1

@@ -272,3 +272,59 @@ def test_a_worker_joining_with_another_model_is_refused_naming_the_leaf_and_the_
     results = [final(job, n) for n in range(2)]
     assert results[0] == results[1] and results[0]["exact"], results
     assert set(results[0]["sizes"]) == {4}  # 2 workers x 2 devices throughout: the bad joiner never summed
+
+
+def test_a_newcomer_waits_for_a_commit_further_off_than_the_timeout_and_nobody_is_dropped(job_factory):
+    # Commits every 120 steps of ~0.05 s (6 s or more apart), JBPS_TIMEOUT_S 4: the newcomer waits
+    # longer than the timeout for the others' next commit, told by the scheduler that the job goes on.
+    job = job_factory(2, 2, 3, timeout_s=4.0)
+    args = ["--steps", "360", "--step-seconds", "0.05", "--commit-every", "120"]
+    for i in range(2):
+        job.start(i, *args)
+    job.wait_for_step(0, 120)
+    newcomer = job.start(2, *args)
+    codes = job.finish()
+    assert codes == [0, 0, 0], [job.stderr(n) for n in range(3)]
+    assert job.error is None
+    results = [final(job, n) for n in (0, 1, newcomer)]
+    assert all(r == results[0] and r["exact"] for r in results), results
+    sizes = results[0]["sizes"]
+    assert [s for i, s in enumerate(sizes) if i == 0 or sizes[i - 1] != s] == [4, 6], sizes
+
+
+def test_randomized_membership_changes_never_give_a_wrong_sum(job_factory, request):
+    """Workers killed and started at random (1 to 3 of them, 2 devices each): after every change
+    the test waits for a commit of the new membership; every worker checks every step's sum
+    against numpy for the size it ran with and exits 3 on a wrong one. The suite runs 8 changes;
+    `pytest --soak` (or JBPS_SOAK=1) runs 1,000."""
+    import random
+
+    changes = 1000 if request.config.getoption("--soak") or os.environ.get("JBPS_SOAK") == "1" else 8
+    rng = random.Random(7)
+    job = job_factory(2, 1, 3)
+    args = ["--steps", "1000000", "--step-seconds", "0.02", "--commit-every", "5"]
+    running = [job.start(i, *args) for i in range(2)]
+
+    def committed_with(size, since):
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            for n in running:
+                assert job.procs[n].poll() is None, f"worker {n} exited {job.procs[n].returncode}: {job.stderr(n)}"
+            if all(any(line.get("size") == size and line["at"] > since for line in job.lines(n)) for n in running):
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"no commit with {size} workers within 120 s: {[job.stderr(n) for n in running]}")
+
+    committed_with(2, 0.0)
+    for _ in range(changes):
+        since = time.time()
+        if len(running) == 3 or (len(running) > 1 and rng.random() < 0.5):
+            victim = running.pop(rng.randrange(len(running)))
+            job.procs[victim].send_signal(signal.SIGKILL)
+            job.procs[victim].wait(timeout=30)
+        else:
+            running.append(job.start(len(job.procs), *args))
+        committed_with(len(running), since)
+    for n in range(len(job.procs)):
+        assert not any("wrong" in line for line in job.lines(n)), job.lines(n)
+    print(f"{changes} membership changes, {len(job.procs)} workers started, no wrong sum")

@@ -15,6 +15,7 @@ import jax
 import pytest
 
 from leftovers import assert_nothing_left
+from jbps.procs import terminate
 from test_launch import MPIEXEC, PYTHON, base_env, needs_mpi, run
 
 # The installed console script where there is one (a source checkout run
@@ -164,4 +165,74 @@ def test_resnet_under_mpirun_reports_throughput():
     assert all(shares), out
     assert shares[0].group(1) == shares[1].group(1), out  # the job's figure, not each worker's waits
     assert re.search(r"total: [0-9.]+ images/s over 2 worker\(s\)", out), out
+    assert_nothing_left(env)
+
+
+def _worker_pid(marker, worker_id, script):
+    """The PID of the worker `jbps run` runs as DMLC_WORKER_ID=worker_id, found in /proc."""
+    from leftovers import processes_with
+
+    for pid in processes_with(marker):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                environ = f.read().split(b"\0")
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        if f"DMLC_WORKER_ID={worker_id}".encode() in environ and script.encode() in cmdline:
+            return int(pid)
+    return None
+
+
+def test_mnist_elastic_loses_a_worker_takes_it_back_and_ends_as_a_run_without_faults(tmp_path):
+    import signal
+    import subprocess
+    import time
+
+    argv = [*JBPS, "run", "-v", "-n", "3", "--min-workers", "2", "--max-workers", "3"]
+    argv += [PYTHON, example("mnist_elastic.py"), "--epochs", "24"]
+    env = base_env()
+    proc, clean_out, err = run(argv, env, timeout=400, cwd=CHECKOUT)
+    assert proc.returncode == 0, err[-3000:]
+    clean = float(re.search(r"\[worker 0\] .*test accuracy ([0-9.]+)", clean_out).group(1))
+    assert_nothing_left(env)
+
+    env = base_env()
+    out_path, err_path = tmp_path / "out", tmp_path / "err"
+    with open(out_path, "w") as out, open(err_path, "w") as err:
+        proc = subprocess.Popen(argv, env=env, cwd=CHECKOUT, stdout=out, stderr=err, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 200
+        while "[worker 0] epoch 1/24" not in out_path.read_text():  # the killed worker has trained
+            assert proc.poll() is None and time.monotonic() < deadline, err_path.read_text()[-3000:]
+            time.sleep(0.05)
+        os.kill(_worker_pid(env["JBPS_TEST_MARKER"], 2, "mnist_elastic.py"), signal.SIGKILL)
+        # The two left train on; they are paused once they do (by PID) until the worker `jbps run`
+        # starts again has registered, so that it joins before the training ends on a loaded machine.
+        while "training with 2 workers" not in out_path.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, err_path.read_text()[-3000:]
+            time.sleep(0.05)
+        survivors = [_worker_pid(env["JBPS_TEST_MARKER"], r, "mnist_elastic.py") for r in (0, 1)]
+        for pid in survivors:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            while err_path.read_text().count("worker registered from") < 4:
+                assert proc.poll() is None and time.monotonic() < deadline, err_path.read_text()[-3000:]
+                time.sleep(0.05)
+        finally:
+            for pid in survivors:
+                os.kill(pid, signal.SIGCONT)
+        proc.wait(timeout=400)
+    finally:
+        terminate([proc], grace_s=3)
+    out, err = out_path.read_text(), err_path.read_text()
+    assert proc.returncode == 0, err[-3000:]
+    assert "worker 2 exited with -9: starting it again" in err, err[-3000:]
+    starts = re.findall(r"training with (\d) workers", out)
+    assert starts[:2] == ["3", "2"] and "3" in starts[2:], out[-3000:]  # lost, then back
+    accuracies = [float(a) for a in re.findall(r"test accuracy ([0-9.]+)", out)]
+    assert len(accuracies) == 3 and len(set(accuracies)) == 1, out[-3000:]  # one state on every worker
+    print(f"test accuracy without faults {clean:.4f}; with a worker killed and started again {accuracies[0]:.4f}")
+    assert abs(accuracies[0] - clean) <= 0.01, (accuracies, clean)
     assert_nothing_left(env)

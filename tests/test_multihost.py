@@ -377,6 +377,69 @@ def test_a_link_that_slows_mid_job_moves_the_split_and_back_when_it_recovers_wit
         np.testing.assert_allclose(pushed / pushed.sum(), split, atol=0.03, err_msg=str(pushed.tolist()))
 
 
+class ElasticJob:
+    """An elastic job on emulated hosts, started as on a real cluster: the scheduler
+    (`python -m jbps.scheduler --min-workers ...`) on host 0, workers running
+    tests/workers/elastic_train.py (which checks every step's sum against numpy for its
+    membership), dedicated servers (`python -m jbps.server`); output in tmp_path."""
+
+    def __init__(self, net, tmp_path, scheduler_flags, timeout="15"):
+        self.net, self.tmp_path, self.outputs, self.procs = net, tmp_path, {}, {}
+        self.base = job_free_env(JBPS_TIMEOUT_S=timeout, JBPS_JOB_SECRET="elastic-multihost-secret-0123")
+        self.address = net.hosts[0].address
+        argv = [sys.executable, "-m", "jbps.scheduler", "--bind", f"{self.address}:0", *scheduler_flags]
+        self.scheduler = self.spawn("scheduler", 0, argv, self.base)
+        deadline = time.monotonic() + 60
+        while "listening on" not in self.outputs["scheduler"].read_text():
+            assert self.scheduler.poll() is None and time.monotonic() < deadline, self.err("scheduler")
+            time.sleep(0.05)
+        listening = self.outputs["scheduler"].read_text().split("listening on ")[1].split()[0]
+        self.base.update(DMLC_PS_ROOT_URI=self.address, DMLC_PS_ROOT_PORT=listening.rsplit(":", 1)[1])
+
+    def spawn(self, name, host, argv, env):
+        out, err = open(self.tmp_path / f"{name}.out", "w"), open(self.tmp_path / f"{name}.err", "w")
+        self.outputs[name] = self.tmp_path / f"{name}.out"
+        self.procs[name] = self.net.run(host, argv, env=env, stdout=out, stderr=err, cwd=str(self.tmp_path))
+        return self.procs[name]
+
+    def err(self, name):
+        return (self.tmp_path / f"{name}.err").read_text()[-3000:]
+
+    def worker(self, name, host, worker_id, steps=90):
+        argv = [sys.executable, worker_script("elastic_train.py"), "--steps", str(steps), "--step-seconds", "0.2"]
+        env = dict(
+            self.base,
+            DMLC_ROLE="worker",
+            DMLC_WORKER_ID=str(worker_id),
+            JAX_PLATFORMS="cpu",
+            XLA_FLAGS="--xla_force_host_platform_device_count=1",
+        )
+        return self.spawn(name, host, argv, env)
+
+    def server(self, name, host):
+        return self.spawn(name, host, [sys.executable, "-m", "jbps.server"], dict(self.base, DMLC_ROLE="server"))
+
+    def lines(self, name):
+        text = self.outputs[name].read_text()
+        return [json.loads(s) for s in text.splitlines(keepends=True) if s.startswith("{") and s.endswith("\n")]
+
+    def until(self, name, what, seconds=120):
+        deadline = time.monotonic() + seconds
+        while not any(what(line) for line in self.lines(name)):
+            assert time.monotonic() < deadline, f"{name}: {self.err(name)}"
+            time.sleep(0.05)
+
+    def results(self, names):
+        for name in names:
+            assert self.procs[name].wait(timeout=120) == 0, self.err(name)
+        results = [next(line for line in self.lines(name) if line.get("done")) for name in names]
+        assert all(r == results[0] and r["exact"] for r in results), results
+        return results[0]
+
+    def end(self):
+        terminate([p for p in self.procs.values() if p.poll() is None], 1.0, "test")
+
+
 def test_an_elastic_job_across_hosts_goes_on_after_a_kill_a_rejoin_and_a_cut_link_with_every_sum_exact(tmp_path):
     """3 worker hosts train elastically (tests/workers/elastic_train.py checks every
     step's sum against numpy for its membership): the worker on host 2 is killed,
@@ -384,73 +447,54 @@ def test_an_elastic_job_across_hosts_goes_on_after_a_kill_a_rejoin_and_a_cut_lin
     (no FIN): the survivors' psums time out, the scheduler drops host 1's worker,
     and hosts 0 and 2 finish with the parameters numpy computes from the sizes
     each step was committed with."""
-    timeout = "15"
     with EmulatedNetwork(3, "1G") as net:
-        base = job_free_env(JBPS_TIMEOUT_S=timeout, JBPS_JOB_SECRET="elastic-multihost-secret-0123")
-        outputs = {}
-
-        def spawn(name, host, argv, env):
-            out, err = open(tmp_path / f"{name}.out", "w"), open(tmp_path / f"{name}.err", "w")
-            outputs[name] = tmp_path / f"{name}.out"
-            return net.run(host, argv, env=env, stdout=out, stderr=err, cwd=str(tmp_path))
-
-        address = net.hosts[0].address
-        scheduler = spawn(
-            "scheduler",
-            0,
-            [sys.executable, "-m", "jbps.scheduler", "--bind", f"{address}:0", "--num-workers", "3"]
-            + ["--min-workers", "2", "--max-workers", "3"],
-            base,
-        )
-        deadline = time.monotonic() + 60
-        while "listening on" not in outputs["scheduler"].read_text():
-            assert scheduler.poll() is None and time.monotonic() < deadline, (tmp_path / "scheduler.err").read_text()
-            time.sleep(0.05)
-        port = outputs["scheduler"].read_text().split("listening on ")[1].split()[0].rsplit(":", 1)[1]
-        argv = [sys.executable, worker_script("elastic_train.py"), "--steps", "90", "--step-seconds", "0.2"]
-
-        def worker(name, host, worker_id):
-            env = dict(
-                base,
-                DMLC_ROLE="worker",
-                DMLC_PS_ROOT_URI=address,
-                DMLC_PS_ROOT_PORT=port,
-                DMLC_WORKER_ID=str(worker_id),
-                JAX_PLATFORMS="cpu",
-                XLA_FLAGS="--xla_force_host_platform_device_count=1",
+        job = ElasticJob(net, tmp_path, ["--num-workers", "3", "--min-workers", "2", "--max-workers", "3"])
+        try:
+            for h in range(3):
+                job.worker(f"w{h}", h, h)
+            job.until("w0", lambda line: line.get("step", 0) >= 5)
+            job.procs["w2"].kill()
+            killed_at = time.time()
+            job.until("w0", lambda line: line.get("size") == 2)
+            job.worker("w2b", 2, 2)
+            job.until("w2b", lambda line: line.get("size") == 3)
+            net.cut(1)
+            cut_at = time.time()
+            job.until("w0", lambda line: line.get("size") == 2 and line.get("at", 0) > cut_at)
+            after = lambda t: next(line["at"] - t for line in job.lines("w0") if line.get("at", 0) > t)  # noqa: E731
+            print(
+                f"survivors' next commit: {after(killed_at):.2f} s after the kill, {after(cut_at):.2f} s after the cut"
             )
-            return spawn(name, host, argv, env)
+            result = job.results(["w0", "w2b"])
+            sizes = result["sizes"]
+            assert [s for i, s in enumerate(sizes) if i == 0 or sizes[i - 1] != s] == [3, 2, 3, 2], sizes
+            assert job.scheduler.wait(timeout=30) == 0, job.err("scheduler")
+        finally:
+            job.end()  # the cut host's worker fails its own way; ended by PID
 
-        def lines(name):
-            text = outputs[name].read_text()
-            return [json.loads(s) for s in text.splitlines(keepends=True) if s.startswith("{") and s.endswith("\n")]
 
-        def until(name, what, seconds=120):
-            deadline = time.monotonic() + seconds
-            while not any(what(line) for line in lines(name)):
-                assert time.monotonic() < deadline, f"{name}: " + (tmp_path / f"{name}.err").read_text()[-3000:]
-                time.sleep(0.05)
-
-        procs = {f"w{h}": worker(f"w{h}", h, h) for h in range(3)}
-        until("w0", lambda line: line.get("step", 0) >= 5)
-        procs["w2"].kill()
-        killed_at = time.time()
-        until("w0", lambda line: line.get("size") == 2)
-        procs["w2b"] = worker("w2b", 2, 2)
-        until("w2b", lambda line: line.get("size") == 3)
-        net.cut(1)
-        cut_at = time.time()
-        until("w0", lambda line: line.get("size") == 2 and line.get("at", 0) > cut_at, seconds=120)
-        after = lambda t: next(line["at"] - t for line in lines("w0") if line.get("at", 0) > t)  # noqa: E731
-        print(f"survivors' next commit: {after(killed_at):.2f} s after the kill, {after(cut_at):.2f} s after the cut")
-        for name in ("w0", "w2b"):
-            assert procs[name].wait(timeout=120) == 0, (tmp_path / f"{name}.err").read_text()[-3000:]
-        results = [next(line for line in lines(name) if line.get("done")) for name in ("w0", "w2b")]
-        assert results[0] == results[1] and results[0]["exact"], results
-        sizes = results[0]["sizes"]
-        runs = [s for i, s in enumerate(sizes) if i == 0 or sizes[i - 1] != s]
-        assert runs == [3, 2, 3, 2], sizes
-        assert scheduler.wait(timeout=30) == 0, (tmp_path / "scheduler.err").read_text()
-        for proc in procs.values():  # the cut host's worker fails its own way; ended by PID
-            if proc.poll() is None:
-                terminate([proc], 1.0, "test")
+def test_an_elastic_jobs_dedicated_server_lost_and_started_again_leaves_and_rejoins_with_every_sum_exact(tmp_path):
+    """Workers on hosts 0 and 1, a dedicated server on host 2 (a CPU machine): the server
+    is killed, the workers go on with their own two; it is started again and serves
+    from the next commit; every sum exact, and the server exits when the job is over."""
+    with EmulatedNetwork(3, "1G") as net:
+        flags = ["--num-workers", "2", "--num-servers", "1", "--min-workers", "1", "--max-workers", "2"]
+        job = ElasticJob(net, tmp_path, flags)
+        try:
+            job.server("s2", 2)
+            for h in range(2):
+                job.worker(f"w{h}", h, h, steps=60)
+            job.until("w0", lambda line: line.get("step", 0) >= 5 and line["servers"] == 3)
+            job.procs["s2"].kill()
+            job.until("w0", lambda line: line.get("servers") == 2)
+            job.server("s2b", 2)
+            job.until("w0", lambda line: line.get("servers") == 3 and line["step"] > 5 and line["at"] > 0)
+            result = job.results(["w0", "w1"])
+            assert set(result["sizes"]) == {2}, result  # the workers never changed
+            servers = [line["servers"] for line in job.lines("w0") if "servers" in line]
+            assert [s for i, s in enumerate(servers) if i == 0 or servers[i - 1] != s] == [3, 2, 3], servers
+            assert job.procs["s2b"].wait(timeout=30) == 0, job.err("s2b")
+            assert "served" in job.err("s2b")
+            assert job.scheduler.wait(timeout=30) == 0, job.err("scheduler")
+        finally:
+            job.end()

@@ -3,12 +3,16 @@
 One connection to the scheduler for the process's life. For each generation
 the worker learns its rank, the worker count and the token, starts its
 summation server, says where it listens, and learns every server's address.
-Between generations it says "regroup"; at its end, "done".
+Between generations it says "regroup"; at its end, "done". A dedicated server
+(`python -m jbps.server`) does the same with a fresh server per generation
+(serve_generations), until the scheduler says the job is over.
 """
 
 from __future__ import annotations
 
+import logging
 import select
+import threading
 import time
 
 from ..config import Config
@@ -19,6 +23,7 @@ from .mpi import start_colocated
 # Beyond the timeout, while waiting for a generation: the scheduler's own
 # bounds (its timeout, then the settle time) come first and say why.
 _SCHEDULER_GRACE_S = 15.0
+log = logging.getLogger("jbps.server")
 
 
 class Membership:
@@ -54,10 +59,12 @@ class Membership:
         server in it; the worker's config, the servers it hosts, and the
         generation as the scheduler gave it."""
         timeout = self.requested.timeout_s
-        self.reg.deadline = time.monotonic() + timeout + _SCHEDULER_GRACE_S
         while True:
+            # The scheduler says "waiting" every timeout / 4 while this worker waits (for the
+            # others' next commit, or for enough workers): a silent one is gone or cut off.
+            self.reg.deadline = time.monotonic() + timeout + _SCHEDULER_GRACE_S
             job = self.reg.receive()
-            if "generation" not in job:  # a regroup notice that crossed our own
+            if "generation" not in job:  # "waiting", or a regroup notice that crossed our own
                 continue
             server = start_colocated(f"{self.reg.local_host}:0", job["num_workers"], job["token"], "colocated", timeout)
             try:
@@ -108,3 +115,45 @@ class Membership:
 
     def close(self) -> None:
         self.reg.close()
+
+
+def serve_generations(reg: Registration, start_server, port: int, timeout_s: float, stop: threading.Event) -> int:
+    """A dedicated server's life in an elastic job: for each generation, a
+    fresh server from start_server(bind, num_workers, token, role), on the
+    address this host reaches the scheduler from (at `port`; 0: any free one),
+    serving until its workers have left (or one was lost); then the next.
+    Returns the generations served, once the scheduler says the job is over
+    (or `stop` is set)."""
+    served = 0
+    try:
+        while not stop.is_set():
+            reg.deadline = time.monotonic() + timeout_s + _SCHEDULER_GRACE_S
+            job = reg.receive()
+            if job.get("end"):
+                return served
+            if "generation" not in job:  # "waiting"
+                continue
+            server = start_server(f"{reg.local_host}:{port}", job["num_workers"], job["token"], job["role"])
+            try:
+                reg.send({"address": f"{reg.local_host}:{server.port}"})
+                reg.deadline = time.monotonic() + timeout_s + _SCHEDULER_GRACE_S
+                if reg.receive().get("retry"):
+                    continue
+                log.info(
+                    "generation %d: serving %d workers on %s:%d (%s)",
+                    job["generation"],
+                    job["num_workers"],
+                    reg.local_host,
+                    server.port,
+                    job["role"],
+                )
+                while not stop.is_set() and not server.wait(0.2):
+                    pass
+            finally:
+                server.stop()
+            served += 1
+            if not stop.is_set():
+                reg.send({"regroup": True})
+        return served
+    finally:
+        reg.close()

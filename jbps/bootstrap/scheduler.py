@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..config import Config
+from ..errors import JbpsError
 from ..scheduler.rendezvous import Registration
 
 
@@ -31,14 +32,24 @@ def join_as_worker(requested: Config) -> Config:
     )
 
 
-def join_as_server(scheduler: str, timeout_s: float, start_server, port: int = 0, secret: str | None = None):
-    """Registers, learns the job, starts the server with
+def join_as_server(
+    scheduler: str, timeout_s: float, start_server, port: int = 0, secret: str | None = None, elastic=None
+):
+    """Registers; for an elastic job's scheduler, returns elastic(registration)
+    (the server serves its generations, bootstrap/elastic.py). Else learns the job, starts the server with
     start_server(bind, num_workers, token, role) on the address this host
     reaches the scheduler from (at `port`; 0: any free one), reports it and
     waits for the scheduler to say the job has assembled. Returns (server,
     job); raises JbpsError, the server stopped, if the job fails first (a
     server that went on would wait for workers that never come)."""
     reg = Registration(scheduler, "server", timeout_s, secret=secret)
+    if reg.opening.get("elastic"):
+        if elastic is None:
+            reg.close()
+            raise JbpsError(
+                f"the scheduler at {scheduler} runs an elastic job: its servers run `python -m jbps.server`"
+            )
+        return elastic(reg)
     try:
         job = reg.receive()
         try:

@@ -122,6 +122,7 @@ def _run_elastic(p: argparse.ArgumentParser, args: argparse.Namespace, env) -> i
             num_workers,
             args.min_workers,
             args.max_workers,
+            num_servers=args.num_servers or 0,
             bind=args.bind,
             timeout_s=args.timeout,
             secret=env.job_secret,
@@ -131,7 +132,7 @@ def _run_elastic(p: argparse.ArgumentParser, args: argparse.Namespace, env) -> i
         return 1
     print(
         f"jbps.scheduler listening on {scheduler.address} for an elastic job of {args.min_workers} to "
-        f"{args.max_workers} workers, starting with {num_workers}",
+        f"{args.max_workers} workers, starting with {num_workers} and {args.num_servers or 0} dedicated servers",
         flush=True,
     )
     try:

@@ -1,26 +1,31 @@
 """The rendezvous of an elastic job: workers may be lost and may join, and the job goes on.
 
     jbps run -n 3 --min-workers 2 --max-workers 4 python train.py
-    python -m jbps.scheduler --num-workers 3 --min-workers 2 --max-workers 4
+    python -m jbps.scheduler --num-workers 3 --num-servers 1 --min-workers 2 --max-workers 4
 
 The scheduler stays up for the job's life and assembles it in *generations*.
 Each generation is a job of its own: a fresh token (so a server refuses any
 frame of an older membership, and no sum mixes two), the workers numbered
-0..n-1, and one summation server inside every worker (servers go with their
-worker: nothing but workers to lose). Each member keeps one connection for its
-life; on it the scheduler hands out generations, and learns:
+0..n-1, a summation server inside every worker, and the dedicated servers
+(`python -m jbps.server` on CPU machines) that are there, each starting a
+fresh server for it. Each member keeps one connection for its life; on it the
+scheduler hands out generations, and learns:
 
-- "regroup": the member left its generation at a commit, or after its psums
-  failed (a lost peer), and waits for the next;
-- "done": its training returned;
-- the connection's end: the member is gone.
+- "regroup": the member left its generation (a worker at a commit, or after its
+  psums failed; a server once its workers have left or one was lost) and waits
+  for the next;
+- "done": a worker's training returned;
+- the connection's end: the member is gone (a lost server's keys go to the
+  others in the next generation's plan).
 
 A generation is assembled as soon as no member of the running one is still
-running (each has regrouped, finished or gone) and at least --min-workers wait.
-The first waits for --num-workers (or, after the timeout, for --min-workers). The survivors keep their order, so rank 0 of
-the next generation held the last commit; newcomers follow. When a newcomer
-waits and the running generation is below --max-workers, its members are told
-to regroup, which they do together at their next commit (jbps/elastic.py).
+running (each has regrouped, finished or gone) and at least --min-workers
+workers wait. The first waits for --num-workers workers and --num-servers
+dedicated servers (or, after the timeout, for --min-workers workers). The
+survivors keep their order, so rank 0 of the next generation held the last
+commit; newcomers follow. When a newcomer (worker or server) waits and the
+running generation has room, its workers are told to regroup, which they do
+together at their next commit (jbps/elastic.py).
 A member whose host vanishes without closing its connection is noticed as its
 peers notice it (TCP keepalive, the engine's liveness bound). Every wait is
 bounded by the timeout: a running member that says nothing for that long after
@@ -63,6 +68,11 @@ class ElasticMember(Member):
     generation: int = 0  # the last generation it ran in (0: none yet)
     told_to_regroup: bool = False
     waiting_since: float = 0.0
+    told_waiting: float = 0.0  # when it was last told the job goes on without it for now
+
+
+def _workers(members: list[ElasticMember]) -> list[ElasticMember]:
+    return [m for m in members if m.role == "worker"]
 
 
 class ElasticScheduler(Scheduler):
@@ -72,6 +82,7 @@ class ElasticScheduler(Scheduler):
         min_workers: int,
         max_workers: int,
         *,
+        num_servers: int = 0,
         bind: str = "127.0.0.1:0",
         timeout_s: float = 60.0,
         secret: str | None = None,
@@ -81,7 +92,8 @@ class ElasticScheduler(Scheduler):
                 f"an elastic job needs 1 <= --min-workers <= --num-workers <= --max-workers, got {min_workers}, "
                 f"{num_workers} and {max_workers}"
             )
-        super().__init__(num_workers, 1, bind=bind, timeout_s=timeout_s, secret=secret)
+        super().__init__(num_workers, max(1, num_servers), bind=bind, timeout_s=timeout_s, secret=secret)
+        self.num_servers = num_servers  # dedicated servers the first generation waits for
         self.min_workers, self.max_workers = min_workers, max_workers
         self.generation = 0
         self.ready: list[ElasticMember] = []  # waiting for the next generation, in arrival order
@@ -94,16 +106,14 @@ class ElasticScheduler(Scheduler):
         return {"challenge": challenge, "elastic": True}
 
     def _check_hello(self, hello: dict) -> None:
-        if hello.get("role") != "worker":
-            raise ValueError(
-                f"role {hello.get('role')!r}: an elastic job's members are workers only (each runs its own "
-                "summation server)"
-            )
-        if not hello.get("elastic"):
+        role = hello.get("role")
+        if role not in ("worker", "server"):
+            raise ValueError(f"role {role!r} is not one of ('worker', 'server')")
+        if role == "worker" and not hello.get("elastic"):
             raise ValueError(
                 "it called jbps.init(), and this job is elastic: its workers train inside jbps.elastic.run"
             )
-        if len(self.ready) + len(self.running) >= self.max_workers:
+        if role == "worker" and len(_workers(self.ready + self.running)) >= self.max_workers:
             raise ValueError(f"the job has its {self.max_workers} workers (--max-workers)")
 
     def close(self) -> None:
@@ -121,11 +131,12 @@ class ElasticScheduler(Scheduler):
         except (KeyError, ValueError):
             pass
         m.conn.close()
-        log.warning("worker %s %s (%d running, %d waiting)", self._name(m), why, len(self.running), len(self.ready))
+        log.warning("%s %s (%d running, %d waiting)", self._name(m), why, len(self.running), len(self.ready))
 
     @staticmethod
     def _name(m: ElasticMember) -> str:
-        return f"{m.rank} of generation {m.generation} ({m.host})" if m.generation else f"from {m.host}"
+        rank = f" {m.rank}" if m.role == "worker" else ""
+        return f"{m.role}{rank} of generation {m.generation} ({m.host})" if m.generation else f"{m.role} from {m.host}"
 
     def _accept(self) -> None:
         conn, peer = self.sock.accept()
@@ -138,21 +149,22 @@ class ElasticScheduler(Scheduler):
         watch_liveness(conn, self.timeout_s)
         self.selector.register(conn, selectors.EVENT_READ, m)
         self.ready.append(m)
-        log.info("worker registered from %s (%d running, %d waiting)", peer[0], len(self.running), len(self.ready))
+        log.info("%s registered from %s (%d running, %d waiting)", m.role, peer[0], len(self.running), len(self.ready))
 
     def _hear(self, m: ElasticMember) -> None:
         try:
-            message = _recv(m.reader, f"worker {self._name(m)}")
+            message = _recv(m.reader, self._name(m))
         except (OSError, ValueError, ConnectionError) as exc:
             self._drop(m, f"is gone: {exc}")
             return
-        if message.get("done"):
+        if message.get("done") and m.role == "worker":
             self.finished += 1
             self._drop(m, "finished")
         elif message.get("regroup") and m in self.running:
             self.running.remove(m)
             self.ready.append(m)
-            log.info("worker %s waits for the next generation", self._name(m))
+            m.waiting_since = time.monotonic()
+            log.info("%s waits for the next generation", self._name(m))
 
     def _order(self, members: list[ElasticMember]) -> list[ElasticMember]:
         """The last generation's survivors in their order (rank 0 held the last commit), then newcomers."""
@@ -162,26 +174,34 @@ class ElasticScheduler(Scheduler):
         return survivors + newcomers
 
     def _assemble(self) -> None:
-        members = self._order(self.ready)[: self.max_workers]
+        workers = self._order(_workers(self.ready))[: self.max_workers]
+        servers = [m for m in self.ready if m.role == "server"]
         generation, token = self.generation + 1, secrets.randbits(63) or 1
-        for rank, m in enumerate(members):
-            same_host = [w for w in members if w.host == m.host]
+        worker_hosts = [m.host for m in workers]
+        for rank, m in enumerate(workers):
+            same_host = [w for w in workers if w.host == m.host]
             self._answer(
                 m,
                 {
                     "generation": generation,
                     "token": token,
-                    "num_workers": len(members),
+                    "num_workers": len(workers),
                     "rank": rank,
                     "local_rank": same_host.index(m),
                     "local_size": len(same_host),
                 },
             )
+        for i, m in enumerate(servers):
+            role = "colocated" if m.host in worker_hosts else "dedicated"
+            self._answer(
+                m, {"generation": generation, "token": token, "num_workers": len(workers), "role": role, "index": i}
+            )
+        members = workers + servers
         addresses = []
         for m in members:
             m.conn.settimeout(self.timeout_s)
             try:
-                reply = _recv(m.reader, f"worker from {m.host}")
+                reply = _recv(m.reader, self._name(m))
                 addresses.append(reply["address"])
             except (OSError, ValueError, ConnectionError, KeyError) as exc:
                 # The others stop the servers they started and wait for the next try.
@@ -194,44 +214,65 @@ class ElasticScheduler(Scheduler):
                 m.conn.settimeout(HELLO_TIMEOUT_S)
         self.generation = generation
         for rank, m in enumerate(members):
-            self._answer(m, {"servers": addresses})
+            self._answer(m, {"servers": addresses} if m.role == "worker" else {"assembled": True})
             m.rank, m.generation, m.told_to_regroup = rank, generation, False
             self.ready.remove(m)
             self.running.append(m)
-        log.info("generation %d assembled: %d workers, servers %s", generation, len(members), ",".join(addresses))
+        log.info(
+            "generation %d assembled: %d workers, %d dedicated servers, servers %s",
+            generation,
+            len(workers),
+            len(servers),
+            ",".join(addresses),
+        )
 
     def _ready_to_assemble(self, now: float) -> bool:
-        if self.running or not self.ready:
+        waiting = _workers(self.ready)
+        if self.running or not waiting:
             return False
-        if self.generation == 0 and len(self.ready) < self.num_workers:
+        if self.generation == 0:
             # The first waits for the job's size, then for its minimum.
-            return now - self.started >= self.timeout_s and len(self.ready) >= self.min_workers
-        return len(self.ready) >= self.min_workers
+            if len(waiting) >= self.num_workers and len(self.ready) - len(waiting) >= self.num_servers:
+                return True
+            return now - self.started >= self.timeout_s and len(waiting) >= self.min_workers
+        return len(waiting) >= self.min_workers
 
     def _step(self, now: float) -> None:
         """What the scheduler does between messages."""
-        if self.ready and self.running and len(self.running) < self.max_workers:
-            for m in self.running:
+        running_workers = _workers(self.running)
+        room = len(running_workers) < self.max_workers or any(m.role == "server" for m in self.ready)
+        if self.ready and running_workers and room:
+            for m in running_workers:
                 if not m.told_to_regroup:
                     try:
                         self._answer(m, {"regroup": True})
                         m.told_to_regroup = True
                     except OSError as exc:
                         self._drop(m, f"is gone: {exc}")
-            oldest = min(m.waiting_since for m in self.ready)
-            if now - oldest > self.timeout_s:
-                for m in list(self.running):
-                    self._drop(m, f"said nothing for {self.timeout_s:g} s after the others regrouped: dropped")
+        # A newcomer waits for the running generation's next commit, however far off; a member
+        # that left the running generation (its psums failed, or its workers left) waits for the
+        # others only as long as a psum may take: one still running then is hung or cut off.
+        regrouped = [m.waiting_since for m in self.ready if m.generation == self.generation > 0]
+        if self.running and regrouped and now - min(regrouped) > self.timeout_s:
+            for m in list(self.running):
+                self._drop(m, f"said nothing for {self.timeout_s:g} s after the others regrouped: dropped")
+        for m in list(self.ready):  # they wait without a bound of their own while the scheduler lives
+            if now - m.told_waiting > self.timeout_s / 4:
+                try:
+                    self._answer(m, {"waiting": True})
+                    m.told_waiting = now
+                except OSError as exc:
+                    self._drop(m, f"is gone: {exc}")
         if self._ready_to_assemble(now):
             self._assemble()
-        enough = len(self.ready) + len(self.running) >= self.min_workers
-        if self.generation > 0 and not self.running and not enough and self.ready:
+        enough = len(_workers(self.ready + self.running)) >= self.min_workers
+        if self.generation > 0 and not self.running and not enough and _workers(self.ready):
             if self.short_since is None:
                 self.short_since = now
             elif now - self.short_since > self.timeout_s:
                 self._fail(
-                    f"jbps scheduler {self.address}: {len(self.ready)} workers left, fewer than the job's minimum "
-                    f"of {self.min_workers} (--min-workers), for {self.timeout_s:g} s (JBPS_TIMEOUT_S)"
+                    f"jbps scheduler {self.address}: {len(_workers(self.ready))} workers left, fewer than the job's "
+                    f"minimum of {self.min_workers} (--min-workers), for {self.timeout_s:g} s (JBPS_TIMEOUT_S)"
                 )
         else:
             self.short_since = None
@@ -240,8 +281,17 @@ class ElasticScheduler(Scheduler):
         self.members = [*self.ready, *self.running]  # those Scheduler._fail tells
         super()._fail(message)
 
+    def _end(self) -> None:
+        """The job is over: its servers stop waiting for another generation."""
+        for m in list(self.ready + self.running):
+            try:
+                self._answer(m, {"end": True})
+            except OSError:
+                pass
+            self._drop(m, "told the job is over")
+
     def run(self) -> None:
-        """Runs the job's generations until every member has finished or
+        """Runs the job's generations until every worker has finished or
         gone; raises JbpsError (after telling every waiting member) if the job
         cannot go on."""
         self.started = time.monotonic()
@@ -257,17 +307,16 @@ class ElasticScheduler(Scheduler):
                 else:
                     self._hear(key.data)
             now = time.monotonic()
-            if self.generation == 0 and not self.ready and now - self.started > self.timeout_s:
-                self._fail(f"jbps scheduler {self.address}: no worker registered in {self.timeout_s:g} s")
-            if self.generation == 0 and self.ready and now - self.started > self.timeout_s:
-                if len(self.ready) < self.min_workers:
-                    self._fail(
-                        f"jbps scheduler {self.address}: timed out after {self.timeout_s:g} s (JBPS_TIMEOUT_S) "
-                        f"waiting for the job: {len(self.ready)} of at least {self.min_workers} workers registered"
-                    )
+            waiting = _workers(self.ready)
+            if self.generation == 0 and now - self.started > self.timeout_s and len(waiting) < self.min_workers:
+                self._fail(
+                    f"jbps scheduler {self.address}: timed out after {self.timeout_s:g} s (JBPS_TIMEOUT_S) "
+                    f"waiting for the job: {len(waiting)} of at least {self.min_workers} workers registered"
+                )
             self._step(now)
-            if self.generation > 0 and not self.ready and not self.running:
+            if self.generation > 0 and not _workers(self.ready + self.running):
                 if self.finished:
                     log.info("job done: %d workers finished, over %d generations", self.finished, self.generation)
+                    self._end()
                     return
                 self._fail(f"jbps scheduler {self.address}: every worker is gone, none finished")

@@ -117,7 +117,9 @@ def parse_args(argv=None, prog: str = "python -m jbps.server") -> argparse.Names
 
 def start(args):
     """Starts the server the way the command line and environment say;
-    returns (server, host it listens on, worker count, role)."""
+    returns (server, host it listens on, worker count, role), or, for an
+    elastic job's scheduler, (registration, make, port): main() serves its
+    generations, each with a server of its own."""
     from .. import _core
 
     def make(bind, num_workers, token, role, join_timeout_s=args.timeout):
@@ -140,9 +142,13 @@ def start(args):
         from ..bootstrap.scheduler import join_as_server
 
         # The host is the one the scheduler is reached from; the port is --bind's (0: any).
-        server, job = join_as_server(
-            args.scheduler, args.timeout, make, port=int(args.bind.rpartition(":")[2] or 0), secret=args.secret
+        port = int(args.bind.rpartition(":")[2] or 0)
+        joined = join_as_server(
+            args.scheduler, args.timeout, make, port=port, secret=args.secret, elastic=lambda reg: (reg, make, port)
         )
+        if len(joined) == 3:  # an elastic job: main() serves its generations
+            return joined
+        server, job = joined
         return server, job["host"], job["num_workers"], job["role"]
     if args.num_workers is None and under_mpirun():
         from ..bootstrap.mpi import exchange
@@ -160,19 +166,32 @@ def main(argv=None, prog: str = "python -m jbps.server") -> int:
     args = parse_args(argv, prog)
     unknown_settings.warn(lambda line: print(line, file=sys.stderr, flush=True))
     try:
-        server, host, num_workers, role = start(args)
+        started = start(args)
     except (RuntimeError, ValueError, JbpsError) as exc:
         log.error("%s", exc)
         return 1
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    if len(started) == 3:
+        from ..bootstrap.elastic import serve_generations
+
+        reg, make, port = started
+        print(f"jbps.server serving an elastic job's generations from {reg.local_host}", flush=True)
+        try:
+            served = serve_generations(reg, make, port, args.timeout, stop)
+        except (RuntimeError, ValueError, JbpsError) as exc:
+            log.error("%s", exc)
+            return 1
+        log.info("done: served %d generations of the elastic job", served)
+        return 0
+    server, host, num_workers, role = started
     print(
         f"jbps.server listening on {host}:{server.port} for {num_workers} workers "
         f"({role}{', deterministic' if args.deterministic else ''})",
         flush=True,
     )
 
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
     # Short waits so signal handlers run promptly on the main thread.
     while not stop.is_set() and not server.wait(0.2):
         pass

@@ -8,7 +8,7 @@ T = n*k, exact in float32, and any sum mixing two memberships misses it. The
 state keeps w (the sums' running total over T) and, per committed step, the
 T it ran with; at the end w must equal numpy's total over that history.
 
-Prints one JSON line per committed step ({"step", "size", "rank"}) and a last
+Prints one JSON line per commit (every --commit-every steps) ({"step", "size", "rank"}) and a last
 one: {"done", "w", "expected", "sizes"}. --die-at STEP kills this process
 (SIGKILL) before that step, once per --die-file (created first).
 """
@@ -44,6 +44,7 @@ def main():
     p.add_argument("--step-seconds", type=float, default=0.1)
     p.add_argument("--die-at", type=int, default=None)
     p.add_argument("--die-file", default=None)
+    p.add_argument("--commit-every", type=int, default=1)
     p.add_argument("--width", type=int, default=1000, help="another width: a worker of another model")
     args = p.parse_args()
     k = jax.local_device_count()
@@ -74,8 +75,11 @@ def main():
             sizes[state.step] = total
             state.sizes = sizes
             state.step += 1
-            state.commit()
-            print(json.dumps({"step": state.step, "size": n, "rank": r, "at": time.time()}), flush=True)
+            if state.step % args.commit_every == 0 or state.step == args.steps:
+                state.commit()
+                servers = len(jbps.config().servers)
+                print(json.dumps({"step": state.step, "size": n, "rank": r, "servers": servers, "at": time.time()}))
+                sys.stdout.flush()
             time.sleep(args.step_seconds)
 
     train(state)
