@@ -486,9 +486,16 @@ def test_an_elastic_jobs_dedicated_server_lost_and_started_again_leaves_and_rejo
                 job.worker(f"w{h}", h, h, steps=60)
             job.until("w0", lambda line: line.get("step", 0) >= 5 and line["servers"] == 3)
             job.procs["s2"].kill()
+            killed_at = time.time()
             job.until("w0", lambda line: line.get("servers") == 2)
             job.server("s2b", 2)
-            job.until("w0", lambda line: line.get("servers") == 3 and line["step"] > 5 and line["at"] > 0)
+            started_at = time.time()
+            job.until("w0", lambda line: line.get("servers") == 3 and line["at"] > started_at)
+            first = lambda t, n: next(x["at"] - t for x in job.lines("w0") if x["at"] > t and x["servers"] == n)  # noqa: E731
+            print(
+                f"workers' next commit: {first(killed_at, 2):.2f} s after the server's kill; with the server "
+                f"started again, {first(started_at, 3):.2f} s after its start"
+            )
             result = job.results(["w0", "w1"])
             assert set(result["sizes"]) == {2}, result  # the workers never changed
             servers = [line["servers"] for line in job.lines("w0") if "servers" in line]
