@@ -43,6 +43,7 @@ from .errors import JbpsError
 log = logging.getLogger("jbps.elastic")
 
 _PLAIN = (bool, int, float)  # kept as Python values, broadcast as arrays
+_STARTS_TO_GIVE_UP = 3  # generations running that fail to start: then the cause is this worker's
 
 
 class _Regroup(Exception):
@@ -155,13 +156,13 @@ class State:
         values = self.values()
         plain = {n: type(v) for n, v in values.items() if isinstance(v, _PLAIN)}
         tree = {n: np.asarray(v) if n in plain else v for n, v in values.items()}
-        tree = runtime_broadcast(tree, root)
+        tree = _broadcast(tree, root)
         for name, value in tree.items():
             object.__setattr__(self, name, plain[name](value.item()) if name in plain else value)
         self._save()
 
 
-def runtime_broadcast(tree: dict, root: int) -> dict:
+def _broadcast(tree: dict, root: int) -> dict:
     from .ops import broadcast
 
     return broadcast(tree, root, name="jbps.elastic.sync")
@@ -183,11 +184,23 @@ def run(func: Callable) -> Callable:
             raise JbpsError("jbps.elastic.run starts the job itself: do not call jbps.init() before it")
         requested = Config.resolve({})
         membership = Membership(requested)
+        failed_starts = 0
         try:
             while True:
                 config, hosted, job = membership.join()
                 jax.clear_caches()  # plans, sizes and keys of the last generation are baked into its programs
-                runtime.start_member(requested, (config, hosted))
+                try:
+                    runtime.start_member(requested, (config, hosted))
+                except JbpsError as exc:
+                    # A member left while the others connected or probed the links (a
+                    # newcomer refused, a second loss): this generation ends before it began.
+                    failed_starts += 1
+                    if failed_starts > _STARTS_TO_GIVE_UP:
+                        raise
+                    log.warning("jbps.elastic: generation %d did not start (%s): regrouping", job["generation"], exc)
+                    membership.leave_generation()
+                    continue
+                failed_starts = 0
                 object.__setattr__(state, "_membership", membership)
                 started = time.monotonic()
                 try:

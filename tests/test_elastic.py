@@ -316,7 +316,7 @@ def test_randomized_membership_changes_never_give_a_wrong_sum(job_factory, reque
         raise AssertionError(f"no commit with {size} workers within 120 s: {[job.stderr(n) for n in running]}")
 
     committed_with(2, 0.0)
-    for _ in range(changes):
+    for change in range(changes):
         since = time.time()
         if len(running) == 3 or (len(running) > 1 and rng.random() < 0.5):
             victim = running.pop(rng.randrange(len(running)))
@@ -325,6 +325,8 @@ def test_randomized_membership_changes_never_give_a_wrong_sum(job_factory, reque
         else:
             running.append(job.start(len(job.procs), *args))
         committed_with(len(running), since)
+        if (change + 1) % 100 == 0:
+            print(f"{change + 1} membership changes so far", flush=True)
     for n in range(len(job.procs)):
         assert not any("wrong" in line for line in job.lines(n)), job.lines(n)
     print(f"{changes} membership changes, {len(job.procs)} workers started, no wrong sum")
