@@ -45,14 +45,14 @@ def env_for(address, worker_id, devices=2, **extra):
 class Job:
     """An elastic scheduler on a thread of the test process, and its workers."""
 
-    def __init__(self, tmp_path, num_workers, min_workers, max_workers, timeout_s=60.0):
+    def __init__(self, tmp_path, num_workers, min_workers, max_workers, timeout_s=60.0, devices=2):
         self.scheduler = ElasticScheduler(
             num_workers, min_workers, max_workers, bind="127.0.0.1:0", timeout_s=timeout_s, secret=SECRET
         )
         self.error = None
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
-        self.tmp_path, self.timeout_s = tmp_path, timeout_s
+        self.tmp_path, self.timeout_s, self.devices = tmp_path, timeout_s, devices
         self.marker = os.urandom(8).hex()
         self.procs = []
 
@@ -66,7 +66,9 @@ class Job:
 
     def start(self, worker_id, *args):
         n = len(self.procs)
-        env = env_for(self.scheduler.address, worker_id, marker=self.marker, JBPS_TIMEOUT_S=str(self.timeout_s))
+        env = env_for(
+            self.scheduler.address, worker_id, self.devices, marker=self.marker, JBPS_TIMEOUT_S=str(self.timeout_s)
+        )
         out = open(self.tmp_path / f"worker{n}.out", "w")
         err = open(self.tmp_path / f"worker{n}.err", "w")
         proc = subprocess.Popen(
@@ -293,15 +295,18 @@ def test_a_newcomer_waits_for_a_commit_further_off_than_the_timeout_and_nobody_i
 
 
 def test_randomized_membership_changes_never_give_a_wrong_sum(job_factory, request):
-    """Workers killed and started at random (1 to 3 of them, 2 devices each): after every change
-    the test waits for a commit of the new membership; every worker checks every step's sum
-    against numpy for the size it ran with and exits 3 on a wrong one. The suite runs 8 changes;
-    `pytest --soak` (or JBPS_SOAK=1) runs 1,000."""
+    """Workers killed and started at random (1 to 3 of them): after every change the test waits
+    for a commit of the new membership; every worker checks every step's sum against numpy for
+    the size it ran with and exits 3 on a wrong one. The suite runs 8 changes; `pytest --soak` (or
+    JBPS_SOAK=1) runs 1,000. One device per worker: with several, a step whose psum failed on one
+    device after another's part had finished leaves that device in XLA's local all-gather, and
+    XLA:CPU aborts the process 40 s later (docs/limitations.md); 2 of 161 workers so in 300
+    changes with 2 devices each, none with a wrong sum."""
     import random
 
     changes = 1000 if request.config.getoption("--soak") or os.environ.get("JBPS_SOAK") == "1" else 8
     rng = random.Random(7)
-    job = job_factory(2, 1, 3)
+    job = job_factory(2, 1, 3, devices=1)
     args = ["--steps", "1000000", "--step-seconds", "0.02", "--commit-every", "5"]
     running = [job.start(i, *args) for i in range(2)]
 
