@@ -245,12 +245,15 @@ class Job:
         succeeded: set[str] = set()
         servers_done_by = None
         restarts = self.elastic[2] if self.elastic else 0
+        restarted: set[str] = set()
         while True:
             try:
                 name, code = exits.get(timeout=0.2)
             except queue.Empty:
-                if self.elastic and self.scheduler_done and servers_done_by is None:
-                    # The job is over: a worker started again and still on its way has nothing to join.
+                running = {n for n, p in self.children if p.poll() is None}
+                if self.elastic and self.scheduler_done and servers_done_by is None and running <= restarted:
+                    # The job is over: a worker started again and still on its way has nothing to join
+                    # (the others, still running their own code after training, are waited for).
                     servers_done_by = time.monotonic() + 10
                 if servers_done_by is not None and time.monotonic() > servers_done_by:
                     return 0
@@ -270,6 +273,7 @@ class Job:
                     "" if restarts == 1 else "s",
                 )
                 self.children = [(n, p) for n, p in self.children if n != name]
+                restarted.add(name)
                 self._spawn_worker(int(name.split()[1]), self.scheduler)
                 watch(name, self.children[-1][1])
                 continue
