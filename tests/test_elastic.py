@@ -170,7 +170,9 @@ def test_jbps_run_starts_a_failed_worker_again_and_it_rejoins(tmp_path):
     env = job_free_env(JAX_PLATFORMS="cpu", JBPS_TEST_MARKER=marker)
     die = tmp_path / "died"
     argv = [sys.executable, "-m", "jbps", "run", "-n", "3", "--min-workers", "2", "--max-workers", "3"]
-    argv += ["--local-devices", "2", sys.executable, TRAIN, "--steps", "40", "--step-seconds", "0.1"]
+    # One device: the killed-worker test above runs two (and XLA's abort of a survivor whose step
+    # failed on one device only, docs/limitations.md, is not what this one checks).
+    argv += ["--local-devices", "1", sys.executable, TRAIN, "--steps", "40", "--step-seconds", "0.1"]
     argv += ["--die-at", "5", "--die-file", str(die)]
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=240, cwd="/")
     try:
