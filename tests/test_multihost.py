@@ -304,7 +304,12 @@ def test_a_server_on_a_slower_link_that_saves_nothing_is_left_out():
     want = fractions_for_rates(roles, rates, 2)  # rated_split.py's, rates near the fastest read as it
     np.testing.assert_allclose(fractions, want, rtol=1e-6)
     share = dict(zip(hosts, fractions))
-    assert share[3] == 0 and share[2] > 0.3, share
+    assert share[3] == 0, (share, by_host)
+    if by_host[2] >= 0.77 * max(by_host[0], by_host[1]):
+        # Read within the probe's error of the workers' links, the fast CPU host gets its share; read
+        # lower on a loaded machine (as once in CI: both CPU hosts left out), the split above still
+        # follows what was read.
+        assert share[2] > 0.3, (share, by_host)
     # And the bytes the workers pushed follow those shares (the psums', not init's probes).
     pushed = np.array([r["stats"]["server_bytes_pushed"] for r in reports]) - np.array(
         [r["stats_at_init"]["server_bytes_pushed"] for r in reports]
