@@ -58,3 +58,17 @@ def with_membership(requested: Config, **found) -> Config:
     """requested, with what the bootstrap found about the job (servers, ranks,
     sizes, token: the bootstrap's word is final)."""
     return dataclasses.replace(requested, **found).complete()
+
+
+def with_job(requested: Config, job: dict, servers) -> Config:
+    """with_membership for the job a rendezvous described (its rank, sizes and
+    token), served by `servers`."""
+    return with_membership(
+        requested,
+        servers=tuple(servers),
+        num_workers=job["num_workers"],
+        worker_rank=job["rank"],
+        local_rank=job["local_rank"],
+        local_size=job["local_size"],
+        job_token=job["token"],
+    )

@@ -77,18 +77,10 @@ class Membership:
                 server.stop()
                 continue
             break
-        from . import with_membership
+        from . import with_job
 
         try:
-            config = with_membership(
-                self.requested,
-                servers=tuple(reply["servers"]),
-                num_workers=job["num_workers"],
-                worker_rank=job["rank"],
-                local_rank=job["local_rank"],
-                local_size=job["local_size"],
-                job_token=job["token"],
-            )
+            config = with_job(self.requested, job, reply["servers"])
         except BaseException:
             server.stop()
             raise

@@ -275,7 +275,7 @@ def start_colocated(bind: str, num_workers: int, token: int, role: str, timeout_
 
 
 def join_as_worker(requested: Config) -> tuple[Config, list]:
-    from . import with_membership
+    from . import with_job
 
     job = exchange(
         "worker",
@@ -285,15 +285,7 @@ def join_as_worker(requested: Config) -> tuple[Config, list]:
         requested.timeout_s,
     )
     try:
-        config = with_membership(
-            requested,
-            servers=tuple(job["servers"]),
-            num_workers=job["num_workers"],
-            worker_rank=job["rank"],
-            local_rank=job["local_rank"],
-            local_size=job["local_size"],
-            job_token=job["token"],
-        )
+        config = with_job(requested, job, job["servers"])
     except JbpsError:
         for s in job["hosted"]:
             s.stop()

@@ -8,7 +8,7 @@ from ..scheduler.rendezvous import Registration
 
 
 def join_as_worker(requested: Config) -> Config:
-    from . import with_membership
+    from . import with_job
 
     reg = Registration(
         requested.scheduler,
@@ -21,15 +21,7 @@ def join_as_worker(requested: Config) -> Config:
         job = reg.receive()
     finally:
         reg.close()
-    return with_membership(
-        requested,
-        servers=tuple(job["servers"]),
-        num_workers=job["num_workers"],
-        worker_rank=job["rank"],
-        local_rank=job["local_rank"],
-        local_size=job["local_size"],
-        job_token=job["token"],
-    )
+    return with_job(requested, job, job["servers"])
 
 
 def join_as_server(

@@ -104,6 +104,11 @@ def main(argv=None, prog: str | None = None) -> int:
         f"{args.num_servers} servers",
         flush=True,
     )
+    return _serve(scheduler)
+
+
+def _serve(scheduler: Scheduler) -> int:
+    """Runs the rendezvous to its end; the exit status."""
     try:
         scheduler.run()
     except JbpsError:
@@ -135,13 +140,7 @@ def _run_elastic(p: argparse.ArgumentParser, args: argparse.Namespace, env) -> i
         f"{args.max_workers} workers, starting with {num_workers} and {args.num_servers or 0} dedicated servers",
         flush=True,
     )
-    try:
-        scheduler.run()
-    except JbpsError:
-        return 1
-    finally:
-        scheduler.close()
-    return 0
+    return _serve(scheduler)
 
 
 if __name__ == "__main__":
