@@ -1,13 +1,17 @@
 """A lost peer fails every pending and later psum, naming the peer, well
 within JBPS_TIMEOUT_S: a worker or a server SIGKILLed mid-run, with real
-processes on loopback; and every connection carries the liveness bound that
-catches a host that vanishes without closing its connections."""
+processes on loopback; a fault that fails one local device's part of a psum
+fails every device's part; and every connection carries the liveness bound
+that catches a host that vanishes without closing its connections."""
 
 import os
 import signal
 import socket
 import sys
 import time
+
+import numpy as np
+import pytest
 
 import jbps
 from conftest import last_json, worker_script
@@ -138,5 +142,90 @@ def test_connections_carry_the_stated_liveness_bound():
                     assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 8000
                     checked += 1
             assert checked == 2, tcp_sockets(os.getpid())
+    finally:
+        srv.stop()
+
+
+def test_a_fault_that_fails_one_local_devices_part_of_a_psum_fails_every_devices_part(tmp_path):
+    # 2 workers x 2 local devices, 2 servers, one chunk per device shard: device 0's
+    # shard is summed on one server, device 1's on the other. With that server stopped,
+    # device 0's part of the next psum is summed and device 1's waits; the server is then
+    # killed. Device 1's part fails with the lost server. Device 0's must fail too: done,
+    # it would go on to XLA's all-gather of the two shards and wait there for device 1,
+    # whose program has stopped (XLA:CPU aborts the process 40 s later).
+    go = tmp_path / "go"
+    with LocalCluster(
+        2,
+        2,
+        local_devices=2,
+        timeout_s=90,
+        python=sys.executable,
+        env={"JBPS_TIMEOUT_S": "20", "JBPS_PARTITION_BYTES": "256"},
+    ) as cluster:
+        procs = cluster.start_workers([worker_script("one_device_fails.py"), "--go-file", str(go)])
+        deadline = time.monotonic() + 60
+        while not all("ready" in (cluster.dir / f"worker{r}.out").read_text() for r in range(2)):
+            assert time.monotonic() < deadline, "workers never got ready"
+            for rank, p in enumerate(procs):
+                assert p.poll() is None, (cluster.dir / f"worker{rank}.err").read_text()[-3000:]
+            time.sleep(0.02)
+        victim = cluster.servers[1]
+        os.kill(victim.pid, signal.SIGSTOP)
+        go.touch()
+        time.sleep(1.0)  # device 0's part is summed on the other server by now
+        killed_at = time.time()
+        os.kill(victim.pid, signal.SIGKILL)
+        results = cluster.wait_workers(procs, timeout_s=60)
+    for r in results:
+        assert r.returncode == 0, f"worker {r.rank}:\n{r.stderr[-3000:]}"
+        rep = last_json(r.stdout)
+        assert rep["error"] is not None and f"lost summation server {cluster.addresses[1]}" in rep["error"], rep
+        latency = rep["at"] - killed_at
+        print(f"worker {r.rank}: the psum failed {latency:.3f} s after the kill")
+        assert latency < 5, latency
+
+
+def test_a_local_devices_call_is_handed_back_with_the_same_steps_calls_of_the_others():
+    # One device's call of a step (CallSpec::slots) waits for the other devices' calls
+    # of that step; one that never comes fails it at the psum timeout, naming the device,
+    # and the next step pairs up again.
+    from concurrent.futures import ThreadPoolExecutor
+
+    srv = _core.Server("127.0.0.1:0", 1, timeout_s=30.0)
+
+    def call(shard, values):
+        return _core.engine_psum_host(
+            values,
+            key=7,
+            name="pair",
+            partition_bytes=1 << 20,
+            chunk_bytes=[values.nbytes],
+            chunk_alone=[0],
+            servers=[0],
+            tree="",
+            tree_key=0,
+            wait_s=30,
+            shard=shard,
+            slots=2,
+        )
+
+    try:
+        with jbps.init(servers=[f"127.0.0.1:{srv.port}"], num_workers=1, worker_rank=0, timeout_s=2.0):
+            with ThreadPoolExecutor(2) as pool:
+                first = pool.submit(call, 0, np.ones(16, np.float32))
+                time.sleep(0.5)  # device 0's part is summed; it waits for device 1's
+                assert not first.done()
+                second = pool.submit(call, 1, np.full(16, 2, np.float32))
+                first.result(timeout=10), second.result(timeout=10)
+                started = time.monotonic()
+                with pytest.raises(
+                    RuntimeError, match=r"psum 'pair': local device 1 never made its call of this step within 2 s"
+                ):
+                    call(0, np.ones(16, np.float32))
+                assert 1.5 < time.monotonic() - started < 5
+                # Device 1's next call belongs to the next step, as does device 0's.
+                pair = [pool.submit(call, s, np.full(16, s + 1, np.float32)) for s in (0, 1)]
+                for p in pair:
+                    p.result(timeout=10)
     finally:
         srv.stop()

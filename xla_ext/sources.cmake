@@ -13,6 +13,7 @@ set(JBPS_CORE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/engine/engine_scheduler.cc
   ${CMAKE_CURRENT_LIST_DIR}/engine/engine_link.cc
   ${CMAKE_CURRENT_LIST_DIR}/engine/engine_calls.cc
+  ${CMAKE_CURRENT_LIST_DIR}/engine/engine_siblings.cc
   # wire/ and transport/: the messages, and how their bytes travel (TCP, shared memory)
   ${CMAKE_CURRENT_LIST_DIR}/wire/frame.cc
   ${CMAKE_CURRENT_LIST_DIR}/transport/net.cc

@@ -190,6 +190,7 @@ void Engine::Stop(const std::string& reason) {
   s.watchdog_cv.notify_all();
   s.watchdog.join();
   for (auto& c : victims) s.FailCall(c, "jbps: shut down while this psum was pending");
+  s.ExpireSiblings(/*all=*/true, "jbps: shut down while this psum was pending");
   {
     std::lock_guard<std::mutex> lock(s.mu);
     for (auto& c : s.conns) {
@@ -239,7 +240,9 @@ std::vector<StageRecord> Engine::TakeStages() {
 void Engine::Submit(CallSpec spec, DoneFn done, EarlyDoneFn early) {
   Impl& s = *impl_;
   const int64_t submitted = s.stage_timing.load(std::memory_order_relaxed) ? SteadyNs() : 0;
-  s.SubmitInLine(HeldCall{std::move(spec), std::move(done), std::move(early), submitted});
+  HeldCall held{std::move(spec), std::move(done), std::move(early), submitted};
+  s.NumberSibling(&held);
+  s.SubmitInLine(std::move(held));
 }
 
 // A psum's line: its tree on one device (its first tensor's, without a tree).
@@ -347,6 +350,7 @@ void Engine::Impl::Launch(HeldCall held, uint64_t line, uint32_t epoch) {
   call->done = std::move(held.done);
   call->early = std::move(held.early);
   call->line = line;
+  call->sibling_seq = held.sibling_seq;
   if (submitted != 0) {
     call->timed = true;
     call->stage.submitted = submitted;

@@ -104,6 +104,10 @@ struct CallSpec {
   // Routed by `servers` whatever split a route epoch announced (SetRoutes):
   // the rate follower's probe of a server its split leaves without bytes.
   bool fixed_routes = false;
+  // The worker's local devices that each make this call with a shard of their
+  // own (shard < slots): their calls of one step complete together, and fail
+  // together when one fails (engine_siblings.cc).
+  uint32_t slots = 1;
 };
 
 // A 64-bit digest of a tree description, the same on every worker.

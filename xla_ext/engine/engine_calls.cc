@@ -42,13 +42,25 @@ void Engine::Impl::WatchdogLoop() {
   std::unique_lock<std::mutex> lock(mu);
   for (;;) {
     if (stopping) return;
+    // A step some local device has not completed (engine_siblings.cc).
+    const std::optional<Clock::time_point> step = NextSiblingDeadline();
+    if (step && Clock::now() >= *step) {
+      lock.unlock();
+      ExpireSiblings(/*all=*/false, "");
+      lock.lock();
+      continue;
+    }
     if (active.empty()) {
-      watchdog_cv.wait(lock);
+      if (step) {
+        watchdog_cv.wait_until(lock, *step);
+      } else {
+        watchdog_cv.wait(lock);
+      }
       continue;
     }
     CallPtr first = active.begin()->second;
     if (Clock::now() < first->deadline) {
-      watchdog_cv.wait_until(lock, first->deadline);
+      watchdog_cv.wait_until(lock, step ? std::min(*step, first->deadline) : first->deadline);
       continue;
     }
     EraseActive(first->id);
@@ -129,19 +141,29 @@ void Engine::Impl::Complete(Call* c) {
     stage = c->stage;
     stage->failed = c->failed;
   }
-  if (c->early) {
-    const int64_t handed = stage ? SteadyNs() : 0;
-    if (c->early(c->error)) {
-      if (stage) KeepStage(std::move(*stage), handed);
+  Delivery d{std::move(c->done), std::move(c->early), std::move(stage), c->spec.shard, c->error};
+  if (c->spec.slots > 1) {
+    ArriveSibling(c, std::move(d));  // with the same step's calls of the other devices
+  } else {
+    Deliver(std::move(d));
+  }
+}
+
+void Engine::Impl::Deliver(Delivery d) {
+  if (d.early) {
+    const int64_t handed = d.stage ? SteadyNs() : 0;
+    if (d.early(d.error)) {
+      if (d.stage) KeepStage(std::move(*d.stage), handed);
       return;
     }
   }
-  std::function<void()> fn = [this, done = std::move(c->done), error = c->error, stage = std::move(stage)]() mutable {
+  std::function<void()> fn = [this, done = std::move(d.done), error = std::move(d.error),
+                              stage = std::move(d.stage)]() mutable {
     if (stage) KeepStage(std::move(*stage), SteadyNs());
     done(error);
   };
   std::lock_guard<std::mutex> lock(completer_mu);
-  auto& completer = completers[c->spec.shard];
+  auto& completer = completers[d.shard];
   if (!completer) completer = std::make_unique<Completer>();
   completer->Post(std::move(fn));
 }

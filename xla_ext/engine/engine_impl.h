@@ -8,6 +8,7 @@
 //   engine_scheduler.cc  the priority queue, the credit window, send queues
 //   engine_link.cc       a server connection: its sender, receiver and shared memory
 //   engine_calls.cc      a call's lifetime: completion, failure, deadlines, trace
+//   engine_siblings.cc   a step's calls on the local devices complete together
 #pragma once
 
 #include <algorithm>
@@ -23,6 +24,7 @@
 #include <optional>
 #include <queue>
 #include <thread>
+#include <tuple>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -129,6 +131,8 @@ struct Call {
   // the latest route epoch its sums carried.
   uint64_t line = 0;
   std::atomic<uint32_t> routes_seen{0};
+  // Which of its psum's calls on this device it is (engine_siblings.cc).
+  uint64_t sibling_seq = 0;
   // Stage stamps (Engine::SetStageTiming), guarded by mu.
   bool timed = false;
   StageRecord stage;
@@ -291,6 +295,33 @@ struct HeldCall {
   DoneFn done;
   EarlyDoneFn early;
   int64_t submitted = 0;  // SteadyNs() when stage timing, else 0
+  uint64_t sibling_seq = 0;
+};
+
+// A completed call's result, on its way to the caller (Engine::Impl::Deliver).
+struct Delivery {
+  DoneFn done;
+  EarlyDoneFn early;
+  std::optional<StageRecord> stage;
+  uint32_t shard = 0;
+  std::string error;
+};
+
+// A psum's calls of one step on the local devices (CallSpec::slots): the
+// k-th call of a psum on each device. Results wait here until every device's
+// call is complete.
+struct SiblingKey {
+  uint64_t psum = 0;
+  uint32_t slots = 0;
+  uint64_t seq = 0;
+  bool operator<(const SiblingKey& o) const { return std::tie(psum, slots, seq) < std::tie(o.psum, o.slots, o.seq); }
+};
+struct SiblingGroup {
+  std::vector<Delivery> held;
+  std::vector<bool> arrived;  // by shard
+  std::string error;          // the first failure among them
+  std::string name;           // the psum's first tensor, for the timeout's message
+  Clock::time_point deadline;
 };
 
 // A psum's calls on one device: which route epoch the next one follows.
@@ -350,6 +381,19 @@ struct Engine::Impl {
 
   std::mutex completer_mu;
   std::unordered_map<uint32_t, std::unique_ptr<Completer>> completers;
+
+  // Per-device calls of one step (engine_siblings.cc): each psum's next
+  // call number on each device, and the steps some device has not completed.
+  std::mutex siblings_mu;
+  std::map<std::pair<uint64_t, uint32_t>, std::vector<uint64_t>> sibling_next;
+  std::map<SiblingKey, SiblingGroup> siblings;
+  void NumberSibling(HeldCall* held);
+  void ArriveSibling(Call* c, Delivery d);
+  void Deliver(Delivery d);
+  // The earliest deadline of a step still waiting for a device (watchdog).
+  std::optional<Clock::time_point> NextSiblingDeadline();
+  // Fails the steps past their deadline, or all with `all` (Stop).
+  void ExpireSiblings(bool all, const std::string& why);
 
   std::atomic<uint64_t> calls{0}, calls_failed{0}, chunks_pushed{0}, bytes_pushed{0}, bytes_pulled{0}, bytes_shm{0},
       chunks_fused{0};

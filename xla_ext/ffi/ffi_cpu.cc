@@ -80,6 +80,8 @@ ffi::Future PsumCpu(ffi::Buffer<ffi::S32> shard_index, ffi::RemainingArgs args, 
     return Failed("jbps_psum: the plan routes " + std::to_string(chunk_servers.size()) + " chunks, too few for shard " +
                   std::to_string(spec.shard) + " of " + std::to_string(chunks_per_shard) + " chunks each");
   spec.servers.assign(chunk_servers.begin() + first, chunk_servers.begin() + first + chunks_per_shard);
+  // The plan routes every local device's shard: one call per device each step.
+  if (chunks_per_shard > 0) spec.slots = static_cast<uint32_t>(chunk_servers.size() / chunks_per_shard);
   size_t call_bytes = 0;
   for (const Operand& op : spec.operands) call_bytes += op.nbytes;
   ffi::Promise promise;

@@ -244,14 +244,15 @@ NB_MODULE(_core, m) {
   // Python as a jbps_psum call's attributes do (Submit fails a call whose
   // chunk table does not add up); fixed_routes keeps them whatever split the
   // rate follower announced since; priority orders its chunks among the job's
-  // (larger is sent sooner). The engine works on its own copy, so a call
+  // (larger is sent sooner); shard and slots make it one device's call of a
+  // step (CallSpec::slots). The engine works on its own copy, so a call
   // the backstop gives up on never writes a freed array.
   m.def(
       "engine_psum_host",
       [](nb::ndarray<float, nb::ndim<1>, nb::c_contig, nb::device::cpu> values, int64_t key, const std::string& name,
          int64_t partition_bytes, std::vector<uint64_t> chunk_bytes, std::vector<uint8_t> chunk_alone,
          std::vector<int32_t> servers, const std::string& tree, int64_t tree_key, double wait_s, bool fixed_routes,
-         int64_t priority) {
+         int64_t priority, uint32_t shard, uint32_t slots) {
         if (partition_bytes < 1) throw std::invalid_argument("engine_psum_host: partition_bytes must be positive");
         const size_t nbytes = values.size() * sizeof(float);
         auto copy = std::make_shared<std::vector<float>>(values.data(), values.data() + values.size());
@@ -265,6 +266,8 @@ NB_MODULE(_core, m) {
         spec.chunk_alone = std::move(chunk_alone);
         spec.servers = std::move(servers);
         spec.fixed_routes = fixed_routes;
+        spec.shard = shard;
+        spec.slots = slots;
         jbps::Operand op;
         op.in = op.out = copy->data();
         op.nbytes = nbytes;
@@ -294,7 +297,7 @@ NB_MODULE(_core, m) {
       },
       nb::arg("values"), nb::arg("key"), nb::arg("name"), nb::arg("partition_bytes"), nb::arg("chunk_bytes"),
       nb::arg("chunk_alone"), nb::arg("servers"), nb::arg("tree"), nb::arg("tree_key"), nb::arg("wait_s"),
-      nb::arg("fixed_routes") = false, nb::arg("priority") = 0);
+      nb::arg("fixed_routes") = false, nb::arg("priority") = 0, nb::arg("shard") = 0, nb::arg("slots") = 1);
   m.def("engine_running", [] { return jbps::Engine::Get().running(); });
   m.def("engine_fault", [] { return jbps::Engine::Get().fault(); });
   m.def("engine_stats", [] {
