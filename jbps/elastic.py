@@ -37,6 +37,7 @@ import jax
 import numpy as np
 
 from . import link_rate, runtime
+from .host_broadcast import broadcast_arrays, broadcast_bytes
 from .config import Config
 from .errors import JbpsError
 
@@ -133,12 +134,11 @@ class State:
         """JbpsError naming the first leaf where this worker's state differs
         from the root's (a worker joining with another model), before any of
         its values is broadcast."""
-        from .ops import broadcast
-
         mine = "\n".join(self.layout()).encode()
-        size = int(np.asarray(broadcast(np.array([len(mine)], np.int32), root, name="jbps.elastic.layout_size"))[0])
-        padded = np.frombuffer(mine[:size].ljust(size, b"\0"), np.uint8)
-        theirs = bytes(np.asarray(broadcast(padded, root, name="jbps.elastic.layout"))).decode(errors="replace")
+        size = int.from_bytes(
+            broadcast_bytes(len(mine).to_bytes(4, "little"), root, "jbps.elastic.layout_size"), "little"
+        )
+        theirs = broadcast_bytes(mine[:size].ljust(size, b"\0"), root, "jbps.elastic.layout").decode(errors="replace")
         if theirs != mine.decode():
             ours, root_lines = self.layout(), theirs.split("\n")
             at = next((i for i, (a, b) in enumerate(zip(ours, root_lines)) if a != b), min(len(ours), len(root_lines)))
@@ -151,21 +151,19 @@ class State:
 
     def sync(self, root: int = 0) -> None:
         """Every worker takes the root's values (at the start of a generation),
-        after checking that every worker's state has the root's layout."""
+        after checking that every worker's state has the root's layout. Host
+        psums outside XLA (host_broadcast.py): nothing to compile while the
+        others wait."""
         self._check_like_root(root)
         values = self.values()
         plain = {n: type(v) for n, v in values.items() if isinstance(v, _PLAIN)}
-        tree = {n: np.asarray(v) if n in plain else v for n, v in values.items()}
-        tree = _broadcast(tree, root)
+        leaves, treedef = jax.tree_util.tree_flatten({n: np.asarray(v) if n in plain else v for n, v in values.items()})
+        # In the dtypes jax holds them in (the layout the check compared): the same bytes on every worker.
+        arrays = [np.asarray(x, jax.dtypes.canonicalize_dtype(np.result_type(x))) for x in leaves]
+        tree = jax.tree_util.tree_unflatten(treedef, broadcast_arrays(arrays, root, "jbps.elastic.sync"))
         for name, value in tree.items():
             object.__setattr__(self, name, plain[name](value.item()) if name in plain else value)
         self._save()
-
-
-def _broadcast(tree: dict, root: int) -> dict:
-    from .ops import broadcast
-
-    return broadcast(tree, root, name="jbps.elastic.sync")
 
 
 def run(func: Callable) -> Callable:
@@ -187,10 +185,12 @@ def run(func: Callable) -> Callable:
         failed_starts = 0
         try:
             while True:
+                left = time.monotonic()
                 config, hosted, job = membership.join()
+                joined = time.monotonic()
                 jax.clear_caches()  # plans, sizes and keys of the last generation are baked into its programs
                 try:
-                    runtime.start_member(requested, (config, hosted))
+                    runtime.start_member(requested, (config, hosted), job["rates"])
                 except JbpsError as exc:
                     # A member left while the others connected or probed the links (a
                     # newcomer refused, a second loss): this generation ends before it began.
@@ -201,15 +201,22 @@ def run(func: Callable) -> Callable:
                     membership.leave_generation()
                     continue
                 failed_starts = 0
+                measured = runtime.measured_rates()
+                if job["rank"] == 0 and job["rates"] is None and measured is not None:
+                    membership.tell_rates(measured)
                 object.__setattr__(state, "_membership", membership)
                 started = time.monotonic()
                 try:
                     state.sync(root=0)
                     log.info(
-                        "jbps.elastic: generation %d, %d workers, rank %d (joined in %.2f s)",
+                        "jbps.elastic: generation %d, %d workers, rank %d: assembled in %.2f s, engine started "
+                        "in %.2f s (links %s), state from rank 0 in %.2f s",
                         job["generation"],
                         job["num_workers"],
                         job["rank"],
+                        joined - left,
+                        started - joined,
+                        "measured before" if job["rates"] is not None else "probed" if measured else "not probed",
                         time.monotonic() - started,
                     )
                     result = func(state, *args, **kwargs)

@@ -106,17 +106,29 @@ def init(**overrides) -> Session:
     return _start(Config.resolve(overrides))
 
 
-def start_member(requested: Config, joined: tuple[Config, list]) -> Session:
+def start_member(requested: Config, joined: tuple[Config, list], rates: dict | None = None) -> Session:
     """init() for a job whose membership was found outside the bootstraps
     (an elastic generation, jbps/elastic.py): `joined` is the config and the
     servers this process hosts. Psum names restart from the first, as every
-    member of the new generation traces its psums afresh."""
+    member of the new generation traces its psums afresh. `rates`: the links'
+    rates an earlier generation on the same hosts measured ({"link": bytes/s,
+    "servers": bytes/s per server or None}), the same on every member, which
+    then skip the link probe."""
     global _names
     _names = itertools.count()
-    return _start(requested, joined)
+    return _start(requested, joined, rates)
 
 
-def _start(requested: Config, joined: tuple[Config, list] | None = None) -> Session:
+def measured_rates() -> dict | None:
+    """The links' rates this job's start measured or was given (None when it
+    measured none: on one host, or with JBPS_PARTITION_BYTES set), in the form
+    start_member takes."""
+    if _link_rate is None:
+        return None
+    return {"link": _link_rate, "servers": list(_server_rates) if _server_rates is not None else None}
+
+
+def _start(requested: Config, joined: tuple[Config, list] | None = None, rates: dict | None = None) -> Session:
     global _config, _requested, _hosted, _fractions, _spans_hosts, _link_rate, _server_rates, _nic_share
     global _atexit_registered, _follower
     with _lock:
@@ -165,11 +177,17 @@ def _start(requested: Config, joined: tuple[Config, list] | None = None) -> Sess
             # The default chunks fit the link (partition/defaults.py): measure it,
             # and each server's own link: servers on slower links get less (rated_split.py).
             try:
-                _link_rate = link_rate.measure(roles, _fractions, config.num_workers, config.timeout_s)
-                if _link_rate is not None and len(roles) > 1:
-                    _server_rates = tuple(
-                        link_rate.server_rates(roles, config.num_workers, _link_rate, config.timeout_s)
-                    )
+                if rates is not None:
+                    _link_rate = float(rates["link"])
+                    given = rates.get("servers")
+                    _server_rates = tuple(map(float, given)) if given and len(given) == len(roles) else None
+                else:
+                    _link_rate = link_rate.measure(roles, _fractions, config.num_workers, config.timeout_s)
+                    if _link_rate is not None and len(roles) > 1:
+                        _server_rates = tuple(
+                            link_rate.server_rates(roles, config.num_workers, _link_rate, config.timeout_s)
+                        )
+                if _server_rates is not None:
                     rated = link_rate.fractions_for_rates(roles, _server_rates, config.num_workers)
                     if rated is not None:
                         _fractions = tuple(rated)

@@ -149,6 +149,13 @@ def test_a_killed_worker_leaves_the_others_training_and_a_restarted_one_rejoins_
     # The survivors went on after the kill, and the newcomer ran the last steps with them.
     after_kill = [line for line in job.lines(0) if "step" in line and line["at"] > killed_at]
     assert {line["size"] for line in after_kill} == {2, 3}
+    commits = [line for line in job.lines(0) if "step" in line]
+    steps = sorted(b["at"] - a["at"] for a, b in zip(commits, commits[1:]) if a["size"] == b["size"])
+    join = next(b["at"] - a["at"] for a, b in zip(commits, commits[1:]) if (a["size"], b["size"]) == (2, 3))
+    print(
+        f"survivors' next commit: {after_kill[0]['at'] - killed_at:.2f} s after the kill; at the join "
+        f"{join:.2f} s between commits (median step {steps[len(steps) // 2]:.2f} s)"
+    )
     assert job.lines(newcomer)[0]["step"] > 5 and job.lines(newcomer)[0]["size"] == 3
     assert "rolling back to the last commit and regrouping" in job.stderr(0)
 
@@ -170,9 +177,7 @@ def test_jbps_run_starts_a_failed_worker_again_and_it_rejoins(tmp_path):
     env = job_free_env(JAX_PLATFORMS="cpu", JBPS_TEST_MARKER=marker)
     die = tmp_path / "died"
     argv = [sys.executable, "-m", "jbps", "run", "-n", "3", "--min-workers", "2", "--max-workers", "3"]
-    # One device: the killed-worker test above runs two (and XLA's abort of a survivor whose step
-    # failed on one device only, docs/limitations.md, is not what this one checks).
-    argv += ["--local-devices", "1", sys.executable, TRAIN, "--steps", "40", "--step-seconds", "0.1"]
+    argv += ["--local-devices", "2", sys.executable, TRAIN, "--steps", "40", "--step-seconds", "0.1"]
     argv += ["--die-at", "5", "--die-file", str(die)]
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=240, cwd="/")
     try:
@@ -248,6 +253,24 @@ def test_a_stranger_without_the_secret_is_refused_and_the_job_goes_on(job_factor
     assert result["exact"] and set(result["sizes"]) == {2}  # one worker, 2 devices, never regrouped
 
 
+def test_the_scheduler_hands_a_generation_the_links_rates_only_for_hosts_measured_before():
+    # What rank 0 said its generation measured, by server host: a later generation whose servers
+    # all sit on those hosts gets them (each server its host's slowest), one with a new host none.
+    sched = ElasticScheduler(2, 1, 3)
+    try:
+        assert sched._known_rates(["127.0.0.2:5000"]) is None  # nothing measured yet
+        sched.addresses = ["127.0.0.2:5000", "127.0.0.3:5001", "127.0.0.3:5002"]
+        sched._keep_rates({"link": 1.2e8, "servers": [1.1e8, 5e7, 9e7]})
+        assert sched._known_rates(["127.0.0.3:6000", "127.0.0.2:6001"]) == {"link": 1.2e8, "servers": [5e7, 1.1e8]}
+        assert sched._known_rates(["127.0.0.2:6000", "127.0.0.4:6001"]) is None
+        sched._keep_rates({"link": 1e8, "servers": None})  # one server, or the per-server probe failed
+        assert sched._known_rates(["127.0.0.3:7000"]) == {"link": 1e8, "servers": None}
+        sched._keep_rates({"link": "fast"})  # malformed: ignored, the last good ones stay
+        assert sched._known_rates(["127.0.0.3:7000"]) == {"link": 1e8, "servers": None}
+    finally:
+        sched.close()
+
+
 def test_a_state_names_its_values_and_refuses_others():
     import numpy as np
 
@@ -300,15 +323,14 @@ def test_randomized_membership_changes_never_give_a_wrong_sum(job_factory, reque
     """Workers killed and started at random (1 to 3 of them): after every change the test waits
     for a commit of the new membership; every worker checks every step's sum against numpy for
     the size it ran with and exits 3 on a wrong one. The suite runs 8 changes; `pytest --soak` (or
-    JBPS_SOAK=1) runs 1,000. One device per worker: with several, a step whose psum failed on one
-    device after another's part had finished leaves that device in XLA's local all-gather, and
-    XLA:CPU aborts the process 40 s later (docs/limitations.md); 2 of 161 workers so in 300
-    changes with 2 devices each, none with a wrong sum."""
+    JBPS_SOAK=1) runs 1,000. Two devices per worker: a step whose psum failed on one device fails
+    on the other too (the engine completes a step's device calls together), so no survivor is
+    left waiting in XLA's all-gather of the two."""
     import random
 
     changes = 1000 if request.config.getoption("--soak") or os.environ.get("JBPS_SOAK") == "1" else 8
     rng = random.Random(7)
-    job = job_factory(2, 1, 3, devices=1)
+    job = job_factory(2, 1, 3, devices=2)
     args = ["--steps", "1000000", "--step-seconds", "0.02", "--commit-every", "5"]
     running = [job.start(i, *args) for i in range(2)]
 

@@ -451,7 +451,8 @@ def test_an_elastic_job_across_hosts_goes_on_after_a_kill_a_rejoin_and_a_cut_lin
     the others go on; it is started again and rejoins; then host 1's link is cut
     (no FIN): the survivors' psums time out, the scheduler drops host 1's worker,
     and hosts 0 and 2 finish with the parameters numpy computes from the sizes
-    each step was committed with."""
+    each step was committed with. The generations after the first reuse its links'
+    rates."""
     with EmulatedNetwork(3, "1G") as net:
         job = ElasticJob(net, tmp_path, ["--num-workers", "3", "--min-workers", "2", "--max-workers", "3"])
         try:
@@ -474,6 +475,10 @@ def test_an_elastic_job_across_hosts_goes_on_after_a_kill_a_rejoin_and_a_cut_lin
             sizes = result["sizes"]
             assert [s for i, s in enumerate(sizes) if i == 0 or sizes[i - 1] != s] == [3, 2, 3, 2], sizes
             assert job.scheduler.wait(timeout=30) == 0, job.err("scheduler")
+            # Every later generation ran on hosts the first one measured: they reused its links'
+            # rates (one probe's reading, to the bit) and skipped the probe.
+            links = {line["link"] for name in ("w0", "w2b") for line in job.lines(name) if "link" in line}
+            assert len(links) == 1 and None not in links, links
         finally:
             job.end()  # the cut host's worker fails its own way; ended by PID
 

@@ -194,7 +194,7 @@ def test_distributed_optimizer_alias():
 # --- broadcast ---
 
 
-@pytest.mark.parametrize("modes,devices,x64", [("eager,jit", 1, True), ("pmap", 2, False)])
+@pytest.mark.parametrize("modes,devices,x64", [("eager,jit,host", 1, True), ("pmap", 2, False)])
 def test_broadcast_gives_every_worker_the_roots_bits(modes, devices, x64):
     # Each worker checks its bits against the root's tree rebuilt by numpy.
     env = {"JAX_ENABLE_X64": "1"} if x64 else None

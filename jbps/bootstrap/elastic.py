@@ -85,7 +85,13 @@ class Membership:
             server.stop()
             raise
         self.generation, self.regroup_asked = job["generation"], False
-        return config, [server], job
+        # The links' rates an earlier generation on these hosts measured, if the scheduler has them.
+        return config, [server], dict(job, rates=reply.get("rates"))
+
+    def tell_rates(self, rates: dict) -> None:
+        """Rank 0's word on the links' rates this generation measured (every
+        worker agreed on them): a later generation on the same hosts reuses them."""
+        self.reg.send({"rates": rates})
 
     def asked_to_regroup(self) -> bool:
         """Whether the scheduler has asked this generation to regroup (a worker

@@ -15,6 +15,9 @@ scheduler hands out generations, and learns:
   psums failed; a server once its workers have left or one was lost) and waits
   for the next;
 - "done": a worker's training returned;
+- "rates": rank 0's word on the links' rates its generation measured, which
+  a later generation whose servers are all on hosts measured before reuses
+  (so its workers skip the link probe);
 - the connection's end: the member is gone (a lost server's keys go to the
   others in the next generation's plan).
 
@@ -101,6 +104,8 @@ class ElasticScheduler(Scheduler):
         self.finished = 0
         self.selector = selectors.DefaultSelector()
         self.short_since: float | None = None  # since when fewer than min_workers could be assembled
+        self.addresses: list[str] = []  # the running generation's servers
+        self.rates: dict | None = None  # the links' rates a generation measured (_keep_rates)
 
     def _opening(self, challenge: str) -> dict:
         return {"challenge": challenge, "elastic": True}
@@ -160,11 +165,41 @@ class ElasticScheduler(Scheduler):
         if message.get("done") and m.role == "worker":
             self.finished += 1
             self._drop(m, "finished")
+        elif message.get("rates") and m in self.running and m.rank == 0 and m.generation == self.generation:
+            self._keep_rates(message["rates"])
         elif message.get("regroup") and m in self.running:
             self.running.remove(m)
             self.ready.append(m)
             m.waiting_since = time.monotonic()
             log.info("%s waits for the next generation", self._name(m))
+
+    def _keep_rates(self, rates: dict) -> None:
+        """The running generation's links' rates (rank 0 says them; every worker agreed on
+        them), by server host: a later generation whose servers are all on these hosts
+        reuses them instead of probing the links again."""
+        try:
+            link = float(rates["link"])
+            per_server = rates.get("servers")
+            by_host: dict[str, float] = {}
+            for address, rate in zip(self.addresses, per_server or [None] * len(self.addresses)):
+                host = address.rsplit(":", 1)[0]
+                if rate is None:
+                    by_host.setdefault(host, 0.0)
+                else:
+                    by_host[host] = min(float(rate), by_host.get(host, float(rate)))
+        except (KeyError, TypeError, ValueError) as exc:
+            log.warning("ignored a malformed rates message: %s", exc)
+            return
+        self.rates = {"link": link, "hosts": by_host, "per_server": per_server is not None}
+
+    def _known_rates(self, addresses: list[str]) -> dict | None:
+        """What the workers of a generation with these servers are told of the links' rates,
+        or None (they probe)."""
+        known = self.rates
+        if known is None or not all(a.rsplit(":", 1)[0] in known["hosts"] for a in addresses):
+            return None
+        servers = [known["hosts"][a.rsplit(":", 1)[0]] for a in addresses] if known["per_server"] else None
+        return {"link": known["link"], "servers": servers}
 
     def _order(self, members: list[ElasticMember]) -> list[ElasticMember]:
         """The last generation's survivors in their order (rank 0 held the last commit), then newcomers."""
@@ -212,9 +247,10 @@ class ElasticScheduler(Scheduler):
                 return
             finally:
                 m.conn.settimeout(HELLO_TIMEOUT_S)
-        self.generation = generation
+        self.generation, self.addresses = generation, addresses
+        rates = self._known_rates(addresses)
         for rank, m in enumerate(members):
-            self._answer(m, {"servers": addresses} if m.role == "worker" else {"assembled": True})
+            self._answer(m, {"servers": addresses, "rates": rates} if m.role == "worker" else {"assembled": True})
             m.rank, m.generation, m.told_to_regroup = rank, generation, False
             self.ready.remove(m)
             self.running.append(m)
@@ -240,8 +276,13 @@ class ElasticScheduler(Scheduler):
     def _step(self, now: float) -> None:
         """What the scheduler does between messages."""
         running_workers = _workers(self.running)
-        room = len(running_workers) < self.max_workers or any(m.role == "server" for m in self.ready)
-        if self.ready and running_workers and room:
+        # Only a newcomer asks the running workers to regroup: one that left the running
+        # generation (its psums failed) has peers whose psums fail too, and a notice sent to
+        # a host that is cut off would only hold its connection's loss back (unacknowledged
+        # data waits out retransmissions; an idle connection's keepalive notices sooner).
+        newcomers = [m for m in self.ready if m.generation < self.generation or self.generation == 0]
+        room = len(running_workers) < self.max_workers or any(m.role == "server" for m in newcomers)
+        if newcomers and running_workers and room:
             for m in running_workers:
                 if not m.told_to_regroup:
                     try:

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jbps
+from jbps.host_broadcast import broadcast_arrays
 
 
 def special_f32():
@@ -62,6 +63,10 @@ def broadcast(mine, root, mode, rank, devices):
         return jbps.broadcast(mine, root=root)
     if mode == "jit":
         return jax.jit(lambda t: jbps.broadcast(t, root=root))(mine)
+    if mode == "host":  # outside XLA: an elastic generation's state (jbps/host_broadcast.py)
+        leaves, treedef = jax.tree_util.tree_flatten(mine)
+        arrays = broadcast_arrays([np.asarray(x) for x in leaves], root, "host_broadcast_check")
+        return jax.tree_util.tree_unflatten(treedef, arrays)
     # pmap: each local device starts from a different tree; the root's first device wins.
     per_device = [make_tree(1000 + rank * 100 + d) if d else mine for d in range(devices)]
     stacked = jax.tree_util.tree_map(lambda *xs: np.stack(xs), *per_device)
@@ -74,7 +79,7 @@ def broadcast(mine, root, mode, rank, devices):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--root", type=int, default=0)
-    p.add_argument("--modes", default="eager", help="comma-separated: eager, jit, pmap")
+    p.add_argument("--modes", default="eager", help="comma-separated: eager, jit, host, pmap")
     args = p.parse_args()
     jbps.init()
     rank, devices = jbps.rank(), jax.local_device_count()

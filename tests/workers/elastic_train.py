@@ -8,7 +8,8 @@ T = n*k, exact in float32, and any sum mixing two memberships misses it. The
 state keeps w (the sums' running total over T) and, per committed step, the
 T it ran with; at the end w must equal numpy's total over that history.
 
-Prints one JSON line per commit (every --commit-every steps) ({"step", "size", "rank"}) and a last
+Prints one JSON line per commit (every --commit-every steps) ({"step", "size", "rank", "servers",
+"link", "at"}) and a last
 one: {"done", "w", "expected", "sizes"}. --die-at STEP kills this process
 (SIGKILL) before that step, once per --die-file (created first).
 """
@@ -16,6 +17,7 @@ one: {"done", "w", "expected", "sizes"}. --die-at STEP kills this process
 import argparse
 import functools
 import json
+import logging
 import os
 import signal
 import sys
@@ -27,6 +29,7 @@ import numpy as np
 
 import jbps
 import jbps.elastic
+import jbps.runtime
 
 
 def first_to_claim(path):
@@ -47,6 +50,7 @@ def main():
     p.add_argument("--commit-every", type=int, default=1)
     p.add_argument("--width", type=int, default=1000, help="another width: a worker of another model")
     args = p.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")  # each generation's timings
     k = jax.local_device_count()
 
     @functools.partial(jax.pmap, axis_name="i")
@@ -78,7 +82,9 @@ def main():
             if state.step % args.commit_every == 0 or state.step == args.steps:
                 state.commit()
                 servers = len(jbps.config().servers)
-                print(json.dumps({"step": state.step, "size": n, "rank": r, "servers": servers, "at": time.time()}))
+                link = jbps.runtime.link_bytes_per_s()  # as measured, or reused from an earlier generation
+                line = {"step": state.step, "size": n, "rank": r, "servers": servers, "link": link, "at": time.time()}
+                print(json.dumps(line))
                 sys.stdout.flush()
             time.sleep(args.step_seconds)
 

@@ -83,6 +83,64 @@ class PyServer {
   std::unique_ptr<jbps::SummationServer> server_;
 };
 
+// engine_psum_host's body for float32 (the link probe) and int32 values (a
+// host broadcast's words: x + 0 is x for integers, whatever their bits mean).
+template <typename T, jbps::DType kDType>
+double PsumHost(nb::ndarray<T, nb::ndim<1>, nb::c_contig, nb::device::cpu> values, int64_t key, const std::string& name,
+                int64_t partition_bytes, std::vector<uint64_t> chunk_bytes, std::vector<uint8_t> chunk_alone,
+                std::vector<int32_t> servers, const std::string& tree, int64_t tree_key, double wait_s,
+                bool fixed_routes, int64_t priority, uint32_t shard, uint32_t slots) {
+  if (partition_bytes < 1) throw std::invalid_argument("engine_psum_host: partition_bytes must be positive");
+  const size_t nbytes = values.size() * sizeof(T);
+  auto copy = std::make_shared<std::vector<T>>(values.data(), values.data() + values.size());
+  jbps::CallSpec spec;
+  spec.names = name;
+  spec.tree = tree;
+  spec.tree_key = static_cast<uint64_t>(tree_key);
+  spec.partition_bytes = static_cast<size_t>(partition_bytes);
+  spec.chunk_counts = {static_cast<uint32_t>(chunk_bytes.size())};
+  spec.chunk_bytes = std::move(chunk_bytes);
+  spec.chunk_alone = std::move(chunk_alone);
+  spec.servers = std::move(servers);
+  spec.fixed_routes = fixed_routes;
+  spec.shard = shard;
+  spec.slots = slots;
+  jbps::Operand op;
+  op.in = op.out = copy->data();
+  op.nbytes = nbytes;
+  op.dtype = kDType;
+  op.base_key = static_cast<uint64_t>(key);
+  op.priority = priority;
+  spec.operands.push_back(op);
+  auto result = std::make_shared<std::promise<std::string>>();
+  std::future<std::string> answer = result->get_future();
+  std::string error;
+  double seconds = 0;
+  {
+    nb::gil_scoped_release release;
+    const auto start = std::chrono::steady_clock::now();
+    jbps::Engine::Get().Submit(std::move(spec), [result, copy](const std::string& e) { result->set_value(e); });
+    // The engine fails a call after its own timeout; this bound is a backstop.
+    if (answer.wait_for(std::chrono::duration<double>(wait_s)) != std::future_status::ready) {
+      error = "engine_psum_host: no answer in " + std::to_string(wait_s) + " s";
+    } else {
+      seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      error = answer.get();
+    }
+  }
+  if (!error.empty()) throw std::runtime_error(error);
+  std::copy(copy->begin(), copy->end(), values.data());
+  return seconds;
+}
+
+template <typename T, jbps::DType kDType>
+void DefPsumHost(nb::module_& m) {
+  m.def("engine_psum_host", &PsumHost<T, kDType>, nb::arg("values"), nb::arg("key"), nb::arg("name"),
+        nb::arg("partition_bytes"), nb::arg("chunk_bytes"), nb::arg("chunk_alone"), nb::arg("servers"), nb::arg("tree"),
+        nb::arg("tree_key"), nb::arg("wait_s"), nb::arg("fixed_routes") = false, nb::arg("priority") = 0,
+        nb::arg("shard") = 0, nb::arg("slots") = 1);
+}
+
 }  // namespace
 
 NB_MODULE(_core, m) {
@@ -239,65 +297,14 @@ NB_MODULE(_core, m) {
     return out;
   });
   // One psum of a float32 host array outside XLA, for jbps.init's link probe
-  // (jbps/link_rate.py): the sum replaces the values, and the answer is the
-  // seconds from submit to sum. The plan's routing, tree and keys come from
-  // Python as a jbps_psum call's attributes do (Submit fails a call whose
-  // chunk table does not add up); fixed_routes keeps them whatever split the
-  // rate follower announced since; priority orders its chunks among the job's
-  // (larger is sent sooner); shard and slots make it one device's call of a
-  // step (CallSpec::slots). The engine works on its own copy, so a call
-  // the backstop gives up on never writes a freed array.
-  m.def(
-      "engine_psum_host",
-      [](nb::ndarray<float, nb::ndim<1>, nb::c_contig, nb::device::cpu> values, int64_t key, const std::string& name,
-         int64_t partition_bytes, std::vector<uint64_t> chunk_bytes, std::vector<uint8_t> chunk_alone,
-         std::vector<int32_t> servers, const std::string& tree, int64_t tree_key, double wait_s, bool fixed_routes,
-         int64_t priority, uint32_t shard, uint32_t slots) {
-        if (partition_bytes < 1) throw std::invalid_argument("engine_psum_host: partition_bytes must be positive");
-        const size_t nbytes = values.size() * sizeof(float);
-        auto copy = std::make_shared<std::vector<float>>(values.data(), values.data() + values.size());
-        jbps::CallSpec spec;
-        spec.names = name;
-        spec.tree = tree;
-        spec.tree_key = static_cast<uint64_t>(tree_key);
-        spec.partition_bytes = static_cast<size_t>(partition_bytes);
-        spec.chunk_counts = {static_cast<uint32_t>(chunk_bytes.size())};
-        spec.chunk_bytes = std::move(chunk_bytes);
-        spec.chunk_alone = std::move(chunk_alone);
-        spec.servers = std::move(servers);
-        spec.fixed_routes = fixed_routes;
-        spec.shard = shard;
-        spec.slots = slots;
-        jbps::Operand op;
-        op.in = op.out = copy->data();
-        op.nbytes = nbytes;
-        op.dtype = jbps::DType::kF32;
-        op.base_key = static_cast<uint64_t>(key);
-        op.priority = priority;
-        spec.operands.push_back(op);
-        auto result = std::make_shared<std::promise<std::string>>();
-        std::future<std::string> answer = result->get_future();
-        std::string error;
-        double seconds = 0;
-        {
-          nb::gil_scoped_release release;
-          const auto start = std::chrono::steady_clock::now();
-          jbps::Engine::Get().Submit(std::move(spec), [result, copy](const std::string& e) { result->set_value(e); });
-          // The engine fails a call after its own timeout; this bound is a backstop.
-          if (answer.wait_for(std::chrono::duration<double>(wait_s)) != std::future_status::ready) {
-            error = "engine_psum_host: no answer in " + std::to_string(wait_s) + " s";
-          } else {
-            seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-            error = answer.get();
-          }
-        }
-        if (!error.empty()) throw std::runtime_error(error);
-        std::copy(copy->begin(), copy->end(), values.data());
-        return seconds;
-      },
-      nb::arg("values"), nb::arg("key"), nb::arg("name"), nb::arg("partition_bytes"), nb::arg("chunk_bytes"),
-      nb::arg("chunk_alone"), nb::arg("servers"), nb::arg("tree"), nb::arg("tree_key"), nb::arg("wait_s"),
-      nb::arg("fixed_routes") = false, nb::arg("priority") = 0, nb::arg("shard") = 0, nb::arg("slots") = 1);
+  // (jbps/link_rate.py), or of an int32 one (jbps/host_broadcast.py): the sum replaces the values, and the answer is
+  // the seconds from submit to sum. The plan's routing, tree and keys come from Python as a jbps_psum call's attributes
+  // do (Submit fails a call whose chunk table does not add up); fixed_routes keeps them whatever split the rate
+  // follower announced since; priority orders its chunks among the job's (larger is sent sooner); shard and slots make
+  // it one device's call of a step (CallSpec::slots). The engine works on its own copy, so a call the backstop gives up
+  // on never writes a freed array.
+  DefPsumHost<float, jbps::DType::kF32>(m);
+  DefPsumHost<int32_t, jbps::DType::kI32>(m);
   m.def("engine_running", [] { return jbps::Engine::Get().running(); });
   m.def("engine_fault", [] { return jbps::Engine::Get().fault(); });
   m.def("engine_stats", [] {
