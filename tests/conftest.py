@@ -203,6 +203,7 @@ SLOW = (
     "tests/test_elastic.py::test_a_worker_joining",
     "tests/test_elastic.py::test_a_newcomer_waits",
     "tests/test_elastic.py::test_randomized_membership",
+    "tests/test_elastic.py::test_a_worker_lost_while_steps",
     "tests/test_multihost.py::",
     "tests/test_buckets.py::test_random_trees_in_small_buckets_match_numpy",
     "tests/test_checkout.py::test_the_readme_mpmd_line_runs_from_the_checkout_root",

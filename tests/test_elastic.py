@@ -160,6 +160,29 @@ def test_a_killed_worker_leaves_the_others_training_and_a_restarted_one_rejoins_
     assert "rolling back to the last commit and regrouping" in job.stderr(0)
 
 
+def test_a_worker_lost_while_steps_are_dispatched_back_to_back_leaves_the_others_training(job_factory, tmp_path):
+    # As a training loop runs: steps dispatched without waiting (each checked at the next commit,
+    # every 4 steps), 2 local devices per worker. Worker 2 kills itself at step 40, with the
+    # others' steps in flight; they roll back, go on, and take a restarted worker back.
+    job = job_factory(3, 2, 3)
+    steps = ["--steps", "400", "--step-seconds", "0.02", "--commit-every", "4", "--back-to-back"]
+    for i in range(2):
+        job.start(i, *steps)
+    job.start(2, *steps, "--die-at", "40", "--die-file", str(tmp_path / "died"))
+    deadline = time.monotonic() + 120
+    while job.procs[2].poll() is None:
+        assert time.monotonic() < deadline, job.stderr(2)
+        time.sleep(0.05)
+    newcomer = job.start(2, *steps)
+    codes = job.finish()
+    assert codes == [0, 0, -signal.SIGKILL, 0], [job.stderr(n) for n in range(4)]
+    assert job.error is None
+    results = [final(job, n) for n in (0, 1, newcomer)]
+    assert all(r == results[0] and r["exact"] for r in results), results
+    sizes = results[0]["sizes"]
+    assert [s for i, s in enumerate(sizes) if i == 0 or sizes[i - 1] != s] == [6, 4, 6], sizes
+
+
 def test_too_few_workers_left_fail_with_a_message_naming_the_minimum(job_factory):
     job = job_factory(2, 2, 2, timeout_s=4.0)
     for i in range(2):

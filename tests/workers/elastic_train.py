@@ -8,6 +8,9 @@ T = n*k, exact in float32, and any sum mixing two memberships misses it. The
 state keeps w (the sums' running total over T) and, per committed step, the
 T it ran with; at the end w must equal numpy's total over that history.
 
+With --back-to-back the steps are dispatched without waiting for them (as a
+training loop does), and their sums are checked at the next commit.
+
 Prints one JSON line per commit (every --commit-every steps) ({"step", "size", "rank", "servers",
 "link", "at"}) and a last
 one: {"done", "w", "expected", "sizes"}. --die-at STEP kills this process
@@ -49,6 +52,11 @@ def main():
     p.add_argument("--die-file", default=None)
     p.add_argument("--commit-every", type=int, default=1)
     p.add_argument("--width", type=int, default=1000, help="another width: a worker of another model")
+    p.add_argument(
+        "--back-to-back",
+        action="store_true",
+        help="dispatch steps without waiting for them: their sums are checked at the next commit",
+    )
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # each generation's timings
     k = jax.local_device_count()
@@ -61,25 +69,37 @@ def main():
 
     state = jbps.elastic.State(w=np.zeros((args.width,), np.float32), sizes=np.zeros((args.steps,), np.int32), step=0)
 
+    def check(step, n, total, out):
+        want = np.float32((step + 1) * total * (total + 1) / 2)
+        out = np.asarray(out)
+        if not np.all(out == want):
+            print(json.dumps({"wrong": step, "size": n, "got": float(out.ravel()[0]), "want": float(want)}))
+            sys.exit(3)
+
     @jbps.elastic.run
     def train(state):
+        unchecked = []  # steps dispatched back to back, checked at the next commit
         while state.step < args.steps:
             if args.die_at is not None and state.step == args.die_at and first_to_claim(args.die_file):
                 os.kill(os.getpid(), signal.SIGKILL)
             n, r = jbps.size(), jbps.rank()
             total = n * k
             steps = np.full((k,), state.step, np.float32)
-            out = np.asarray(contribute(steps, np.full((k,), r * k, np.float32)))
-            want = np.float32((state.step + 1) * total * (total + 1) / 2)
-            if not np.all(out == want):
-                print(json.dumps({"wrong": state.step, "size": n, "got": float(out.ravel()[0]), "want": float(want)}))
-                sys.exit(3)
-            state.w = np.asarray(state.w) + out[0] / np.float32(total)
+            out = contribute(steps, np.full((k,), r * k, np.float32))
+            if args.back_to_back:
+                unchecked.append((state.step, n, total, out))
+                state.w = jnp.asarray(state.w) + out[0] / np.float32(total)
+            else:
+                check(state.step, n, total, out)
+                state.w = np.asarray(state.w) + np.asarray(out)[0] / np.float32(total)
             sizes = np.array(state.sizes)
             sizes[state.step] = total
             state.sizes = sizes
             state.step += 1
             if state.step % args.commit_every == 0 or state.step == args.steps:
+                for pending in unchecked:
+                    check(*pending)
+                unchecked.clear()
                 state.commit()
                 servers = len(jbps.config().servers)
                 link = jbps.runtime.link_bytes_per_s()  # as measured, or reused from an earlier generation
