@@ -286,10 +286,17 @@ def test_the_scheduler_hands_a_generation_the_links_rates_only_for_hosts_measure
         sched._keep_rates({"link": 1.2e8, "servers": [1.1e8, 5e7, 9e7]})
         assert sched._known_rates(["127.0.0.3:6000", "127.0.0.2:6001"]) == {"link": 1.2e8, "servers": [5e7, 1.1e8]}
         assert sched._known_rates(["127.0.0.2:6000", "127.0.0.4:6001"]) is None
+        # A generation with a new host measures again; the hosts it left out keep their rates.
+        sched.addresses = ["127.0.0.2:8000", "127.0.0.4:8001"]
+        sched._keep_rates({"link": 1.1e8, "servers": [1e8, 7e7]})
+        assert sched._known_rates(["127.0.0.3:9000", "127.0.0.4:9001", "127.0.0.2:9002"]) == {
+            "link": 1.1e8,
+            "servers": [5e7, 7e7, 1e8],
+        }
         sched._keep_rates({"link": 1e8, "servers": None})  # one server, or the per-server probe failed
-        assert sched._known_rates(["127.0.0.3:7000"]) == {"link": 1e8, "servers": None}
+        assert sched._known_rates(["127.0.0.4:7000"]) == {"link": 1e8, "servers": None}
         sched._keep_rates({"link": "fast"})  # malformed: ignored, the last good ones stay
-        assert sched._known_rates(["127.0.0.3:7000"]) == {"link": 1e8, "servers": None}
+        assert sched._known_rates(["127.0.0.4:7000"]) == {"link": 1e8, "servers": None}
     finally:
         sched.close()
 

@@ -175,8 +175,8 @@ class ElasticScheduler(Scheduler):
 
     def _keep_rates(self, rates: dict) -> None:
         """The running generation's links' rates (rank 0 says them; every worker agreed on
-        them), by server host: a later generation whose servers are all on these hosts
-        reuses them instead of probing the links again."""
+        them), by server host, added to those of hosts measured before: a later generation
+        whose servers are all on known hosts reuses them instead of probing the links again."""
         try:
             link = float(rates["link"])
             per_server = rates.get("servers")
@@ -190,6 +190,9 @@ class ElasticScheduler(Scheduler):
         except (KeyError, TypeError, ValueError) as exc:
             log.warning("ignored a malformed rates message: %s", exc)
             return
+        known = self.rates
+        if known is not None and known["per_server"] == (per_server is not None):
+            by_host = {**known["hosts"], **by_host}  # hosts measured before and not now keep their rates
         self.rates = {"link": link, "hosts": by_host, "per_server": per_server is not None}
 
     def _known_rates(self, addresses: list[str]) -> dict | None:
