@@ -193,13 +193,13 @@ def test_a_local_devices_call_is_handed_back_with_the_same_steps_calls_of_the_ot
 
     srv = _core.Server("127.0.0.1:0", 1, timeout_s=30.0)
 
-    def call(shard, values):
+    def call(shard, values, chunk_bytes=None):
         return _core.engine_psum_host(
             values,
             key=7,
             name="pair",
             partition_bytes=1 << 20,
-            chunk_bytes=[values.nbytes],
+            chunk_bytes=chunk_bytes or [values.nbytes],
             chunk_alone=[0],
             servers=[0],
             tree="",
@@ -224,6 +224,17 @@ def test_a_local_devices_call_is_handed_back_with_the_same_steps_calls_of_the_ot
                     call(0, np.ones(16, np.float32))
                 assert 1.5 < time.monotonic() - started < 5
                 # Device 1's next call belongs to the next step, as does device 0's.
+                pair = [pool.submit(call, s, np.full(16, s + 1, np.float32)) for s in (0, 1)]
+                for p in pair:
+                    p.result(timeout=10)
+                # A failed call is handed back at once, and fails the step's other calls,
+                # those before it (held) and those after it.
+                started = time.monotonic()
+                with pytest.raises(RuntimeError, match="add up to"):
+                    call(1, np.ones(16, np.float32), chunk_bytes=[4])  # a bad chunk table fails it at once
+                assert time.monotonic() - started < 1.5
+                with pytest.raises(RuntimeError, match="add up to"):
+                    call(0, np.ones(16, np.float32))
                 pair = [pool.submit(call, s, np.full(16, s + 1, np.float32)) for s in (0, 1)]
                 for p in pair:
                     p.result(timeout=10)

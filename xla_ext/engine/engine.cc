@@ -165,6 +165,12 @@ bool Engine::Start(const EngineOptions& options, std::string* err) {
   s.huge_pages = options.huge_pages;
   s.conns = std::move(conns);
   s.roles = std::move(roles);
+  {
+    // Steps of calls made while the engine was stopped (each failed at once) are forgotten.
+    std::lock_guard<std::mutex> lock(s.siblings_mu);
+    s.siblings.clear();
+    s.sibling_next.clear();
+  }
   s.running = true;
   s.stopping = false;
   s.fault.clear();

@@ -317,10 +317,11 @@ struct SiblingKey {
   bool operator<(const SiblingKey& o) const { return std::tie(psum, slots, seq) < std::tie(o.psum, o.slots, o.seq); }
 };
 struct SiblingGroup {
-  std::vector<Delivery> held;
-  std::vector<bool> arrived;  // by shard
-  std::string error;          // the first failure among them
-  std::string name;           // the psum's first tensor, for the timeout's message
+  std::vector<Delivery> held;  // succeeded, waiting for the others
+  std::vector<bool> arrived;   // by shard
+  uint32_t count = 0;          // calls arrived
+  std::string error;           // the first failure among them
+  std::string name;            // the psum's first tensor, for the timeout's message
   Clock::time_point deadline;
 };
 

@@ -5,8 +5,9 @@
 // lost peer) after another's had returned, that device's program would stop
 // and the other would wait in the all-gather until XLA aborts the process.
 // So a call's result is handed over only once the same step's calls of all
-// the worker's devices are complete, and when one failed, all fail with its
-// error. The k-th call of a psum on each device belongs to the same step.
+// the worker's devices are complete; when one fails, it and those held fail
+// at once with its error, and so do the step's calls still to come. The k-th
+// call of a psum on each device belongs to the same step.
 #include "engine/engine_impl.h"
 
 namespace jbps {
@@ -45,9 +46,8 @@ void Engine::Impl::NumberSibling(HeldCall* held) {
 void Engine::Impl::ArriveSibling(Call* c, Delivery d) {
   const CallSpec& spec = c->spec;
   const SiblingKey key{PsumOf(spec), spec.slots, c->sibling_seq};
-  std::vector<Delivery> ready;
-  std::string error;
-  bool waits = false;
+  std::vector<Delivery> now;  // handed over once the lock is released
+  bool held = false;
   {
     std::lock_guard<std::mutex> lock(siblings_mu);
     auto [it, fresh] = siblings.try_emplace(key);
@@ -59,17 +59,31 @@ void Engine::Impl::ArriveSibling(Call* c, Delivery d) {
           Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opt.timeout_s));
     }
     g.arrived[spec.shard] = true;
-    if (!d.error.empty() && g.error.empty()) g.error = d.error;
-    g.held.push_back(std::move(d));
-    if (g.held.size() < spec.slots) {
-      waits = fresh;
+    ++g.count;
+    if (!d.error.empty() && g.error.empty()) {
+      // A failed call is handed over at once (its device's program stops there), and so
+      // are the others' held results, failed with it: none of them may go on alone.
+      g.error = d.error;
+      for (Delivery& h : g.held) {
+        h.error = g.error;
+        now.push_back(std::move(h));
+      }
+      g.held.clear();
+    }
+    if (!g.error.empty()) {
+      if (d.error.empty()) d.error = g.error;
+      now.push_back(std::move(d));
     } else {
-      ready = std::move(g.held);
-      error = g.error;
+      g.held.push_back(std::move(d));
+      held = true;
+    }
+    if (g.count == spec.slots) {
+      for (Delivery& h : g.held) now.push_back(std::move(h));  // every device's call succeeded
       siblings.erase(it);
+      held = false;
     }
   }
-  if (waits) {
+  if (held) {
     // The watchdog bounds the wait for the other devices' calls. With a call
     // in flight it wakes by that call's deadline, which is earlier, and sees
     // this step then: it is woken here only when it waits for nothing.
@@ -79,12 +93,8 @@ void Engine::Impl::ArriveSibling(Call* c, Delivery d) {
       idle = active.empty();
     }
     if (idle) watchdog_cv.notify_one();
-    return;
   }
-  for (Delivery& r : ready) {
-    if (r.error.empty()) r.error = error;
-    Deliver(std::move(r));
-  }
+  for (Delivery& r : now) Deliver(std::move(r));
 }
 
 std::optional<Clock::time_point> Engine::Impl::NextSiblingDeadline() {
