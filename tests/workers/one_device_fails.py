@@ -31,6 +31,10 @@ def main():
     x = (jnp.arange(k * 128, dtype=jnp.float32) * (rank + 1)).reshape(k, 128)
     want = np.broadcast_to(np.arange(k * 128).reshape(k, 128).sum(0) * size * (size + 1) / 2, (k, 128))
     np.testing.assert_allclose(np.asarray(f(x)), want)
+    # One chunk per device shard (JBPS_PARTITION_BYTES=256), and both servers got bytes: each
+    # device's shard goes to a server of its own, which is what the test's fault needs.
+    pushed = jbps.engine_stats()["server_bytes_pushed"]
+    assert len(pushed) == 2 and min(pushed) > 0, f"the shards did not go to both servers: {pushed}"
     print("ready", flush=True)
     deadline = time.monotonic() + 60
     while not os.path.exists(args.go_file):
