@@ -38,6 +38,7 @@ import numpy as np
 
 from . import link_rate, runtime
 from .host_broadcast import broadcast_arrays, broadcast_bytes
+from .partition.priority import INT64_MAX
 from .config import Config
 from .errors import JbpsError
 
@@ -104,8 +105,8 @@ class State:
                 "jbps.elastic.commit",
                 wanted,
                 runtime.server_fractions(),
-                runtime.config().timeout_s,
-                priority=np.iinfo(np.int64).max,
+                link_rate.backstop_s(runtime.config().timeout_s),
+                priority=INT64_MAX,  # ahead of the job's chunks: a few bytes
             )
             if wanted[0] > 0:
                 raise _Regroup()

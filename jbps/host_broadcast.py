@@ -24,8 +24,7 @@ def broadcast_bytes(data: bytes, root: int, name: str) -> bytes:
     words = np.zeros(-(-len(data) // 4), np.int32)
     if runtime.rank() == root:
         words.view(np.uint8)[: len(data)] = np.frombuffer(data, np.uint8)
-    timeout_s = runtime.config().timeout_s
-    link_rate.psum_host(name, words, runtime.server_fractions(), 2 * timeout_s + 10)
+    link_rate.psum_host(name, words, runtime.server_fractions(), link_rate.backstop_s(runtime.config().timeout_s))
     return words.view(np.uint8)[: len(data)].tobytes()
 
 

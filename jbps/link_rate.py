@@ -49,6 +49,12 @@ def busiest_nic_share(roles: Sequence[str], fractions: Sequence[float], num_work
     return busiest_nic_bytes(machines, placement, colocated + dedicated)
 
 
+def backstop_s(timeout_s: float) -> float:
+    """How long a host psum's caller waits at most: the engine fails the call
+    itself after the timeout, so this only bounds a wait the engine never ends."""
+    return 2 * timeout_s + 10
+
+
 def psum_host(
     name: str,
     values: np.ndarray,
@@ -112,7 +118,7 @@ def measure(roles: Sequence[str], fractions: Sequence[float], num_workers: int, 
     probes.clear()
     if share <= 0:
         return None
-    wait_s = 2 * timeout_s + 10
+    wait_s = backstop_s(timeout_s)
     warm_up(fractions, wait_s)
     nbytes = PROBE_START_BYTES
     while True:
@@ -196,7 +202,7 @@ def server_rates(roles: Sequence[str], num_workers: int, link_bytes_per_s: float
     the times agreed (one psum of all of them). Every worker calls it at the
     same point, after measure()."""
     n, count = num_workers, len(roles)
-    wait_s = 2 * timeout_s + 10
+    wait_s = backstop_s(timeout_s)
     seconds = np.full(count, np.inf, np.float32)
     sizes = [server_probe_bytes(role, n, link_bytes_per_s) for role in roles]
     loads = [server_load(role, n) * nbytes for role, nbytes in zip(roles, sizes)]

@@ -289,7 +289,7 @@ class Follower:
         self._decide = decide
         self._rank, self._n = rank, num_workers
         self._init_fractions = tuple(decide.fractions)  # the agreement psum's own routes (the plans' fractions)
-        self._wait_s = 2 * timeout_s + 10
+        self._wait_s = link_rate.backstop_s(timeout_s)
         self._stop = threading.Event()
         self._lock = threading.Lock()  # held while the engine is told a split; shutdown waits for it
         self.epochs: list[dict] = []  # each split announced: epoch, fractions, the rates behind them

@@ -216,7 +216,8 @@ def test_a_local_devices_call_is_handed_back_with_the_same_steps_calls_of_the_ot
                 time.sleep(0.5)  # device 0's part is summed; it waits for device 1's
                 assert not first.done()
                 second = pool.submit(call, 1, np.full(16, 2, np.float32))
-                first.result(timeout=10), second.result(timeout=10)
+                first.result(timeout=10)
+                second.result(timeout=10)
                 started = time.monotonic()
                 with pytest.raises(
                     RuntimeError, match=r"psum 'pair': local device 1 never made its call of this step within 2 s"

@@ -435,6 +435,14 @@ class ElasticJob:
             assert time.monotonic() < deadline, f"{name}: {self.err(name)}"
             time.sleep(0.05)
 
+    def printed(self, name, text, count=1, seconds=200, stream="out"):
+        """Waits until `name` has printed `text` `count` times (on stdout, or stderr)."""
+        path = self.tmp_path / f"{name}.{stream}"
+        deadline = time.monotonic() + seconds
+        while path.read_text().count(text) < count:
+            assert self.procs[name].poll() is None and time.monotonic() < deadline, f"{name}: {self.err(name)}"
+            time.sleep(0.05)
+
     def results(self, names):
         for name in names:
             assert self.procs[name].wait(timeout=120) == 0, self.err(name)
@@ -499,12 +507,6 @@ def test_mnist_trains_elastically_across_hosts_through_a_kill_a_rejoin_and_a_cut
         assert job.procs[name].wait(timeout=300) == 0, job.err(name)
         return float(job.outputs[name].read_text().split("test accuracy ")[1].split()[0])
 
-    def until(job, name, text, count=1):
-        deadline = time.monotonic() + 200
-        while job.outputs[name].read_text().count(text) < count:
-            assert job.procs[name].poll() is None and time.monotonic() < deadline, job.err(name)
-            time.sleep(0.05)
-
     with EmulatedNetwork(3, "1G") as net:
         (tmp_path / "clean").mkdir()
         job = ElasticJob(net, tmp_path / "clean", flags)
@@ -520,25 +522,22 @@ def test_mnist_trains_elastically_across_hosts_through_a_kill_a_rejoin_and_a_cut
         try:
             for h in range(3):
                 job.worker(f"w{h}", h, h, argv=argv)
-            until(job, "w0", "epoch 1/24")
+            job.printed("w0", "epoch 1/24")
             job.procs["w2"].kill()
-            until(job, "w0", "training with 2 workers")
+            job.printed("w0", "training with 2 workers")
             # The two left are paused (by PID) until the worker started again has registered,
             # so that it joins well before the training ends on a loaded machine.
             for name in ("w0", "w1"):
                 job.procs[name].send_signal(signal.SIGSTOP)
             try:
                 job.worker("w2b", 2, 2, argv=argv)
-                deadline = time.monotonic() + 120
-                while (tmp_path / "faults" / "scheduler.err").read_text().count("worker registered from") < 4:
-                    assert job.procs["w2b"].poll() is None and time.monotonic() < deadline, job.err("w2b")
-                    time.sleep(0.05)
+                job.printed("scheduler", "worker registered from", count=4, seconds=120, stream="err")
             finally:
                 for name in ("w0", "w1"):
                     job.procs[name].send_signal(signal.SIGCONT)
-            until(job, "w0", "training with 3 workers", count=2)
+            job.printed("w0", "training with 3 workers", count=2)
             net.cut(1)
-            until(job, "w0", "training with 2 workers", count=2)
+            job.printed("w0", "training with 2 workers", count=2)
             faulty = [accuracy(job, name) for name in ("w0", "w2b")]
             assert job.scheduler.wait(timeout=30) == 0, job.err("scheduler")
             out = job.outputs["w0"].read_text()

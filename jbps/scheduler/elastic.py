@@ -74,6 +74,10 @@ class ElasticMember(Member):
     told_waiting: float = 0.0  # when it was last told the job goes on without it for now
 
 
+def _host(address: str) -> str:
+    return address.rpartition(":")[0]
+
+
 def _workers(members: list[ElasticMember]) -> list[ElasticMember]:
     return [m for m in members if m.role == "worker"]
 
@@ -176,17 +180,15 @@ class ElasticScheduler(Scheduler):
     def _keep_rates(self, rates: dict) -> None:
         """The running generation's links' rates (rank 0 says them; every worker agreed on
         them), by server host, added to those of hosts measured before: a later generation
-        whose servers are all on known hosts reuses them instead of probing the links again."""
+        whose servers are all on known hosts reuses them instead of probing the links again.
+        Without per-server rates (one server, or their probe failed) a host's rate is None."""
         try:
             link = float(rates["link"])
             per_server = rates.get("servers")
-            by_host: dict[str, float] = {}
+            by_host: dict[str, float | None] = {}
             for address, rate in zip(self.addresses, per_server or [None] * len(self.addresses)):
-                host = address.rsplit(":", 1)[0]
-                if rate is None:
-                    by_host.setdefault(host, 0.0)
-                else:
-                    by_host[host] = min(float(rate), by_host.get(host, float(rate)))
+                held = by_host.get(_host(address))
+                by_host[_host(address)] = None if rate is None else min(float(rate), held or float("inf"))
         except (KeyError, TypeError, ValueError) as exc:
             log.warning("ignored a malformed rates message: %s", exc)
             return
@@ -199,9 +201,9 @@ class ElasticScheduler(Scheduler):
         """What the workers of a generation with these servers are told of the links' rates,
         or None (they probe)."""
         known = self.rates
-        if known is None or not all(a.rsplit(":", 1)[0] in known["hosts"] for a in addresses):
+        if known is None or not all(_host(a) in known["hosts"] for a in addresses):
             return None
-        servers = [known["hosts"][a.rsplit(":", 1)[0]] for a in addresses] if known["per_server"] else None
+        servers = [known["hosts"][_host(a)] for a in addresses] if known["per_server"] else None
         return {"link": known["link"], "servers": servers}
 
     def _order(self, members: list[ElasticMember]) -> list[ElasticMember]:

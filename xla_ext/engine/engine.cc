@@ -254,8 +254,7 @@ void Engine::Submit(CallSpec spec, DoneFn done, EarlyDoneFn early) {
 // A psum's line: its tree on one device (its first tensor's, without a tree).
 static uint64_t LineOf(const CallSpec& spec) {
   if (spec.operands.empty()) return 0;
-  const uint64_t base = spec.tree.empty() ? spec.operands[0].base_key : spec.tree_key;
-  return ChunkKey(base, spec.shard, 0) | 1;  // never 0
+  return ChunkKey(PsumKey(spec), spec.shard, 0) | 1;  // never 0
 }
 
 // Where routes can change, a line's calls go one at a time: a call is routed
@@ -440,8 +439,7 @@ void Engine::Impl::Launch(HeldCall held, uint64_t line, uint32_t epoch) {
     }
     if (fail.empty()) {
       call->id = s.next_call_id++;
-      call->deadline =
-          Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s.opt.timeout_s));
+      call->deadline = s.DeadlineFromNow();
       // Queued means in the priority queue, under mu: a trace can then tell
       // which chunks this call found waiting there.
       const double now = s.opt.trace ? NowMicros() : 0;

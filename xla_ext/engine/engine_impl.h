@@ -92,6 +92,12 @@ inline double NowMicros() {
   return std::chrono::duration<double, std::micro>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+// Which psum a call belongs to, the same for its calls on every device: its
+// tree's key, or its first tensor's without a tree (lines and device groups).
+inline uint64_t PsumKey(const CallSpec& spec) {
+  return spec.tree.empty() && !spec.operands.empty() ? spec.operands[0].base_key : spec.tree_key;
+}
+
 inline std::string FormatSeconds(double s) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%g", s);
@@ -388,6 +394,10 @@ struct Engine::Impl {
   std::mutex siblings_mu;
   std::map<std::pair<uint64_t, uint32_t>, std::vector<uint64_t>> sibling_next;
   std::map<SiblingKey, SiblingGroup> siblings;
+  // Now plus the psum timeout: a call's deadline, and a step's wait for its devices.
+  Clock::time_point DeadlineFromNow() const {
+    return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opt.timeout_s));
+  }
   void NumberSibling(HeldCall* held);
   void ArriveSibling(Call* c, Delivery d);
   void Deliver(Delivery d);

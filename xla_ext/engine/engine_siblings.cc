@@ -13,11 +13,6 @@
 namespace jbps {
 namespace {
 
-uint64_t PsumOf(const CallSpec& spec) {
-  if (!spec.tree.empty() || spec.operands.empty()) return spec.tree_key;
-  return spec.operands[0].base_key;
-}
-
 std::string Devices(const std::vector<bool>& arrived, bool which) {
   std::string out;
   for (size_t i = 0; i < arrived.size(); ++i) {
@@ -38,14 +33,14 @@ void Engine::Impl::NumberSibling(HeldCall* held) {
     return;
   }
   std::lock_guard<std::mutex> lock(siblings_mu);
-  std::vector<uint64_t>& next = sibling_next[{PsumOf(spec), spec.slots}];
+  std::vector<uint64_t>& next = sibling_next[{PsumKey(spec), spec.slots}];
   if (next.size() != spec.slots) next.assign(spec.slots, 0);
   held->sibling_seq = next[spec.shard]++;
 }
 
 void Engine::Impl::ArriveSibling(Call* c, Delivery d) {
   const CallSpec& spec = c->spec;
-  const SiblingKey key{PsumOf(spec), spec.slots, c->sibling_seq};
+  const SiblingKey key{PsumKey(spec), spec.slots, c->sibling_seq};
   std::vector<Delivery> now;  // handed over once the lock is released
   bool held = false;
   {
@@ -55,8 +50,7 @@ void Engine::Impl::ArriveSibling(Call* c, Delivery d) {
     if (fresh) {
       g.arrived.assign(spec.slots, false);
       g.name = c->TensorName(0);
-      g.deadline =
-          Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opt.timeout_s));
+      g.deadline = DeadlineFromNow();
     }
     g.arrived[spec.shard] = true;
     ++g.count;
