@@ -169,6 +169,7 @@ FILE_MARKERS = {
     "test_partition.py": "unit",
     "test_plots.py": "unit",
     "test_portable_kernels.py": "cluster",
+    "test_places.py": "cluster",
     "test_psum_cluster.py": "cluster",
     "test_replan.py": "cluster",
     "test_scheduling.py": "cluster",
@@ -281,6 +282,7 @@ JAX_VERSIONS = {
     "test_onebit.py",
     "test_onebit_adam.py",
     "test_optax.py",
+    "test_places.py",
     "test_psum_cluster.py",
     "test_side_streams.py",
 }

@@ -33,7 +33,7 @@ from jax._src.interpreters import ad, batching, mlir
 from .. import runtime
 from ..partition import make_plan
 from ..partition.plan import tree_description
-from . import buckets, kept_operands, mapped_axes, replication
+from . import buckets, kept_operands, mapped_axes, places, replication
 from .compression import feedback_codec
 from .ffi import join, push_pull
 from .side_stream import on_stream
@@ -503,6 +503,7 @@ def _push_pull_one(wire, members, call, priorities, slot, num_groups, stream=Non
 
 def _lower(ctx, *args, spec, typed):
     del typed  # the same computation; only its typing and transpose differ
+    spec = dataclasses.replace(spec, name=places.place_name(ctx.module_context, spec.name))
     mapped = mapped_axes.device_axes(ctx)
     reduced, grouped = mapped_axes.split(spec.axes, mapped, WHAT)
     body = partial(
@@ -520,6 +521,7 @@ def _lower(ctx, *args, spec, typed):
 # Lowered where it is called, not as a function shared by every call of the same
 # shapes (jax's lowering cache, where it has one): whether an operand is a
 # parameter the caller keeps is a property of the call site (kept_operands.py).
+places.install(psum_p)
 if "cacheable" in inspect.signature(mlir.register_lowering).parameters:
     mlir.register_lowering(psum_p, _lower, cacheable=False)
 else:
