@@ -333,15 +333,22 @@ class EmulatedNetwork:
         self.procs.append(proc)
         return proc
 
+    def launcher(self, workdir: str) -> Path:
+        """An ssh-like launcher written into `workdir`: `LAUNCHER [-x] HOST LINE`
+        runs the shell line LINE in HOST's namespace, as ssh runs it on a host
+        (MPICH's hydra, `jbps run --launcher`)."""
+        launcher = Path(workdir) / "netns-launcher"
+        launcher.write_text(_HYDRA_LAUNCHER)
+        launcher.chmod(0o755)
+        return launcher
+
     def mpiexec(self, mpiexec: str, workdir: str, ranks_per_host: Mapping[int, int]) -> list[str]:
         """The start of an MPICH `mpiexec` command line that runs its ranks on these
         hosts, as a real cluster's host file would: `ranks_per_host` {host: ranks}
         in rank order. Run it on the first of them (run(host, ...)) with MPI_TCP_ENV
         in the environment. Hydra's ssh launcher runs `LAUNCHER [-x] HOST COMMAND`:
         here the launcher, written into `workdir`, runs COMMAND in HOST's namespace."""
-        launcher = Path(workdir) / "netns-launcher"
-        launcher.write_text(_HYDRA_LAUNCHER)
-        launcher.chmod(0o755)
+        launcher = self.launcher(workdir)
         hostfile = Path(workdir) / "hosts"
         hostfile.write_text("".join(f"{self.hosts[h].name}:{n}\n" for h, n in ranks_per_host.items()))
         first = self.hosts[next(iter(ranks_per_host))].name

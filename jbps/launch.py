@@ -16,7 +16,9 @@ own and we exit 0. Children are ended by PID with everything they spawned
 An elastic job (--min-workers, --max-workers) runs jbps/scheduler/elastic.py's
 scheduler and no server processes (each worker runs its own server): a worker
 that fails is started again (at most --max-restarts times in all) and joins
-the others at their next commit, while they go on without it.
+the others at their next commit, while they go on without it. With
+--host-discovery-script its workers go to the hosts a script names, through an
+ssh-like --launcher (jbps/discovery.py).
 """
 
 from __future__ import annotations
@@ -26,13 +28,16 @@ import logging
 import os
 import queue
 import re
+import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 
+from . import discovery as discovery_
 from . import unknown_settings
 from .config import Config, argparse_type, exit_for_environment
 from .errors import JbpsError
@@ -116,9 +121,16 @@ class Job:
         timeout_s: float,
         secret: str,
         elastic: tuple[int, int, int] | None = None,
+        discovery: tuple[str, str, str] | None = None,
     ):
         self.command, self.workers, self.servers = command, workers, servers
         self.elastic = elastic  # (min workers, max workers, restarts allowed), or None
+        # (script, launcher, the scheduler's address) of an elastic job whose hosts a script names
+        self.discovery = discovery
+        self.hosts: list[discovery_.Host] = []  # what the script named last
+        self.placed: dict[str, str] = {}  # worker -> its host, with discovery
+        self.removed: set[str] = set()  # workers ended because their host went away
+        self.next_worker_id = 0 if discovery else workers  # the next worker started (DMLC_WORKER_ID)
         self.local_devices, self.timeout_s, self.secret = local_devices, timeout_s, secret
         self.children: list[tuple[str, subprocess.Popen]] = []
         self.outputs: list[_Output] = []
@@ -171,8 +183,55 @@ class Job:
         finally:
             scheduler.close()
 
-    def _spawn_worker(self, rank: int, scheduler: Scheduler) -> None:
-        self._spawn(f"worker {rank}", self.command, self._env(scheduler, "worker", {"DMLC_WORKER_ID": str(rank)}))
+    def _spawn_worker(self, rank: int, scheduler: Scheduler, host: str | None = None) -> None:
+        name, env = f"worker {rank}", self._env(scheduler, "worker", {"DMLC_WORKER_ID": str(rank)})
+        if host is None:
+            self._spawn(name, self.command, env)
+            return
+        assert self.discovery is not None
+        self._spawn(name, discovery_.remote_argv(self.discovery[1], host, os.getcwd(), env, self.command), env)
+        self.placed[name] = host
+        log.info("%s on host %s", name, host)
+
+    def _discover(self) -> bool:
+        """Runs the discovery script; False (and a warning) if it failed: the
+        hosts it named last stand."""
+        assert self.discovery is not None
+        try:
+            self.hosts = discovery_.discover(self.discovery[0])
+            return True
+        except JbpsError as exc:
+            log.warning("%s; keeping the hosts it named last", exc)
+            return False
+
+    def _place(self, wanted: int) -> list[str]:
+        """Starts up to `wanted` workers on the hosts' free slots; their names."""
+        running: dict[str, int] = {}
+        for name, proc in self.children:
+            if name in self.placed and proc.poll() is None:
+                running[self.placed[name]] = running.get(self.placed[name], 0) + 1
+        started = []
+        for host in discovery_.placements(self.hosts, running, wanted):
+            self._spawn_worker(self.next_worker_id, self.scheduler, host)
+            self.next_worker_id += 1
+            started.append(self.children[-1][0])
+        return started
+
+    def _follow_hosts(self) -> list[str]:
+        """One poll of the discovery script: ends the workers of hosts it no
+        longer names, starts workers on free slots up to --max-workers; the
+        names of the workers started."""
+        if not self._discover():
+            return []
+        named = {h.name for h in self.hosts}
+        for name, proc in self.children:
+            if name in self.placed and self.placed[name] not in named and proc.poll() is None:
+                log.warning("host %s is no longer named by %s: ending %s", self.placed[name], self.discovery[0], name)
+                self.removed.add(name)
+                signal_group(proc, signal.SIGTERM)
+        assert self.elastic is not None
+        running = sum(1 for name, proc in self.children if name.startswith("worker") and proc.poll() is None)
+        return self._place(self.elastic[1] - running)
 
     def run(self) -> int:
         scheduler: Scheduler
@@ -181,7 +240,7 @@ class Job:
                 self.workers,
                 self.elastic[0],
                 self.elastic[1],
-                bind="127.0.0.1:0",
+                bind=f"{self.discovery[2]}:0" if self.discovery else "127.0.0.1:0",
                 timeout_s=self.timeout_s,
                 secret=self.secret,
             )
@@ -191,10 +250,11 @@ class Job:
             )
         self.scheduler = scheduler
         log.info(
-            "scheduler on %s; %d servers, %d workers: %s",
+            "scheduler on %s; %s: %s",
             scheduler.address,
-            self.servers,
-            self.workers,
+            f"{self.workers} workers (elastic: {self.elastic[0]} to {self.elastic[1]})"
+            if self.elastic
+            else f"{self.servers} servers, {self.workers} workers",
             " ".join(self.command),
         )
         threading.Thread(target=self._rendezvous, args=(scheduler,), daemon=True).start()
@@ -209,8 +269,13 @@ class Job:
                     self._env(scheduler, "server", {}),
                     cwd=_PACKAGE_PARENT,
                 )
-            for rank in range(self.workers):
-                self._spawn_worker(rank, scheduler)
+            if self.discovery:
+                if not self._place(self.workers):
+                    log.error("%s named no host with a free slot: no worker to start", self.discovery[0])
+                    return 2
+            else:
+                for rank in range(self.workers):
+                    self._spawn_worker(rank, scheduler)
             return self._wait()
         except OSError as exc:  # the command cannot be started (main checks it is there; it may still not run)
             log.error("cannot start %s: %s", " ".join(self.command), exc)
@@ -246,10 +311,16 @@ class Job:
         servers_done_by = None
         restarts = self.elastic[2] if self.elastic else 0
         restarted: set[str] = set()
+        next_poll = time.monotonic() + discovery_.DISCOVERY_S
         while True:
             try:
                 name, code = exits.get(timeout=0.2)
             except queue.Empty:
+                if self.discovery and not self.scheduler_done and time.monotonic() > next_poll:
+                    for new in self._follow_hosts():
+                        watch(new, dict(self.children)[new])
+                        restarted.add(new)  # joins a running job: nothing to wait for once it is over
+                    next_poll = time.monotonic() + discovery_.DISCOVERY_S
                 running = {n for n, p in self.children if p.poll() is None}
                 if self.elastic and self.scheduler_done and servers_done_by is None and running <= restarted:
                     # The job is over: a worker started again and still on its way has nothing to join
@@ -257,6 +328,11 @@ class Job:
                     servers_done_by = time.monotonic() + 10
                 if servers_done_by is not None and time.monotonic() > servers_done_by:
                     return 0
+                continue
+            if name in self.removed:
+                # Its host went away: the others regroup without it, as after a loss.
+                self.removed.discard(name)
+                self.children = [(n, p) for n, p in self.children if n != name]
                 continue
             if code != 0 and self.elastic and self.scheduler_done:
                 # A worker started again too late to join: the job it would have joined is over.
@@ -273,8 +349,18 @@ class Job:
                     "" if restarts == 1 else "s",
                 )
                 self.children = [(n, p) for n, p in self.children if n != name]
+                host = self.placed.pop(name, None)
+                if self.discovery:
+                    # On a host with a free slot (its own, if the script still names it).
+                    again = self._place(1)
+                    if not again:
+                        log.warning("no host the discovery script names has a free slot for %s's restart", name)
+                    for new in again:
+                        restarted.add(new)
+                        watch(new, dict(self.children)[new])
+                    continue
                 restarted.add(name)
-                self._spawn_worker(int(name.split()[1]), self.scheduler)
+                self._spawn_worker(int(name.split()[1]), self.scheduler, host)
                 watch(name, self.children[-1][1])
                 continue
             if code != 0:
@@ -320,6 +406,14 @@ class Job:
         terminate(workers, grace_s=2.0, what="jbps run")
 
 
+def _this_host_address() -> str:
+    """The address this machine's host name resolves to (what other hosts reach)."""
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     prog = prog or "python -m jbps.launch"
     p = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -357,6 +451,23 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         default=3,
         help="an elastic job: how many times in all a failed worker is started again (default 3)",
     )
+    p.add_argument(
+        "--host-discovery-script",
+        default=None,
+        help="an elastic job across hosts: a script printing one HOST or HOST:SLOTS per line, run every "
+        f"{discovery_.DISCOVERY_S:g} s; workers start on its hosts' free slots through --launcher",
+    )
+    p.add_argument(
+        "--launcher",
+        default="ssh -o BatchMode=yes",
+        help="with --host-discovery-script: run as `LAUNCHER HOST LINE` to start a worker on HOST, LINE a shell "
+        "line (default: ssh -o BatchMode=yes)",
+    )
+    p.add_argument(
+        "--scheduler-address",
+        default=None,
+        help="with --host-discovery-script: this machine's address that the hosts reach (default: its host name's)",
+    )
     p.add_argument("command", nargs=argparse.REMAINDER, help="the worker command, e.g. python train.py")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="[%(name)s] %(message)s")
@@ -378,6 +489,23 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         if args.max_restarts < 0:
             p.error("--max-restarts must be at least 0")
         elastic = (args.min_workers, args.max_workers, args.max_restarts)
+    discovery = None
+    if args.host_discovery_script is not None:
+        if elastic is None:
+            p.error("--host-discovery-script needs an elastic job (--min-workers and --max-workers)")
+        if args.local_devices is not None:
+            p.error(
+                "--local-devices applies to workers on this machine; with --host-discovery-script each host decides"
+            )
+        if not shlex.split(args.launcher):
+            p.error("--launcher must name a command")
+        address = args.scheduler_address or _this_host_address()
+        discovery = (args.host_discovery_script, args.launcher, address)
+        try:
+            hosts = discovery_.discover(args.host_discovery_script)  # a bad script is named before anything starts
+        except JbpsError as exc:
+            print(f"{prog}: {exc}", file=sys.stderr, flush=True)
+            return 2
     try:
         config = _environment_config(args.timeout)
     except JbpsError as exc:
@@ -390,7 +518,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
 
     # The job's own secret unless the environment gives one: only its children get in.
     secret = config.job_secret or new_secret()
-    job = Job(args.command, args.workers, servers, args.local_devices, config.timeout_s, secret, elastic)
+    job = Job(args.command, args.workers, servers, args.local_devices, config.timeout_s, secret, elastic, discovery)
+    if discovery:
+        job.hosts = hosts
 
     def on_signal(signum, _frame):
         if not job.ending:  # a second Ctrl-C must not cut the ending short

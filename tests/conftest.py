@@ -153,6 +153,7 @@ FILE_MARKERS = {
     "test_engine_units.py": "unit",
     "test_errors.py": "cluster",
     "test_examples.py": "cluster",
+    "test_discovery.py": "unit",
     "test_faults.py": "cluster",
     "test_fresh_outputs.py": "unit",
     "test_hostile_input.py": "cluster",

@@ -583,6 +583,28 @@ def test_jbps_run_says_in_one_line_that_the_command_is_not_found():
     assert_nothing_left(env)
 
 
+def test_jbps_run_names_a_discovery_script_that_prints_a_bad_line_before_starting_anything(tmp_path):
+    script = tmp_path / "hosts.sh"
+    script.write_text("#!/bin/sh\necho node1:2\necho 'node2:none'\n")
+    script.chmod(0o755)
+    env = base_env()
+    elastic = ["-n", "2", "--min-workers", "1", "--max-workers", "3", "--host-discovery-script", str(script)]
+    proc, out, err = jbps_run([*elastic, PYTHON, worker_script("launch_probe.py")], env, timeout=60)
+    assert proc.returncode == 2
+    assert err.strip() == f"jbps run: {script} printed 'node2:none': expected HOST or HOST:SLOTS (SLOTS at least 1)", (
+        err
+    )
+    assert_nothing_left(env)
+    script.write_text("#!/bin/sh\necho no hosts today >&2\nexit 3\n")
+    proc, out, err = jbps_run([*elastic, PYTHON, worker_script("launch_probe.py")], env, timeout=60)
+    assert proc.returncode == 2
+    assert err.strip() == f"jbps run: host discovery script {script} exited with 3: no hosts today", err
+    # Discovery places the workers of an elastic job only.
+    proc, out, err = jbps_run(["-n", "2", "--host-discovery-script", str(script), PYTHON, "x.py"], env, timeout=60)
+    assert proc.returncode == 2 and "--host-discovery-script needs an elastic job" in err, err
+    assert_nothing_left(env)
+
+
 def test_communication_share_is_the_jobs_not_a_workers_waits():
     # Worker 1 computes 0.1 s longer per step: worker 0's psums wait for it, so
     # its own busy share is large, worker 1's small. The communication share is

@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import job_free_env, last_json, needs_emulated_hosts, worker_script
+from conftest import job_free_env, last_json, needs_emulated_hosts, worker_outputs, worker_script
 from benchmarks.emulated_job import EmulatedJob, run_job
 from benchmarks.emulated_network import MPI_TCP_ENV, EmulatedNetwork
 from jbps.partition import defaults, server_fractions
@@ -580,3 +580,62 @@ def test_an_elastic_jobs_dedicated_server_lost_and_started_again_leaves_and_rejo
             assert job.scheduler.wait(timeout=30) == 0, job.err("scheduler")
         finally:
             job.end()
+
+
+def test_jbps_run_places_elastic_workers_on_the_hosts_a_discovery_script_names(tmp_path):
+    """`jbps run --host-discovery-script` on host 0, with a launcher that runs a
+    shell line in a host's namespace as ssh runs it on a host: the script names
+    hosts 1 and 2, and a worker starts on each (tests/workers/elastic_train.py,
+    every step's sum checked against numpy); host 0 is added to what it prints, and
+    a third worker starts there and joins; host 1 is taken out, and its worker is
+    ended while the others go on; then a worker dies (SIGKILL at step 50), and
+    jbps run starts it again on the slot it left, where it rejoins. The job ends
+    with jbps run's exit code 0 and the last workers' parameters exact."""
+    with EmulatedNetwork(3, "1G") as net:
+        names = [h.name for h in net.hosts]
+        hosts = tmp_path / "hosts"
+        hosts.write_text(f"{names[1]}\n{names[2]}\n")
+        script = tmp_path / "discover.sh"
+        script.write_text(f"#!/bin/sh\ncat {hosts}\n")
+        script.chmod(0o755)
+        out_path, err_path = tmp_path / "run.out", tmp_path / "run.err"
+        argv = [sys.executable, "-m", "jbps", "run", "-n", "2", "--min-workers", "1", "--max-workers", "3"]
+        argv += ["--host-discovery-script", str(script), "--launcher", str(net.launcher(str(tmp_path)))]
+        argv += ["--scheduler-address", net.hosts[0].address, "-v", "--"]
+        argv += [sys.executable, worker_script("elastic_train.py"), "--steps", "90", "--step-seconds", "0.2"]
+        argv += ["--die-at", "50", "--die-file", str(tmp_path / "died")]
+        env = job_free_env(
+            JAX_PLATFORMS="cpu", JBPS_TIMEOUT_S="15", XLA_FLAGS="--xla_force_host_platform_device_count=1"
+        )
+        with open(out_path, "w") as out, open(err_path, "w") as err:
+            run = net.run(0, argv, env=env, stdout=out, stderr=err, cwd=str(tmp_path))
+
+        def lines(worker):
+            text = worker_outputs(out_path.read_text(), 4)[worker]
+            return [json.loads(s) for s in text.splitlines() if s.startswith("{")]
+
+        def until(what, seconds=180):
+            deadline = time.monotonic() + seconds
+            while not what():
+                assert run.poll() is None and time.monotonic() < deadline, err_path.read_text()[-4000:]
+                time.sleep(0.1)
+
+        try:
+            until(lambda: any(line.get("step", 0) >= 5 for line in lines(1)))
+            hosts.write_text(f"{names[1]}\n{names[2]}\n{names[0]}\n")  # a third host
+            until(lambda: any(line.get("size") == 3 for line in lines(2)))
+            hosts.write_text(f"{names[2]}\n{names[0]}\n")  # host 1 goes away
+            added = time.time()
+            until(lambda: any(line.get("size") == 2 and line.get("at", 0) > added for line in lines(1)))
+            assert run.wait(timeout=180) == 0, err_path.read_text()[-4000:]
+        finally:
+            terminate([run], grace_s=5.0, what="test")
+        log = err_path.read_text()
+        assert f"worker 0 on host {names[1]}" in log and f"worker 2 on host {names[0]}" in log, log[-3000:]
+        assert f"host {names[1]} is no longer named" in log, log[-3000:]
+        assert "exited with -9: starting it again" in log and "worker 3 on host" in log, log[-3000:]
+        done = [line for w in (1, 2, 3) for line in lines(w) if line.get("done")]
+        assert len(done) == 2 and done[0] == done[1] and done[0]["exact"], done
+        sizes = done[0]["sizes"]
+        assert [s for i, s in enumerate(sizes) if i == 0 or sizes[i - 1] != s] == [2, 3, 2, 1, 2], sizes
+        assert not any(line.get("done") for line in lines(0))  # ended with its host

@@ -1,0 +1,92 @@
+"""Host discovery for an elastic `jbps run`, as horovodrun's
+--host-discovery-script:
+
+    jbps run -n 4 --min-workers 2 --max-workers 8 --host-discovery-script ./hosts.sh python train.py
+
+Every DISCOVERY_S, jbps run runs the script; each line it prints names a host
+that can run workers, `HOST` or `HOST:SLOTS` (one slot unless it says more).
+Workers go to the hosts in the script's order, up to their slots and
+--max-workers. A worker runs on its host through --launcher (default `ssh -o
+BatchMode=yes`), called as `LAUNCHER HOST LINE`, as MPICH's hydra calls ssh:
+LINE is one shell line that goes to the working directory of jbps run, sets
+the job's variables (the scheduler's address, the job secret) and runs the
+worker command. A host the script stops naming gets no new workers, and its
+workers are ended (the others regroup without them); a new host gets workers
+at the next poll, which join at the others' next commit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+import subprocess
+
+from .errors import JbpsError
+
+DISCOVERY_S = 2.0  # between two runs of the script
+SCRIPT_TIMEOUT_S = 30.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Host:
+    name: str
+    slots: int
+
+
+def parse_hosts(text: str, script: str) -> list[Host]:
+    """The hosts the script printed (blank lines skipped); a line that is not
+    HOST or HOST:SLOTS (SLOTS a positive integer) raises JbpsError naming it."""
+    hosts: dict[str, Host] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        name, sep, slots = line.rpartition(":")
+        if not sep:
+            name, slots = line, "1"
+        if not name or any(c.isspace() for c in name) or not slots.isdigit() or int(slots) < 1:
+            raise JbpsError(f"{script} printed {line!r}: expected HOST or HOST:SLOTS (SLOTS at least 1)")
+        hosts.setdefault(name, Host(name, int(slots)))
+    return list(hosts.values())
+
+
+def discover(script: str) -> list[Host]:
+    """Runs the discovery script once: its hosts, or JbpsError (it failed, timed
+    out or printed a bad line)."""
+    try:
+        done = subprocess.run(
+            [script], capture_output=True, text=True, timeout=SCRIPT_TIMEOUT_S, stdin=subprocess.DEVNULL
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise JbpsError(f"host discovery script {script}: {exc}") from None
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or [""])[-1]
+        raise JbpsError(f"host discovery script {script} exited with {done.returncode}: {last}")
+    return parse_hosts(done.stdout, script)
+
+
+# The variables a worker on another host is given: the job's (the rest of this
+# environment is this machine's, not the host's).
+_PASSED_PREFIXES = ("DMLC_", "JBPS_", "BYTEPS_")
+_PASSED = ("PYTHONUNBUFFERED", "XLA_FLAGS")
+
+
+def remote_argv(launcher: str, host: str, cwd: str, env: dict[str, str], command: list[str]) -> list[str]:
+    """`LAUNCHER HOST LINE`: LINE runs `command` in `cwd` on `host`, with the
+    job's variables of `env`."""
+    passed = {k: v for k, v in env.items() if k.startswith(_PASSED_PREFIXES) or k in _PASSED}
+    assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(passed.items()))
+    line = f"cd {shlex.quote(cwd)} && exec env {assignments} {shlex.join(command)}"
+    return [*shlex.split(launcher), host, line]
+
+
+def placements(hosts: list[Host], running: dict[str, int], wanted: int) -> list[str]:
+    """Hosts for `wanted` more workers: the script's hosts in order, each up to
+    its slots less the workers it runs (`running`: workers per host)."""
+    out: list[str] = []
+    for host in hosts:
+        free = host.slots - running.get(host.name, 0)
+        while free > 0 and len(out) < wanted:
+            out.append(host.name)
+            free -= 1
+    return out
