@@ -500,6 +500,13 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         if not shlex.split(args.launcher):
             p.error("--launcher must name a command")
         address = args.scheduler_address or _this_host_address()
+        if args.scheduler_address is None and address.startswith("127."):
+            print(
+                f"{prog}: warning: this machine's host name resolves to {address}, which other hosts cannot "
+                "reach: give --scheduler-address",
+                file=sys.stderr,
+                flush=True,
+            )
         discovery = (args.host_discovery_script, args.launcher, address)
         try:
             hosts = discovery_.discover(args.host_discovery_script)  # a bad script is named before anything starts

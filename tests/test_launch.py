@@ -21,6 +21,7 @@ import pytest
 from conftest import job_free_env, last_json, worker_script
 from leftovers import MpichSegments, assert_nothing_left, listening, processes_with
 from jbps.errors import JbpsError
+from jbps.launch import _this_host_address
 from jbps.procs import terminate
 from jbps.scheduler import Registration
 from jbps.scheduler.admission import new_challenge, signed
@@ -589,6 +590,7 @@ def test_jbps_run_names_a_discovery_script_that_prints_a_bad_line_before_startin
     script.chmod(0o755)
     env = base_env()
     elastic = ["-n", "2", "--min-workers", "1", "--max-workers", "3", "--host-discovery-script", str(script)]
+    elastic += ["--scheduler-address", "127.0.0.1"]  # (this machine's own name may resolve to a loopback address)
     proc, out, err = jbps_run([*elastic, PYTHON, worker_script("launch_probe.py")], env, timeout=60)
     assert proc.returncode == 2
     assert err.strip() == f"jbps run: {script} printed 'node2:none': expected HOST or HOST:SLOTS (SLOTS at least 1)", (
@@ -599,9 +601,12 @@ def test_jbps_run_names_a_discovery_script_that_prints_a_bad_line_before_startin
     proc, out, err = jbps_run([*elastic, PYTHON, worker_script("launch_probe.py")], env, timeout=60)
     assert proc.returncode == 2
     assert err.strip() == f"jbps run: host discovery script {script} exited with 3: no hosts today", err
-    # Discovery places the workers of an elastic job only.
+    # Discovery places the workers of an elastic job only; without an address, a loopback one is named.
     proc, out, err = jbps_run(["-n", "2", "--host-discovery-script", str(script), PYTHON, "x.py"], env, timeout=60)
     assert proc.returncode == 2 and "--host-discovery-script needs an elastic job" in err, err
+    proc, out, err = jbps_run([*elastic[:-2], PYTHON, "x.py"], env, timeout=60)
+    if _this_host_address().startswith("127."):
+        assert "which other hosts cannot reach: give --scheduler-address" in err, err
     assert_nothing_left(env)
 
 
