@@ -60,9 +60,13 @@ class PlaceCache(MutableMapping):
         return len(self._cache)
 
 
+# A jaxpr with its constants before jax 0.12; from 0.12 on a Jaxpr holds them itself.
+_CLOSED_JAXPR = getattr(core, "ClosedJaxpr", None)
+
+
 def _jaxprs(obj: Any) -> Iterator[core.Jaxpr]:
     """The jaxprs in a lowering cache's key (nested tuples)."""
-    if isinstance(obj, core.ClosedJaxpr):
+    if _CLOSED_JAXPR is not None and isinstance(obj, _CLOSED_JAXPR):
         yield obj.jaxpr
     elif isinstance(obj, core.Jaxpr):
         yield obj
