@@ -33,6 +33,17 @@ class Host:
     slots: int
 
 
+@dataclasses.dataclass
+class Discovery:
+    """An elastic job placed by a script: the script, the launcher, the
+    scheduler's address (which the hosts reach) and the hosts it named last."""
+
+    script: str
+    launcher: str
+    address: str
+    hosts: list[Host]
+
+
 def parse_hosts(text: str, script: str) -> list[Host]:
     """The hosts the script printed (blank lines skipped); a line that is not
     HOST or HOST:SLOTS (SLOTS a positive integer) raises JbpsError naming it."""

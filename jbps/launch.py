@@ -121,13 +121,11 @@ class Job:
         timeout_s: float,
         secret: str,
         elastic: tuple[int, int, int] | None = None,
-        discovery: tuple[str, str, str] | None = None,
+        discovery: discovery_.Discovery | None = None,
     ):
         self.command, self.workers, self.servers = command, workers, servers
         self.elastic = elastic  # (min workers, max workers, restarts allowed), or None
-        # (script, launcher, the scheduler's address) of an elastic job whose hosts a script names
-        self.discovery = discovery
-        self.hosts: list[discovery_.Host] = []  # what the script named last
+        self.discovery = discovery  # an elastic job whose hosts a script names
         self.placed: dict[str, str] = {}  # worker -> its host, with discovery
         self.removed: set[str] = set()  # workers ended because their host went away
         self.next_worker_id = 0 if discovery else workers  # the next worker started (DMLC_WORKER_ID)
@@ -189,7 +187,7 @@ class Job:
             self._spawn(name, self.command, env)
             return
         assert self.discovery is not None
-        self._spawn(name, discovery_.remote_argv(self.discovery[1], host, os.getcwd(), env, self.command), env)
+        self._spawn(name, discovery_.remote_argv(self.discovery.launcher, host, os.getcwd(), env, self.command), env)
         self.placed[name] = host
         log.info("%s on host %s", name, host)
 
@@ -198,35 +196,38 @@ class Job:
         hosts it named last stand."""
         assert self.discovery is not None
         try:
-            self.hosts = discovery_.discover(self.discovery[0])
+            self.discovery.hosts = discovery_.discover(self.discovery.script)
             return True
         except JbpsError as exc:
             log.warning("%s; keeping the hosts it named last", exc)
             return False
 
-    def _place(self, wanted: int) -> list[str]:
-        """Starts up to `wanted` workers on the hosts' free slots; their names."""
+    def _place(self, wanted: int) -> list[tuple[str, subprocess.Popen]]:
+        """Starts up to `wanted` workers on the hosts' free slots; their names and processes."""
+        assert self.discovery is not None
         running: dict[str, int] = {}
         for name, proc in self.children:
             if name in self.placed and proc.poll() is None:
                 running[self.placed[name]] = running.get(self.placed[name], 0) + 1
         started = []
-        for host in discovery_.placements(self.hosts, running, wanted):
+        for host in discovery_.placements(self.discovery.hosts, running, wanted):
             self._spawn_worker(self.next_worker_id, self.scheduler, host)
             self.next_worker_id += 1
-            started.append(self.children[-1][0])
+            started.append(self.children[-1])
         return started
 
-    def _follow_hosts(self) -> list[str]:
+    def _follow_hosts(self) -> list[tuple[str, subprocess.Popen]]:
         """One poll of the discovery script: ends the workers of hosts it no
-        longer names, starts workers on free slots up to --max-workers; the
-        names of the workers started."""
+        longer names, starts workers on free slots up to --max-workers (as _place)."""
         if not self._discover():
             return []
-        named = {h.name for h in self.hosts}
+        assert self.discovery is not None
+        named = {h.name for h in self.discovery.hosts}
         for name, proc in self.children:
             if name in self.placed and self.placed[name] not in named and proc.poll() is None:
-                log.warning("host %s is no longer named by %s: ending %s", self.placed[name], self.discovery[0], name)
+                log.warning(
+                    "host %s is no longer named by %s: ending %s", self.placed[name], self.discovery.script, name
+                )
                 self.removed.add(name)
                 signal_group(proc, signal.SIGTERM)
         assert self.elastic is not None
@@ -240,7 +241,7 @@ class Job:
                 self.workers,
                 self.elastic[0],
                 self.elastic[1],
-                bind=f"{self.discovery[2]}:0" if self.discovery else "127.0.0.1:0",
+                bind=f"{self.discovery.address}:0" if self.discovery else "127.0.0.1:0",
                 timeout_s=self.timeout_s,
                 secret=self.secret,
             )
@@ -271,7 +272,7 @@ class Job:
                 )
             if self.discovery:
                 if not self._place(self.workers):
-                    log.error("%s named no host with a free slot: no worker to start", self.discovery[0])
+                    log.error("%s named no host with a free slot: no worker to start", self.discovery.script)
                     return 2
             else:
                 for rank in range(self.workers):
@@ -317,8 +318,8 @@ class Job:
                 name, code = exits.get(timeout=0.2)
             except queue.Empty:
                 if self.discovery and not self.scheduler_done and time.monotonic() > next_poll:
-                    for new in self._follow_hosts():
-                        watch(new, dict(self.children)[new])
+                    for new, proc in self._follow_hosts():
+                        watch(new, proc)
                         restarted.add(new)  # joins a running job: nothing to wait for once it is over
                     next_poll = time.monotonic() + discovery_.DISCOVERY_S
                 running = {n for n, p in self.children if p.poll() is None}
@@ -332,6 +333,7 @@ class Job:
             if name in self.removed:
                 # Its host went away: the others regroup without it, as after a loss.
                 self.removed.discard(name)
+                self.placed.pop(name, None)
                 self.children = [(n, p) for n, p in self.children if n != name]
                 continue
             if code != 0 and self.elastic and self.scheduler_done:
@@ -349,18 +351,18 @@ class Job:
                     "" if restarts == 1 else "s",
                 )
                 self.children = [(n, p) for n, p in self.children if n != name]
-                host = self.placed.pop(name, None)
                 if self.discovery:
                     # On a host with a free slot (its own, if the script still names it).
+                    del self.placed[name]
                     again = self._place(1)
                     if not again:
                         log.warning("no host the discovery script names has a free slot for %s's restart", name)
-                    for new in again:
+                    for new, proc in again:
                         restarted.add(new)
-                        watch(new, dict(self.children)[new])
+                        watch(new, proc)
                     continue
                 restarted.add(name)
-                self._spawn_worker(int(name.split()[1]), self.scheduler, host)
+                self._spawn_worker(int(name.split()[1]), self.scheduler)
                 watch(name, self.children[-1][1])
                 continue
             if code != 0:
@@ -507,9 +509,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                 file=sys.stderr,
                 flush=True,
             )
-        discovery = (args.host_discovery_script, args.launcher, address)
         try:
-            hosts = discovery_.discover(args.host_discovery_script)  # a bad script is named before anything starts
+            # A bad script is named before anything starts.
+            hosts = discovery_.discover(args.host_discovery_script)
+            discovery = discovery_.Discovery(args.host_discovery_script, args.launcher, address, hosts)
         except JbpsError as exc:
             print(f"{prog}: {exc}", file=sys.stderr, flush=True)
             return 2
@@ -526,8 +529,6 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     # The job's own secret unless the environment gives one: only its children get in.
     secret = config.job_secret or new_secret()
     job = Job(args.command, args.workers, servers, args.local_devices, config.timeout_s, secret, elastic, discovery)
-    if discovery:
-        job.hosts = hosts
 
     def on_signal(signum, _frame):
         if not job.ending:  # a second Ctrl-C must not cut the ending short

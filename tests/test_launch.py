@@ -605,8 +605,8 @@ def test_jbps_run_names_a_discovery_script_that_prints_a_bad_line_before_startin
     proc, out, err = jbps_run(["-n", "2", "--host-discovery-script", str(script), PYTHON, "x.py"], env, timeout=60)
     assert proc.returncode == 2 and "--host-discovery-script needs an elastic job" in err, err
     proc, out, err = jbps_run([*elastic[:-2], PYTHON, "x.py"], env, timeout=60)
-    if _this_host_address().startswith("127."):
-        assert "which other hosts cannot reach: give --scheduler-address" in err, err
+    named = "which other hosts cannot reach: give --scheduler-address" in err
+    assert named == _this_host_address().startswith("127."), err
     assert_nothing_left(env)
 
 

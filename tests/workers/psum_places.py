@@ -5,7 +5,7 @@ another jit). Each case is checked against numpy:
 - "chain": under pmap over the local devices, the helper twice, the second
   on the first's sum (the places run one after the other on every worker);
 - "cond": under pmap, the helper in both branches of a lax.cond (one place
-  a step);
+  a step), 6 steps dispatched back to back;
 - "race": under jit, the helper at three places: the first, then two more,
   one on the first's sum and one on another psum's, so XLA starts those two
   in the order their operands' sums came back, which differs between
@@ -60,13 +60,10 @@ def main():
     report["chain"] = bool(np.allclose(got, want))
 
     cond = mapped(lambda a, b, pick: jax.lax.cond(pick[0] > 0, lambda: helper(a), lambda: helper(b * 3.0)))
-    ok = True
-    for step in range(6):
-        pick = jnp.full((k, 1), step % 2, jnp.int32)
-        got = np.asarray(cond(data(1.0 + rank), data(10.0 * (rank + 1)), pick))
-        want = total(lambda r: 1.0 + r) if step % 2 else 3.0 * total(lambda r: 10.0 * (r + 1))
-        ok = ok and bool(np.allclose(got, want))
-    report["cond"] = ok
+    picks = [jnp.full((k, 1), step % 2, jnp.int32) for step in range(6)]
+    outs = [cond(data(1.0 + rank), data(10.0 * (rank + 1)), pick) for pick in picks]  # back to back
+    wants = [total(lambda r: 1.0 + r) if step % 2 else 3.0 * total(lambda r: 10.0 * (r + 1)) for step in range(6)]
+    report["cond"] = all(bool(np.allclose(np.asarray(got), want)) for got, want in zip(outs, wants))
 
     @jax.jit
     def plain(x):
