@@ -57,6 +57,7 @@ servers' error feedback for the moved chunks starts again from zero.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 from typing import Sequence
 
@@ -68,6 +69,7 @@ from .partition import server_fractions
 from .partition.priority import INT64_MAX
 
 _core = load_core()
+log = logging.getLogger("jbps.rates")  # what the follower read and decided (debug: every probe)
 
 WINDOW_S = 0.5
 BASELINE_WINDOWS = 3
@@ -188,19 +190,29 @@ class RateFollower:
                 return s
         return None
 
+    def _left_out_slow(self, s: int) -> bool:
+        """Whether the split leaves server s without bytes for its rate: planned
+        below the job's full rate, or planned from a slowdown its readings showed
+        (a link read at 0.6 of a rate init read high can plan within the probe's
+        error of the full rate, and two workers leave out a CPU host even 0.7 as
+        fast). One left out at the full rate, as saving nothing, has nothing to
+        come back from."""
+        if self._serves(s):
+            return False
+        return s in self.slowed or not link_rate.reads_as_full(self.roles[s], self.planned[s], self.full)
+
     def probes(self) -> dict[int, int]:
         """{server: bytes} to probe after the latest window: every PROBE_EVERY
-        windows, each server the split leaves without bytes whose planned rate
-        is below the job's full rate (one left out at the full rate, as saving
-        nothing, has nothing to come back from), sized for the full rate; and
-        beside it a reference, a server of its role that serves at the full
-        rate, probed alike (see _recovered)."""
+        windows, each server the split leaves without bytes for its rate
+        (_left_out_slow), sized for the full rate; and beside it a reference, a
+        server of its role that serves at the full rate, probed alike (see
+        _recovered)."""
         self.probing, self.references = {}, {}
         if self.windows % PROBE_EVERY == 0:
             self.probing = {
                 s: link_rate.server_probe_bytes(role, self.num_workers, self.full, PROBE_S)
                 for s, role in enumerate(self.roles)
-                if not self._serves(s) and not link_rate.reads_as_full(role, self.planned[s], self.full)
+                if self._left_out_slow(s)
             }
             for s in list(self.probing):
                 ref = self._reference(self.roles[s])
@@ -239,10 +251,15 @@ class RateFollower:
         if fractions is None:
             fractions = server_fractions(self.roles, self.num_workers)
         fractions = [f if f > SHARE_EPS else 0.0 for f in fractions]
+        # A left-out server's probes running stand while it stays planned at the same rate:
+        # a re-plan for another server's change (or one that moves nothing) says nothing of
+        # its link, and probes come only every PROBE_EVERY windows.
+        self.probe_streak = {
+            s: n for s, n in self.probe_streak.items() if estimate[s] == self.planned[s] and fractions[s] <= SHARE_EPS
+        }
         self.planned = estimate
         self.baseline = None  # the new split's first settled windows make the next one
         self._restart_streaks()
-        self.probe_streak = {}
         if max(abs(a - b) for a, b in zip(fractions, self.fractions)) < MIN_MOVE:
             return None
         self.fractions = fractions
@@ -314,6 +331,14 @@ class Follower:
                 link_rate.psum_host(NAME, matrix.reshape(-1), self._init_fractions, self._wait_s, priority=AHEAD)
                 window = agreed_window(matrix[:, :count], matrix[:, count], matrix[:, count + 1 :])
                 split = self._decide.step(window)
+                if any(window.probes):
+                    log.debug(
+                        "window %d: probe seconds %s, probes running read faster %s, planned %s",
+                        self._decide.windows,
+                        [round(p, 3) for p in window.probes],
+                        self._decide.probe_streak,
+                        [f"{r / 1e6:.0f}M" for r in self._decide.planned],
+                    )
                 probed = self._probe(self._decide.probes(), count)
             except RuntimeError:
                 return  # the job ended or failed: its psums say so
@@ -324,6 +349,13 @@ class Follower:
                     return
                 epoch = _core.engine_set_routes(split)
                 self.epochs.append({"epoch": epoch, "fractions": split, "rates": list(self._decide.planned)})
+            log.info(
+                "window %d: split %s for rates %s (route epoch %d)",
+                self._decide.windows,
+                [round(f, 3) for f in split],
+                [f"{r / 1e6:.0f}M" for r in self._decide.planned],
+                epoch,
+            )
 
     def _probe(self, sizes: dict[int, int], count: int) -> np.ndarray:
         """Seconds of one psum of sizes[s] bytes routed to server s alone, per

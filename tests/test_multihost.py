@@ -32,7 +32,9 @@ def _until(job, what, seconds, waiting_for):
     deadline = time.monotonic() + seconds
     while not what():
         assert all(p.poll() is None for p in job.workers), job.describe()
-        assert time.monotonic() < deadline, f"{waiting_for}: not within {seconds} s\n" + job.describe()
+        if time.monotonic() >= deadline:
+            said = job.output("worker 0").stdout[-4000:]
+            raise AssertionError(f"{waiting_for}: not within {seconds} s\nworker 0 said:\n{said}\n{job.describe()}")
         time.sleep(0.05)
 
 

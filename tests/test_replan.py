@@ -244,6 +244,66 @@ def test_a_server_still_left_out_after_a_probe_is_probed_on_until_it_reads_at_th
     assert split == pytest.approx(server_fractions(roles, 2)) and follower.planned[3] == pytest.approx(FULL)
 
 
+def _two_worker_follower(planned):
+    from jbps import link_rate
+    from jbps.partition import server_fractions
+
+    roles = [COLOCATED] * 2 + [DEDICATED] * 2
+    fractions = link_rate.fractions_for_rates(roles, planned, 2) or server_fractions(roles, 2)  # None: the formula's
+    follower = replan.RateFollower(roles, 2, planned, fractions)
+    return follower, link_rate.server_probe_bytes(DEDICATED, 2, FULL, replan.PROBE_S)
+
+
+def _until_probed(follower, readings):
+    """Windows of these readings up to the next probe; the splits they gave."""
+    splits = []
+    for _ in range(replan.PROBE_EVERY):
+        splits.append(follower.step(replan.Window(readings, True)))
+        if follower.probes():
+            return [s for s in splits if s is not None]
+    raise AssertionError("no probe in PROBE_EVERY windows")
+
+
+def test_a_left_out_servers_probes_running_stand_through_a_re_plan_for_another_server():
+    # CPU host 3 at 0.3 of the full rate, left out; its link recovers. A probe reads it at
+    # the full rate, then worker machine 0 slows and is re-planned, then a second probe reads
+    # it at the full rate again: two probes running, its share back. (A re-plan used to
+    # restart every probe count: a job whose readings moved something between every two
+    # probes never brought a recovered server back.)
+    follower, size = _two_worker_follower([FULL] * 3 + [0.3 * FULL])
+    steady = (30e6, 30e6, 60e6, 0.0)
+    recovered = (0.0, 0.0, 2 * size / FULL, 2 * size / FULL)  # beside CPU host 2, the reference
+    assert _until_probed(follower, steady) == []
+    assert follower.step(replan.Window(steady, True, recovered)) is None and follower.probe_streak == {3: 1}
+    slow0 = (10e6,) + steady[1:]
+    moved = [follower.step(replan.Window(slow0, True)) for _ in range(replan.WINDOWS_TO_CHANGE)]
+    assert moved[-1] is not None and follower.planned[0] < FULL / 2  # server 0's own change
+    assert _until_probed(follower, (10e6,) + steady[1:]) == []
+    back = follower.step(replan.Window(slow0, True, recovered))
+    assert back is not None and back[3] > 0.2 and follower.planned[3] == pytest.approx(FULL)
+
+
+def test_a_server_left_out_for_a_slowdown_is_probed_even_when_its_planned_rate_is_near_the_full_one():
+    # Init read CPU host 3 at 1.5x the others; its link then reads at 0.6 of its baseline:
+    # planned at 0.9 of the full rate (within the probe's error of it), and with two workers
+    # left out. It is probed all the same, and comes back once two probes read it at the full rate.
+    follower, size = _two_worker_follower([FULL] * 3 + [1.5 * FULL])
+    assert follower.fractions[3] > 0
+    base = (30e6, 30e6, 40e6, 40e6)
+    for _ in range(replan.BASELINE_WINDOWS):
+        assert follower.step(replan.Window(base, True)) is None
+    slow = base[:3] + (0.6 * base[3],)
+    moved = [follower.step(replan.Window(slow, True)) for _ in range(replan.WINDOWS_TO_CHANGE)]
+    assert moved[-1] is not None and moved[-1][3] == 0 and follower.planned[3] == pytest.approx(0.9 * FULL)
+    steady = (30e6, 30e6, 60e6, 0.0)
+    recovered = (0.0, 0.0, 2 * size / FULL, 2 * size / FULL)
+    assert _until_probed(follower, steady) == [] and follower.probes() == {3: size, 2: size}
+    assert follower.step(replan.Window(steady, True, recovered)) is None
+    assert _until_probed(follower, steady) == []
+    back = follower.step(replan.Window(steady, True, recovered))
+    assert back is not None and back[3] > 0.2
+
+
 def test_the_agreed_window_takes_per_server_the_median_of_the_workers_that_reach_it_over_the_network():
     # Worker 0 on a slow link of its own reads every server slow; the others
     # read server 0 (worker 0's machine) slow; worker 0 reaches its own server

@@ -4,12 +4,13 @@ MiB of random integers (exact in float32), each checked against numpy, until
 tells every worker, so all stop after the same step). Prints "running" and the
 servers and init's split once a psum has crossed every link, and "replanned
 N" and the split of each re-plan of the rate follower (jbps.runtime.replans())
-as it sees it, so the test can change links as the splits move. From the
-latest re-plan on, the bytes each server gets are counted. Prints one JSON
-line at the end."""
+as it sees it, so the test can change links as the splits move (the
+follower logs its probes and splits on stderr). From the latest re-plan on,
+the bytes each server gets are counted. Prints one JSON line at the end."""
 
 import argparse
 import json
+import logging
 import os
 import sys
 import time
@@ -31,6 +32,8 @@ def main():
     p.add_argument("--seconds", type=float, default=40)
     p.add_argument("--stop-file", default=None, help="stop once this file exists")
     args = p.parse_args()
+    logging.basicConfig(format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("jbps.rates").setLevel(logging.DEBUG)  # the follower's probes and splits, on stderr
     jbps.init()
     rank, size = jbps.rank(), jbps.size()
     f = jax.jit(lambda x, stop: (jbps.psum(x, name="grads"), jbps.psum(stop, name="stop")))
@@ -50,7 +53,7 @@ def main():
         if len(replans) > seen:
             seen = len(replans)
             at, since = steps + 2, None  # the split moves at the second call after every worker announced it
-            print(f"replanned {seen}", json.dumps({"fractions": replans[-1]["fractions"]}), flush=True)
+            print(f"replanned {seen}", json.dumps({k: replans[-1][k] for k in ("fractions", "rates")}), flush=True)
         if since is None and at is not None and steps == at:
             since = jbps.engine_stats()
     after = jbps.engine_stats()
