@@ -18,6 +18,7 @@ at the next poll, which join at the others' next commit.
 from __future__ import annotations
 
 import dataclasses
+import math
 import shlex
 import subprocess
 
@@ -36,12 +37,33 @@ class Host:
 @dataclasses.dataclass
 class Discovery:
     """An elastic job placed by a script: the script, the launcher, the
-    scheduler's address (which the hosts reach) and the hosts it named last."""
+    scheduler's address (which the hosts reach), the hosts it named last, and
+    the hosts left out for a failed worker (as horovodrun's blacklist: for the
+    rest of the job, or with a cooldown range (MIN, MAX) seconds, for MIN after
+    a host's first failure, doubling with each further one, at most MAX)."""
 
     script: str
     launcher: str
     address: str
     hosts: list[Host]
+    cooldown: tuple[float, float] | None = None
+    failures: dict[str, int] = dataclasses.field(default_factory=dict)
+    blacklisted_until: dict[str, float] = dataclasses.field(default_factory=dict)  # host -> monotonic time
+
+    def blacklist(self, host: str, now: float) -> float:
+        """Leaves `host` out after a failure of a worker on it; the seconds it stays out (inf: for good)."""
+        self.failures[host] = self.failures.get(host, 0) + 1
+        if self.cooldown is None:
+            seconds = math.inf
+        else:
+            low, high = self.cooldown
+            seconds = min(high, low * 2 ** (self.failures[host] - 1))
+        self.blacklisted_until[host] = now + seconds
+        return seconds
+
+    def usable(self, now: float) -> list[Host]:
+        """The hosts named last that are not left out at `now`."""
+        return [h for h in self.hosts if self.blacklisted_until.get(h.name, -math.inf) <= now]
 
 
 def parse_hosts(text: str, script: str) -> list[Host]:

@@ -18,7 +18,8 @@ scheduler and no server processes (each worker runs its own server): a worker
 that fails is started again (at most --max-restarts times in all) and joins
 the others at their next commit, while they go on without it. With
 --host-discovery-script its workers go to the hosts a script names, through an
-ssh-like --launcher (jbps/discovery.py).
+ssh-like --launcher, and a host where a worker failed is blacklisted
+(jbps/discovery.py).
 """
 
 from __future__ import annotations
@@ -210,7 +211,7 @@ class Job:
             if name in self.placed and proc.poll() is None:
                 running[self.placed[name]] = running.get(self.placed[name], 0) + 1
         started = []
-        for host in discovery_.placements(self.discovery.hosts, running, wanted):
+        for host in discovery_.placements(self.discovery.usable(time.monotonic()), running, wanted):
             self._spawn_worker(self.next_worker_id, self.scheduler, host)
             self.next_worker_id += 1
             started.append(self.children[-1])
@@ -352,8 +353,16 @@ class Job:
                 )
                 self.children = [(n, p) for n, p in self.children if n != name]
                 if self.discovery:
-                    # On a host with a free slot (its own, if the script still names it).
-                    del self.placed[name]
+                    # On a host with a free slot; not its own, which is left out (for a while,
+                    # with --blacklist-cooldown-range), as horovodrun's blacklist does.
+                    host = self.placed.pop(name)
+                    seconds = self.discovery.blacklist(host, time.monotonic())
+                    log.warning(
+                        "host %s is blacklisted %s: %s failed on it",
+                        host,
+                        "for the rest of the job" if seconds == float("inf") else f"for {seconds:g} s",
+                        name,
+                    )
                     again = self._place(1)
                     if not again:
                         log.warning("no host the discovery script names has a free slot for %s's restart", name)
@@ -466,6 +475,15 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         "line (default: ssh -o BatchMode=yes)",
     )
     p.add_argument(
+        "--blacklist-cooldown-range",
+        nargs=2,
+        type=float,
+        metavar=("MIN", "MAX"),
+        default=None,
+        help="with --host-discovery-script: a host where a worker failed takes workers again after MIN seconds, "
+        "doubling with each failure there up to MAX (default: never again, as horovodrun)",
+    )
+    p.add_argument(
         "--scheduler-address",
         default=None,
         help="with --host-discovery-script: this machine's address that the hosts reach (default: its host name's)",
@@ -492,6 +510,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             p.error("--max-restarts must be at least 0")
         elastic = (args.min_workers, args.max_workers, args.max_restarts)
     discovery = None
+    if args.blacklist_cooldown_range is not None and args.host_discovery_script is None:
+        p.error("--blacklist-cooldown-range applies to hosts a --host-discovery-script names")
     if args.host_discovery_script is not None:
         if elastic is None:
             p.error("--host-discovery-script needs an elastic job (--min-workers and --max-workers)")
@@ -501,6 +521,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             )
         if not shlex.split(args.launcher):
             p.error("--launcher must name a command")
+        cooldown = args.blacklist_cooldown_range
+        if cooldown is not None and not 0 <= cooldown[0] <= cooldown[1] < float("inf"):
+            p.error("--blacklist-cooldown-range needs MIN and MAX seconds with 0 <= MIN <= MAX")
         address = args.scheduler_address or _this_host_address()
         if args.scheduler_address is None and address.startswith("127."):
             print(
@@ -512,7 +535,13 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         try:
             # A bad script is named before anything starts.
             hosts = discovery_.discover(args.host_discovery_script)
-            discovery = discovery_.Discovery(args.host_discovery_script, args.launcher, address, hosts)
+            discovery = discovery_.Discovery(
+                args.host_discovery_script,
+                args.launcher,
+                address,
+                hosts,
+                (cooldown[0], cooldown[1]) if cooldown is not None else None,
+            )
         except JbpsError as exc:
             print(f"{prog}: {exc}", file=sys.stderr, flush=True)
             return 2

@@ -31,6 +31,19 @@ def test_workers_go_to_the_free_slots_in_the_scripts_order():
     assert discovery.placements(hosts, {"a": 1}, 0) == []
 
 
+def test_a_host_where_a_worker_failed_is_left_out_for_good_or_for_a_cooldown_that_doubles():
+    hosts = [discovery.Host("a", 1), discovery.Host("b", 2)]
+    for_good = discovery.Discovery("hosts.sh", "ssh", "10.0.0.1", hosts)
+    assert for_good.blacklist("a", 100.0) == float("inf")
+    assert for_good.usable(1e9) == [hosts[1]]
+    assert discovery.placements(for_good.usable(1e9), {"b": 1}, 3) == ["b"]  # a's slot is not used again
+    # horovodrun's --blacklist-cooldown-range: MIN after the first failure, doubling, at most MAX.
+    timed = discovery.Discovery("hosts.sh", "ssh", "10.0.0.1", hosts, cooldown=(10.0, 25.0))
+    assert [timed.blacklist("a", t) for t in (0.0, 100.0, 200.0)] == [10.0, 20.0, 25.0]
+    assert timed.usable(224.9) == [hosts[1]] and timed.usable(225.0) == hosts
+    assert timed.blacklist("b", 300.0) == 10.0 and timed.usable(305.0) == [hosts[0]]
+
+
 def test_the_launchers_line_runs_the_command_in_the_directory_with_the_jobs_variables_only(tmp_path):
     env = {"DMLC_PS_ROOT_URI": "10.0.0.1", "JBPS_JOB_SECRET": "s e'cret", "HOME": "/here", "XLA_FLAGS": "--a --b"}
     argv = discovery.remote_argv("ssh -o BatchMode=yes", "node1", str(tmp_path), env, ["python", "it's.py"])

@@ -604,6 +604,14 @@ def test_jbps_run_names_a_discovery_script_that_prints_a_bad_line_before_startin
     # Discovery places the workers of an elastic job only; without an address, a loopback one is named.
     proc, out, err = jbps_run(["-n", "2", "--host-discovery-script", str(script), PYTHON, "x.py"], env, timeout=60)
     assert proc.returncode == 2 and "--host-discovery-script needs an elastic job" in err, err
+    # A blacklist's cooldown: two numbers, MIN <= MAX, with a discovery script.
+    for bad in (["5", "1"], ["-1", "3"], ["1", "inf"], ["nan", "2"]):
+        proc, out, err = jbps_run([*elastic, "--blacklist-cooldown-range", *bad, PYTHON, "x.py"], env, timeout=60)
+        assert proc.returncode == 2 and err.strip().endswith(
+            "--blacklist-cooldown-range needs MIN and MAX seconds with 0 <= MIN <= MAX"
+        ), (bad, err)
+    proc, out, err = jbps_run(["-n", "2", "--blacklist-cooldown-range", "1", "2", PYTHON, "x.py"], env, timeout=60)
+    assert proc.returncode == 2 and "--blacklist-cooldown-range applies to hosts a --host-discovery-script names" in err
     proc, out, err = jbps_run([*elastic[:-2], PYTHON, "x.py"], env, timeout=60)
     named = "which other hosts cannot reach: give --scheduler-address" in err
     assert named == _this_host_address().startswith("127."), err

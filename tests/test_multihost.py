@@ -6,6 +6,7 @@ where they are missing."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -590,9 +591,11 @@ def test_jbps_run_places_elastic_workers_on_the_hosts_a_discovery_script_names(t
     hosts 1 and 2, and a worker starts on each (tests/workers/elastic_train.py,
     every step's sum checked against numpy); host 0 is added to what it prints, and
     a third worker starts there and joins; host 1 is taken out, and its worker is
-    ended while the others go on; then a worker dies (SIGKILL at step 50), and
-    jbps run starts it again on the slot it left, where it rejoins. The job ends
-    with jbps run's exit code 0 and the last workers' parameters exact."""
+    ended while the others go on; then a worker dies (SIGKILL at step 50): its
+    host is blacklisted for a second (--blacklist-cooldown-range), no other has a
+    free slot, and once the second is over jbps run starts it again on the slot
+    it left, where it rejoins. The job ends with jbps run's exit code 0 and the
+    last workers' parameters exact."""
     with EmulatedNetwork(3, "1G") as net:
         names = [h.name for h in net.hosts]
         hosts = tmp_path / "hosts"
@@ -603,8 +606,8 @@ def test_jbps_run_places_elastic_workers_on_the_hosts_a_discovery_script_names(t
         out_path, err_path = tmp_path / "run.out", tmp_path / "run.err"
         argv = [sys.executable, "-m", "jbps", "run", "-n", "2", "--min-workers", "1", "--max-workers", "3"]
         argv += ["--host-discovery-script", str(script), "--launcher", str(net.launcher(str(tmp_path)))]
-        argv += ["--scheduler-address", net.hosts[0].address, "-v", "--"]
-        argv += [sys.executable, worker_script("elastic_train.py"), "--steps", "90", "--step-seconds", "0.2"]
+        argv += ["--scheduler-address", net.hosts[0].address, "--blacklist-cooldown-range", "1", "10", "-v", "--"]
+        argv += [sys.executable, worker_script("elastic_train.py"), "--steps", "100", "--step-seconds", "0.2"]
         argv += ["--die-at", "50", "--die-file", str(tmp_path / "died")]
         env = job_free_env(
             JAX_PLATFORMS="cpu", JBPS_TIMEOUT_S="15", XLA_FLAGS="--xla_force_host_platform_device_count=1"
@@ -635,7 +638,10 @@ def test_jbps_run_places_elastic_workers_on_the_hosts_a_discovery_script_names(t
         log = err_path.read_text()
         assert f"worker 0 on host {names[1]}" in log and f"worker 2 on host {names[0]}" in log, log[-3000:]
         assert f"host {names[1]} is no longer named" in log, log[-3000:]
-        assert "exited with -9: starting it again" in log and "worker 3 on host" in log, log[-3000:]
+        assert "exited with -9: starting it again" in log, log[-3000:]
+        (died,) = re.findall(r"host (\S+) is blacklisted for 1 s: worker \d failed on it", log)
+        assert "no host the discovery script names has a free slot" in log, log[-3000:]
+        assert f"worker 3 on host {died}" in log, log[-3000:]
         done = [line for w in (1, 2, 3) for line in lines(w) if line.get("done")]
         assert len(done) == 2 and done[0] == done[1] and done[0]["exact"], done
         sizes = done[0]["sizes"]
