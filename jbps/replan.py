@@ -30,25 +30,40 @@ kRoutes). Only readings relative to the baseline count, so a quieter phase
 of the job (smaller psums read slower everywhere) moves nothing: the split
 for rates scaled alike is the same.
 
+A worker machine's own link is read a second way: from its worker's
+readings of the other servers, the fastest of them (a worker on a slowed
+link reads every server slow, while a slow server elsewhere slows one of its
+readings), against the same worker's baseline, over the median of all
+worker machines' such ratios (a quieter phase slows every worker alike).
+The others, waiting on a slowed worker, may push its server too little in a
+window to read it (measured: 2 runs of 4 never followed a worker machine cut
+to 400 of 1,000 Mbit/s); its worker's own pushes always read it. A worker
+machine's server counts the slower of the two readings, and one the split
+leaves without bytes is read by its worker's link alone, which is how it
+comes back (no probe on a link that is already the slowest). A worker knows
+its own server as the one colocated server it reaches through shared memory.
+
 A server the split leaves without bytes (too slow to help) has no pushes to
-read. Every PROBE_EVERY windows each worker times one psum routed to it alone
-(kept on that server whatever the split: fixed routes), sized to take about
-PROBE_S at the job's full rate: long enough that a call's fixed costs are a
-small part of it once the link is back (a probe sized for the slow rate
-took 0.069 s where its bytes take 0.048 s at the full rate, and read a
-recovered 300 Mbit/s link at 210), and longer than a rate cap's burst. The
-times are agreed with the next window's readings (the fastest worker's: the
-sum waits for the last worker to start, so the others' times hold that
-wait), and give its rate against a reference: a server of its role that
+read. For a CPU machine's (or a worker machine's whose link its worker's
+readings do not give), every PROBE_EVERY windows each worker times one psum
+routed to it alone (kept on that server whatever the split: fixed routes),
+sized to take about PROBE_S at the job's full rate: long enough that a
+call's fixed costs are a small part of it once the link is back (a probe
+sized for the slow rate took 0.069 s where its bytes take 0.048 s at the
+full rate, and read a recovered 300 Mbit/s link at 210), and longer than a
+rate cap's burst. The times are agreed with the next window's readings
+(the fastest worker's: the sum waits for the last worker to start, so the
+others' times hold that wait), and give its rate against a reference: a server of its role that
 serves at the full rate, probed beside it, whose time shares the job's
 traffic alike (a probe alone read a recovered link at 0.55-0.9 of it). A
 server read CHANGE times faster than planned, or at the full rate within the
 probe's error (link_rate.reads_as_full), in two probes running is taken to
 run at the rate the latest read, and the split is planned again: it gets its
 share back once the rated split finds it worth one, and is probed on while
-it has none and its planned rate is below the full one. Without a reference
-(no server of its role serves at the full rate) its probe alone gives the
-rate, which reads a recovered link low rather than high.
+it has none and its planned rate is below the full one (or it was left out
+for a slowdown: see _left_out_slow). Without a reference (no server of its
+role serves at the full rate) its probe alone gives the rate, which reads a
+recovered link low rather than high.
 
 Not followed: compressed psums move servers with the rest, and their
 servers' error feedback for the moved chunks starts again from zero.
@@ -65,7 +80,7 @@ import numpy as np
 
 from . import link_rate
 from .extension import load_core
-from .partition import server_fractions
+from .partition import COLOCATED, server_fractions
 from .partition.priority import INT64_MAX
 
 _core = load_core()
@@ -87,6 +102,9 @@ PROBES_TO_CHANGE = 2  # a left-out server read faster in this many probes runnin
 # the last few pushes of a call, alone on the links, read several times faster or (one
 # waiting long for its acknowledgement) slower than the link.
 MIN_READ_PUSHES = 4
+# A worker machine's own link is read from at least this many of its worker's readings (the
+# fastest of them): from one, a slow server elsewhere would read as a slow worker machine.
+MIN_LINK_READINGS = 2
 SHARE_EPS = 1e-6  # a share below this is none
 MIN_MOVE = 0.02  # a new split moves some server's share by at least this much, else it is not worth an epoch
 PROBE_EVERY = 10  # windows (5 s) between probes of a server the split leaves without bytes
@@ -108,6 +126,14 @@ def readings(before: dict, after: dict) -> list[float]:
     return out
 
 
+def own_server(roles: Sequence[str], shared_memory: Sequence[bool]) -> int:
+    """This worker's colocated server: the one colocated server it reaches
+    through shared memory (its own machine's); -1 where there is not exactly one
+    (shared memory off: its machine's link is then not read from its readings)."""
+    own = [s for s, (role, shm) in enumerate(zip(roles, shared_memory)) if shm and role == COLOCATED]
+    return own[0] if len(own) == 1 else -1
+
+
 @dataclasses.dataclass(frozen=True)
 class Window:
     """One window's readings, agreed: the same on every worker."""
@@ -115,6 +141,11 @@ class Window:
     readings: tuple[float, ...]  # per server, the median of the workers' nonzero readings
     settled: bool  # every worker's window ran on the split in use from its start
     probes: tuple[float, ...] = ()  # per server, the fastest worker's probe seconds (0: not probed)
+    # Per colocated server, its machine's own link as its worker read it: the fastest of that
+    # worker's readings of the other servers (0: none). A worker on a slowed link reads every
+    # server slow, however few pushes the others, waiting on it, send its server; a slow server
+    # elsewhere slows one of its readings, not the fastest.
+    links: tuple[float, ...] = ()
 
 
 def _per_column(matrix: np.ndarray, reduce) -> tuple[float, ...]:
@@ -122,15 +153,22 @@ def _per_column(matrix: np.ndarray, reduce) -> tuple[float, ...]:
     return tuple(float(reduce(c[c > 0])) if np.any(c > 0) else 0.0 for c in matrix.T)
 
 
-def agreed_window(matrix: np.ndarray, settled: np.ndarray, probes: np.ndarray | None = None) -> Window:
+def agreed_window(
+    matrix: np.ndarray, settled: np.ndarray, probes: np.ndarray | None = None, own: np.ndarray | None = None
+) -> Window:
     """matrix: every worker's readings (rows: workers); settled: each worker's
-    flag; probes: every worker's probe seconds, if any."""
+    flag; probes: every worker's probe seconds, if any; own: each worker's
+    colocated server, -1 where it has none (or it is not known)."""
     fastest = () if probes is None else _per_column(probes, np.min)
     # A server read by fewer than half the workers is no news: one worker on a slow link of
     # its own (the others waiting on it push nothing for most of a call) reads every server slow.
     few = np.sum(matrix > 0, axis=0) < matrix.shape[0] / 2
     median = tuple(0.0 if f else r for f, r in zip(few, _per_column(matrix, np.median)))
-    return Window(median, bool(np.all(settled > 0)), fastest)
+    links = [0.0] * matrix.shape[1]
+    for row, s in zip(matrix, [] if own is None else own):
+        if 0 <= s < len(links) and np.sum(row > 0) >= MIN_LINK_READINGS:
+            links[int(s)] = float(np.max(row))
+    return Window(median, bool(np.all(settled > 0)), fastest, tuple(links))
 
 
 class RateFollower:
@@ -167,6 +205,8 @@ class RateFollower:
         self.slowed: set[int] = set()  # servers planned at a rate read from a slowdown (SLOWED_SHADE)
         self.fractions = [float(f) for f in fractions]
         self.baseline: list[float] | None = None
+        self.link_baseline: list[float] = [0.0] * len(self.roles)  # per colocated server, its machine's link
+        self.links_read: set[int] = set()  # colocated servers whose machine's link the latest window read
         self.first: list[Window] = []  # the split's first settled windows, until the baseline
         self._restart_streaks()
         self.windows = 0
@@ -201,6 +241,12 @@ class RateFollower:
             return False
         return s in self.slowed or not link_rate.reads_as_full(self.roles[s], self.planned[s], self.full)
 
+    def _probed(self, s: int) -> bool:
+        """Whether server s is probed: left out for its rate, and not a worker
+        machine's whose link its worker's readings give (they need no probe on a
+        link already slow)."""
+        return self._left_out_slow(s) and s not in self.links_read
+
     def probes(self) -> dict[int, int]:
         """{server: bytes} to probe after the latest window: every PROBE_EVERY
         windows, each server the split leaves without bytes for its rate
@@ -212,7 +258,7 @@ class RateFollower:
             self.probing = {
                 s: link_rate.server_probe_bytes(role, self.num_workers, self.full, PROBE_S)
                 for s, role in enumerate(self.roles)
-                if self._left_out_slow(s)
+                if self._probed(s)
             }
             for s in list(self.probing):
                 ref = self._reference(self.roles[s])
@@ -265,10 +311,27 @@ class RateFollower:
         self.fractions = fractions
         return self.fractions
 
+    def _link_ratios(self, window: Window) -> dict[int, float]:
+        """{colocated server: its machine's link over its baseline, over the
+        median of the worker machines' such ratios} for those read in this
+        window and the baseline: one worker machine that slows reads slow
+        against the others, while a quieter phase of the job (every worker
+        reading every server slower) moves none."""
+        links = window.links or (0.0,) * len(self.roles)
+        self.links_read = {s for s, r in enumerate(links) if r > 0 and self.roles[s] == COLOCATED}
+        raw = {s: links[s] / self.link_baseline[s] for s in self.links_read if self.link_baseline[s] > 0}
+        if not raw:
+            return {}
+        # Over the median of all of them, its own included: with two workers, over the other's
+        # alone, one worker's noise would read doubled in both.
+        middle = float(np.median(list(raw.values())))
+        return {s: r / middle for s, r in raw.items()}
+
     def step(self, window: Window) -> list[float] | None:
         """The new split, or None to keep the one in use."""
         self.windows += 1
         recovered = self._recovered(window)
+        link_ratios = self._link_ratios(window)
         if recovered:
             self.slowed -= set(recovered)
             return self._plan([min(self.full, recovered.get(s, p)) for s, p in enumerate(self.planned)])
@@ -277,15 +340,25 @@ class RateFollower:
                 self.first.append(window)
             if len(self.first) == BASELINE_WINDOWS:
                 self.baseline = [float(np.median(column)) for column in zip(*(w.readings for w in self.first))]
+                self.link_baseline = [
+                    float(np.median([r for r in column if r > 0])) if any(r > 0 for r in column) else 0.0
+                    for column in zip(*(w.links or (0.0,) * len(self.roles) for w in self.first))
+                ]
                 self.first = []
             return None
         # Per server: its readings running (a window without one is no news of it, as when a
-        # step is longer than a window) that read it CHANGE times slower, or faster.
+        # step is longer than a window) that read it CHANGE times slower, or faster. A worker
+        # machine's server is read by its pushers and by its own worker's link (the slower of
+        # the two counts); one the split leaves without bytes, by its worker's link alone.
         for s, (now, then) in enumerate(zip(window.readings, self.baseline)):
-            if now <= 0 or then <= 0 or not self._serves(s):
+            read = [now / then] if now > 0 and then > 0 and self._serves(s) else []
+            if s in link_ratios:
+                read.append(link_ratios[s])
+            if not read:
                 continue
-            ratio = self.ratios[s] = now / then
-            self.slow_streak[s] = self.slow_streak[s] + 1 if ratio < 1 / CHANGE else 0
+            ratio = self.ratios[s] = min(read)
+            serves = self._serves(s)
+            self.slow_streak[s] = self.slow_streak[s] + 1 if serves and ratio < 1 / CHANGE else 0
             self.fast_streak[s] = self.fast_streak[s] + 1 if ratio > CHANGE and self.planned[s] < self.full else 0
         slower = {s for s, n in enumerate(self.slow_streak) if n >= WINDOWS_TO_CHANGE}
         faster = {s for s, n in enumerate(self.fast_streak) if n >= WINDOWS_TO_CHANGE}
@@ -318,18 +391,22 @@ class Follower:
         before = _core.engine_stats()
         epoch = 0  # the latest split this worker announced
         probed = np.zeros(count, np.float32)  # seconds of the latest window's probes, per server
+        own = own_server(self._decide.roles, before["server_shared_memory"])
         while not self._stop.wait(WINDOW_S):
             after = _core.engine_stats()
             # Every worker's readings, whether its window ran on the latest split
-            # throughout, and its probes' seconds.
-            matrix = np.zeros((self._n, 2 * count + 1), np.float32)
+            # throughout, its probes' seconds, and its colocated server (+1; 0: none).
+            matrix = np.zeros((self._n, 2 * count + 2), np.float32)
             matrix[self._rank, :count] = readings(before, after)
             matrix[self._rank, count] = before["routes_used"] >= epoch
-            matrix[self._rank, count + 1 :] = probed
+            matrix[self._rank, count + 1 : 2 * count + 1] = probed
+            matrix[self._rank, -1] = own + 1
             before = after
             try:
                 link_rate.psum_host(NAME, matrix.reshape(-1), self._init_fractions, self._wait_s, priority=AHEAD)
-                window = agreed_window(matrix[:, :count], matrix[:, count], matrix[:, count + 1 :])
+                window = agreed_window(
+                    matrix[:, :count], matrix[:, count], matrix[:, count + 1 : 2 * count + 1], matrix[:, -1] - 1
+                )
                 split = self._decide.step(window)
                 if any(window.probes):
                     log.debug(

@@ -92,6 +92,12 @@ def test_equal_links_read_with_noise_never_move_the_split():
     rng = np.random.default_rng(0)
     follower = _follower()
     assert all(follower.step(_window([b * rng.uniform(0.85, 1.15) for b in BASE])) is None for _ in range(300))
+    # With each worker machine's link read too (its worker's fastest reading), as noisy.
+    follower = _follower()
+    for _ in range(300):
+        noisy = [b * rng.uniform(0.85, 1.15) for b in BASE]
+        links = [40e6 * rng.uniform(0.85, 1.15) for _ in range(4)] + [0.0, 0.0]
+        assert follower.step(replan.Window(tuple(noisy), True, (), tuple(links))) is None
 
 
 def test_a_server_that_slows_moves_the_split_after_a_few_windows_and_back_when_it_recovers():
@@ -328,6 +334,52 @@ def test_the_agreed_window_takes_per_server_the_median_of_the_workers_that_reach
     # Probe times: per server the fastest worker's (the sum waited for the last to start).
     probes = np.array([[0, 0.3], [0, 0.2], [0, 0.5], [0, 0.25]], np.float32)
     assert replan.agreed_window(matrix, np.ones(4, np.float32), probes).probes == pytest.approx((0.0, 0.2))
+
+
+def test_a_worker_machine_that_slows_is_read_from_its_own_workers_readings_and_followed_back_without_probes():
+    # Worker machine 0's link drops to 0.4: its worker reads every server slow, while the
+    # others, waiting on it, give its server no reading (no news by its column). Its link,
+    # read from its worker's fastest reading against the other workers', moves the split.
+    follower = _follower()
+    links = [40e6] * 4 + [0.0, 0.0]  # each worker machine's link as its worker reads it
+
+    def window(readings, links):
+        return replan.Window(tuple(readings), True, (), tuple(links))
+
+    for _ in range(replan.BASELINE_WINDOWS):
+        assert follower.step(window(BASE, links)) is None
+    slow = [0.4 * links[0]] + links[1:]
+    unread = [0.0] + BASE[1:]
+    moved = [follower.step(window(unread, slow)) for _ in range(replan.WINDOWS_TO_CHANGE)]
+    assert moved[:-1] == [None] * (replan.WINDOWS_TO_CHANGE - 1) and moved[-1] is not None
+    assert follower.planned[0] == pytest.approx(0.4 * FULL) and moved[-1][0] == 0  # τ* is its own M's time now
+    # On the new split: a baseline, then its link comes back; read the same way, never probed.
+    after = [moved[-1][s] * 120e6 if moved[-1][s] > 0 else 0.0 for s in range(6)]
+    for _ in range(replan.BASELINE_WINDOWS):
+        assert follower.step(window(after, slow)) is None and follower.probes() == {}
+    back = [follower.step(window(after, links)) for _ in range(replan.WINDOWS_TO_CHANGE)]
+    assert back[-1] is not None and follower.planned[0] == pytest.approx(FULL)
+    assert back[-1] == pytest.approx(server_fractions(ROLES, 4))
+    for _ in range(2 * replan.PROBE_EVERY):  # never probed on the way
+        follower.step(window(after, slow))
+        assert follower.probes() == {}
+
+
+def test_a_quieter_phase_or_a_slow_server_elsewhere_is_no_worker_machines_slowdown():
+    follower = _follower()
+    links = [40e6] * 4 + [0.0, 0.0]
+    for _ in range(replan.BASELINE_WINDOWS):
+        follower.step(replan.Window(tuple(BASE), True, (), tuple(links)))
+    quiet = replan.Window(tuple(b / 3 for b in BASE), True, (), tuple(r / 3 for r in links))
+    assert all(follower.step(quiet) is None for _ in range(2 * replan.WINDOWS_TO_CHANGE))
+    # The agreed window: a worker's link is its fastest reading, so CPU host 5 read slow by
+    # everyone slows no worker machine's link; a worker with a single reading gives none.
+    matrix = np.array([[0, 30, 31, 29, 30, 6], [30, 0, 29, 31, 30, 6], [10, 0, 0, 0, 0, 0], [8, 8, 8, 0, 8, 2]])
+    window = replan.agreed_window(matrix.astype(np.float32), np.ones(4), own=np.array([0, 1, 2, 3]))
+    assert window.links == (31, 31, 0, 8, 0, 0)
+    # Shared memory tells a worker its own server: the one colocated server it reaches through it.
+    assert replan.own_server(ROLES, [0, 0, 1, 0, 0, 0]) == 2
+    assert replan.own_server(ROLES, [0, 0, 0, 0, 1, 0]) == -1 and replan.own_server(ROLES, [0] * 6) == -1
 
 
 def test_readings_leave_out_idle_and_shared_memory_servers():
