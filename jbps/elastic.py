@@ -60,6 +60,7 @@ class State:
     _names: tuple[str, ...]
     _membership: Any  # the worker's Membership while a generation runs
     _committed: dict
+    _rates_told: int  # the generation's rate-follower splits rank 0 has told the scheduler of
     commits: int
 
     def __init__(self, **values: Any):
@@ -67,6 +68,7 @@ class State:
             raise JbpsError("jbps.elastic.State needs the values training goes on from, e.g. State(params=..., step=0)")
         object.__setattr__(self, "_names", tuple(values))
         object.__setattr__(self, "_membership", None)
+        object.__setattr__(self, "_rates_told", 0)
         object.__setattr__(self, "commits", 0)
         for name, value in values.items():
             object.__setattr__(self, name, value)
@@ -108,8 +110,22 @@ class State:
                 link_rate.backstop_s(runtime.config().timeout_s),
                 priority=INT64_MAX,  # ahead of the job's chunks: a few bytes
             )
+            self._tell_learned_rates(membership)
             if wanted[0] > 0:
                 raise _Regroup()
+
+    def _tell_learned_rates(self, membership: Any) -> None:
+        """On rank 0: the rates the generation's rate follower planned its latest
+        split for, told to the scheduler, so that the next generation on these
+        hosts starts from them rather than from the rates its hosts were first
+        measured at (a link that slowed stays slow in the next generation's split)."""
+        replans = runtime.replans()
+        if runtime.config().worker_rank != 0 or len(replans) <= self._rates_told:
+            return
+        measured = runtime.measured_rates()
+        if measured is not None and measured["servers"] is not None:
+            membership.tell_rates({"link": measured["link"], "servers": list(replans[-1]["rates"])})
+        object.__setattr__(self, "_rates_told", len(replans))
 
     def restore(self) -> None:
         """Sets every value back to the last commit."""
@@ -206,6 +222,7 @@ def run(func: Callable) -> Callable:
                 if job["rank"] == 0 and job["rates"] is None and measured is not None:
                     membership.tell_rates(measured)
                 object.__setattr__(state, "_membership", membership)
+                object.__setattr__(state, "_rates_told", 0)
                 started = time.monotonic()
                 try:
                     state.sync(root=0)

@@ -495,6 +495,39 @@ def test_an_elastic_job_across_hosts_goes_on_after_a_kill_a_rejoin_and_a_cut_lin
             job.end()  # the cut host's worker fails its own way; ended by PID
 
 
+def test_an_elastic_generation_starts_from_the_rates_the_last_ones_rate_follower_learned(tmp_path):
+    """3 worker hosts at 300 Mbit/s train elastically with 4 MiB psums; host 2's link
+    drops to 60 Mbit/s and the rate follower moves the split. Then the worker on host 1
+    is killed: the next generation (hosts 0 and 2, on hosts measured before, so no
+    probe) starts from the rates the follower learned, host 2's slow, not from the
+    equal rates the hosts were first measured at. Every step's sum is checked against
+    numpy by the workers (tests/workers/elastic_train.py)."""
+    argv = [sys.executable, worker_script("elastic_train.py"), "--steps", "100000", "--step-seconds", "0.05"]
+    argv += ["--width", str(1 << 20)]
+    with EmulatedNetwork(3, 300e6) as net:
+        job = ElasticJob(net, tmp_path, ["--num-workers", "3", "--min-workers", "2", "--max-workers", "3"])
+        try:
+            for h in range(3):
+                job.worker(f"w{h}", h, h, argv=argv)
+            job.until("w0", lambda line: line.get("step", 0) >= 5)
+            net.set_rate(2, 60e6)
+            job.until("w0", lambda line: line.get("replans", 0) >= 1)
+            job.procs["w1"].kill()
+            job.until("w0", lambda line: line.get("size") == 2)
+            lines = job.lines("w0")
+            first = next(line["rates"] for line in lines if line.get("size") == 3)
+            then = next(line["rates"] for line in lines if line.get("size") == 2)
+            h0, h2 = net.hosts[0].address, net.hosts[2].address
+            assert 0.7 < first[h2] / first[h0] < 1.4, first  # measured alike at the start
+            assert then[h2] < 0.5 * then[h0], (first, then)  # the follower's, handed on
+            assert "(links measured before)" in (tmp_path / "w0.err").read_text(), job.err("w0")
+            for name in ("w0", "w2"):
+                assert not any("wrong" in line for line in job.lines(name)), job.lines(name)[-3:]
+                assert job.procs[name].poll() is None, job.err(name)
+        finally:
+            job.end()
+
+
 def test_mnist_trains_elastically_across_hosts_through_a_kill_a_rejoin_and_a_cut_link(tmp_path):
     """examples/mnist_elastic.py on 3 worker hosts, as a user runs it: the worker on host 2
     is killed after the first epoch, the others go on; it is started again and rejoins; then

@@ -12,7 +12,7 @@ With --back-to-back the steps are dispatched without waiting for them (as a
 training loop does), and their sums are checked at the next commit.
 
 Prints one JSON line per commit (every --commit-every steps) ({"step", "size", "rank", "servers",
-"link", "at"}) and a last
+"link", "at", "rates", "replans"}) and a last
 one: {"done", "w", "expected", "sizes"}. --die-at STEP kills this process
 (SIGKILL) before that step, once per --die-file (created first).
 """
@@ -104,6 +104,12 @@ def main():
                 servers = len(jbps.config().servers)
                 link = jbps.runtime.link_bytes_per_s()  # as measured, or reused from an earlier generation
                 line = {"step": state.step, "size": n, "rank": r, "servers": servers, "link": link, "at": time.time()}
+                # Each server host's rate the generation started from, and the rate follower's splits so far.
+                rates = jbps.runtime.server_rates()
+                hosts = [a.rsplit(":", 1)[0] for a in jbps.config().servers]
+                line.update(
+                    rates=None if rates is None else dict(zip(hosts, rates)), replans=len(jbps.runtime.replans())
+                )
                 print(json.dumps(line))
                 sys.stdout.flush()
             time.sleep(args.step_seconds)
