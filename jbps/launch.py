@@ -515,10 +515,6 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     if args.host_discovery_script is not None:
         if elastic is None:
             p.error("--host-discovery-script needs an elastic job (--min-workers and --max-workers)")
-        if args.local_devices is not None:
-            p.error(
-                "--local-devices applies to workers on this machine; with --host-discovery-script each host decides"
-            )
         if not shlex.split(args.launcher):
             p.error("--launcher must name a command")
         cooldown = args.blacklist_cooldown_range

@@ -621,8 +621,9 @@ def test_an_elastic_jobs_dedicated_server_lost_and_started_again_leaves_and_rejo
 def test_jbps_run_places_elastic_workers_on_the_hosts_a_discovery_script_names(tmp_path):
     """`jbps run --host-discovery-script` on host 0, with a launcher that runs a
     shell line in a host's namespace as ssh runs it on a host: the script names
-    hosts 1 and 2, and a worker starts on each (tests/workers/elastic_train.py,
-    every step's sum checked against numpy); host 0 is added to what it prints, and
+    hosts 1 and 2, and a worker with 2 CPU devices (--local-devices) starts on
+    each (tests/workers/elastic_train.py, every step's sum checked against
+    numpy); host 0 is added to what it prints, and
     a third worker starts there and joins; host 1 is taken out, and its worker is
     ended while the others go on; then a worker dies (SIGKILL at step 50): its
     host is blacklisted for a second (--blacklist-cooldown-range), no other has a
@@ -638,6 +639,7 @@ def test_jbps_run_places_elastic_workers_on_the_hosts_a_discovery_script_names(t
         script.chmod(0o755)
         out_path, err_path = tmp_path / "run.out", tmp_path / "run.err"
         argv = [sys.executable, "-m", "jbps", "run", "-n", "2", "--min-workers", "1", "--max-workers", "3"]
+        argv += ["--local-devices", "2"]  # carried to the hosts in the launcher's line (XLA_FLAGS)
         argv += ["--host-discovery-script", str(script), "--launcher", str(net.launcher(str(tmp_path)))]
         argv += ["--scheduler-address", net.hosts[0].address, "--blacklist-cooldown-range", "1", "10", "-v", "--"]
         argv += [sys.executable, worker_script("elastic_train.py"), "--steps", "100", "--step-seconds", "0.2"]
@@ -677,6 +679,6 @@ def test_jbps_run_places_elastic_workers_on_the_hosts_a_discovery_script_names(t
         assert f"worker 3 on host {died}" in log, log[-3000:]
         done = [line for w in (1, 2, 3) for line in lines(w) if line.get("done")]
         assert len(done) == 2 and done[0] == done[1] and done[0]["exact"], done
-        sizes = done[0]["sizes"]
-        assert [s for i, s in enumerate(sizes) if i == 0 or sizes[i - 1] != s] == [2, 3, 2, 1, 2], sizes
+        sizes = done[0]["sizes"]  # devices in all: 2 per worker
+        assert [s for i, s in enumerate(sizes) if i == 0 or sizes[i - 1] != s] == [4, 6, 4, 2, 4], sizes
         assert not any(line.get("done") for line in lines(0))  # ended with its host
