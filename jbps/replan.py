@@ -53,9 +53,10 @@ sized for the slow rate took 0.069 s where its bytes take 0.048 s at the
 full rate, and read a recovered 300 Mbit/s link at 210), and longer than a
 rate cap's burst. The times are agreed with the next window's readings
 (the fastest worker's: the sum waits for the last worker to start, so the
-others' times hold that wait), and give its rate against a reference: a server of its role that
-serves at the full rate, probed beside it, whose time shares the job's
-traffic alike (a probe alone read a recovered link at 0.55-0.9 of it). A
+others' times hold that wait), and give its rate against a reference: a
+server of its role that serves at the full rate, probed beside it, whose
+time shares the job's traffic alike (a probe alone read a recovered link at
+0.55-0.9 of it). A
 server read CHANGE times faster than planned, or at the full rate within the
 probe's error (link_rate.reads_as_full), in two probes running is taken to
 run at the rate the latest read, and the split is planned again: it gets its
