@@ -252,7 +252,6 @@ def test_a_server_still_left_out_after_a_probe_is_probed_on_until_it_reads_at_th
 
 def _two_worker_follower(planned):
     from jbps import link_rate
-    from jbps.partition import server_fractions
 
     roles = [COLOCATED] * 2 + [DEDICATED] * 2
     fractions = link_rate.fractions_for_rates(roles, planned, 2) or server_fractions(roles, 2)  # None: the formula's
@@ -284,7 +283,7 @@ def test_a_left_out_servers_probes_running_stand_through_a_re_plan_for_another_s
     slow0 = (10e6,) + steady[1:]
     moved = [follower.step(replan.Window(slow0, True)) for _ in range(replan.WINDOWS_TO_CHANGE)]
     assert moved[-1] is not None and follower.planned[0] < FULL / 2  # server 0's own change
-    assert _until_probed(follower, (10e6,) + steady[1:]) == []
+    assert _until_probed(follower, slow0) == []
     back = follower.step(replan.Window(slow0, True, recovered))
     assert back is not None and back[3] > 0.2 and follower.planned[3] == pytest.approx(FULL)
 
