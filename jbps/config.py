@@ -361,17 +361,20 @@ class Config:
         return None
 
     @classmethod
-    def resolve(cls, overrides: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> "Config":
-        """Builds the config from keywords, then the environment, then defaults."""
+    def resolve(
+        cls, overrides: Mapping[str, Any], environ: Mapping[str, str] | None = None, caller: str = "jbps.init"
+    ) -> "Config":
+        """Builds the config from keywords, then the environment, then defaults;
+        `caller` names the function the keywords were given to in errors."""
         environ = os.environ if environ is None else environ
         known = {o.name for o in OPTIONS}
         unknown = sorted(set(overrides) - known)
         if unknown:
-            raise TypeError(f"jbps.init() got unknown option(s) {unknown}; known: {sorted(known)}")
+            raise TypeError(f"{caller}() got unknown option(s) {unknown}; known: {sorted(known)}")
         values = {}
         for opt in OPTIONS:
             if opt.name in overrides and overrides[opt.name] is not None:
-                raw, source = overrides[opt.name], f"jbps.init({opt.name}=...)"
+                raw, source = overrides[opt.name], f"{caller}({opt.name}=...)"
                 if isinstance(raw, (list, tuple)):
                     raw = ",".join(raw)  # servers=["h:p", ...]
                 raw = str(raw)

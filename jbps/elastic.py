@@ -183,9 +183,22 @@ class State:
         self._save()
 
 
-def run(func: Callable) -> Callable:
+# Settings each generation's membership decides: not the worker's to give.
+_DECIDED = ("servers", "num_workers", "num_servers", "local_rank", "local_size", "role", "colocated_servers")
+
+
+def run(func: Callable | None = None, **settings: Any) -> Callable:
     """Decorator: calls func(state, ...) in the elastic job until it returns,
-    again after each membership change. Call the result on every worker."""
+    again after each membership change. Call the result on every worker.
+    `@jbps.elastic.run(timeout_s=30, ...)` takes jbps.init's settings (over
+    the environment's), but not the ones each generation decides (the servers,
+    the number of workers): bad ones are named when the function is decorated."""
+    decided = sorted(set(settings) & set(_DECIDED))
+    if decided:
+        raise JbpsError(f"jbps.elastic.run(): {', '.join(decided)} is decided by each generation's membership")
+    Config.resolve(settings, caller="jbps.elastic.run")  # names a bad setting here, not at the first generation
+    if func is None:
+        return functools.partial(run, **settings)
 
     @functools.wraps(func)
     def wrapper(state: State, *args, **kwargs):
@@ -197,7 +210,7 @@ def run(func: Callable) -> Callable:
 
         if runtime.is_initialized():
             raise JbpsError("jbps.elastic.run starts the job itself: do not call jbps.init() before it")
-        requested = Config.resolve({})
+        requested = Config.resolve(settings, caller="jbps.elastic.run")
         membership = Membership(requested)
         failed_starts = 0
         try:

@@ -127,7 +127,8 @@ def final(job, n):
 
 def test_a_killed_worker_leaves_the_others_training_and_a_restarted_one_rejoins_with_every_sum_exact(job_factory):
     job = job_factory(3, 2, 3)
-    steps = ["--steps", "60", "--step-seconds", "0.15"]
+    # The psum timeout given to jbps.elastic.run, over the job's JBPS_TIMEOUT_S (60 s).
+    steps = ["--steps", "60", "--step-seconds", "0.15", "--timeout-s", "45"]
     for i in range(3):
         job.start(i, *steps)
     job.wait_for_step(2, 5)
@@ -138,6 +139,7 @@ def test_a_killed_worker_leaves_the_others_training_and_a_restarted_one_rejoins_
     codes = job.finish()
     assert codes == [0, 0, -signal.SIGKILL, 0], [job.stderr(n) for n in range(4)]
     assert job.error is None
+    assert {line["timeout"] for n in (0, 1, 3) for line in job.lines(n) if "step" in line} == {45.0}
     results = [final(job, n) for n in (0, 1, newcomer)]
     for result in results:
         assert result["exact"], result  # w equals numpy's total over the committed sizes
@@ -174,6 +176,7 @@ def test_a_worker_lost_while_steps_are_dispatched_back_to_back_leaves_the_others
     codes = job.finish()
     assert codes == [0, 0, -signal.SIGKILL, 0], [job.stderr(n) for n in range(4)]
     assert job.error is None
+    assert {line["timeout"] for n in (0, 1, 3) for line in job.lines(n) if "step" in line} == {45.0}
     results = [final(job, n) for n in (0, 1, newcomer)]
     assert all(r == results[0] and r["exact"] for r in results), results
     sizes = results[0]["sizes"]
@@ -296,6 +299,17 @@ def test_the_scheduler_hands_a_generation_the_links_rates_only_for_hosts_measure
         assert sched._known_rates(["127.0.0.4:7000"]) == {"link": 1e8, "servers": None}
     finally:
         sched.close()
+
+
+def test_elastic_run_names_a_bad_setting_when_the_function_is_decorated():
+    import jbps.elastic
+
+    with pytest.raises(JbpsError, match=r"^jbps.elastic.run\(\): num_workers, servers is decided by each generation"):
+        jbps.elastic.run(servers=["h:1"], num_workers=2)
+    with pytest.raises(JbpsError, match=r"^jbps.elastic.run\(timeout_s=...\)='soon': "):
+        jbps.elastic.run(timeout_s="soon")
+    with pytest.raises(TypeError, match=r"^jbps.elastic.run\(\) got unknown option\(s\) \['timeout'\]"):
+        jbps.elastic.run(lambda state: None, timeout=3)
 
 
 def test_a_state_names_its_values_and_refuses_others():

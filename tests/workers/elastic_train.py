@@ -12,7 +12,7 @@ With --back-to-back the steps are dispatched without waiting for them (as a
 training loop does), and their sums are checked at the next commit.
 
 Prints one JSON line per commit (every --commit-every steps) ({"step", "size", "rank", "servers",
-"link", "at", "rates", "replans"}) and a last
+"link", "at", "rates", "replans", "timeout"}) and a last
 one: {"done", "w", "expected", "sizes"}. --die-at STEP kills this process
 (SIGKILL) before that step, once per --die-file (created first).
 """
@@ -51,6 +51,7 @@ def main():
     p.add_argument("--die-at", type=int, default=None)
     p.add_argument("--die-file", default=None)
     p.add_argument("--commit-every", type=int, default=1)
+    p.add_argument("--timeout-s", type=float, default=None, help="given to jbps.elastic.run, over JBPS_TIMEOUT_S")
     p.add_argument("--width", type=int, default=1000, help="another width: a worker of another model")
     p.add_argument(
         "--back-to-back",
@@ -76,7 +77,7 @@ def main():
             print(json.dumps({"wrong": step, "size": n, "got": float(out.ravel()[0]), "want": float(want)}))
             sys.exit(3)
 
-    @jbps.elastic.run
+    @jbps.elastic.run(**({} if args.timeout_s is None else {"timeout_s": args.timeout_s}))
     def train(state):
         unchecked = []  # steps dispatched back to back, checked at the next commit
         while state.step < args.steps:
@@ -104,6 +105,7 @@ def main():
                 servers = len(jbps.config().servers)
                 link = jbps.runtime.link_bytes_per_s()  # as measured, or reused from an earlier generation
                 line = {"step": state.step, "size": n, "rank": r, "servers": servers, "link": link, "at": time.time()}
+                line["timeout"] = jbps.config().timeout_s
                 # Each server host's rate the generation started from, and the rate follower's splits so far.
                 rates = jbps.runtime.server_rates()
                 hosts = [a.rsplit(":", 1)[0] for a in jbps.config().servers]
