@@ -362,6 +362,15 @@ def test_a_worker_machine_that_slows_is_read_from_its_own_workers_readings_and_f
     for _ in range(2 * replan.PROBE_EVERY):  # never probed on the way
         follower.step(window(after, slow))
         assert follower.probes() == {}
+    # Where its pushers read it too, it runs at the least slow of the readings that saw the
+    # slowdown: its worker's link reads a slowed machine low.
+    follower = _follower()
+    for _ in range(replan.BASELINE_WINDOWS):
+        follower.step(window(BASE, links))
+    column = [0.4 * BASE[0]] + BASE[1:]
+    very = [0.2 * links[0]] + links[1:]
+    moved = [follower.step(window(column, very)) for _ in range(replan.WINDOWS_TO_CHANGE)]
+    assert moved[-1] is not None and follower.planned[0] == pytest.approx(0.4 * FULL)
 
 
 def test_a_quieter_phase_or_a_slow_server_elsewhere_is_no_worker_machines_slowdown():
