@@ -195,7 +195,7 @@ def run(func: Callable | None = None, **settings: Any) -> Callable:
     the number of workers): bad ones are named when the function is decorated."""
     decided = sorted(set(settings) & set(_DECIDED))
     if decided:
-        raise JbpsError(f"jbps.elastic.run(): {', '.join(decided)} is decided by each generation's membership")
+        raise JbpsError(f"jbps.elastic.run() cannot take {', '.join(decided)}: each generation's membership decides")
     Config.resolve(settings, caller="jbps.elastic.run")  # names a bad setting here, not at the first generation
     if func is None:
         return functools.partial(run, **settings)

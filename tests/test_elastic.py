@@ -304,7 +304,10 @@ def test_the_scheduler_hands_a_generation_the_links_rates_only_for_hosts_measure
 def test_elastic_run_names_a_bad_setting_when_the_function_is_decorated():
     import jbps.elastic
 
-    with pytest.raises(JbpsError, match=r"^jbps.elastic.run\(\): num_workers, servers is decided by each generation"):
+    with pytest.raises(
+        JbpsError,
+        match=r"^jbps.elastic.run\(\) cannot take num_workers, servers: each generation's membership decides$",
+    ):
         jbps.elastic.run(servers=["h:1"], num_workers=2)
     with pytest.raises(JbpsError, match=r"^jbps.elastic.run\(timeout_s=...\)='soon': "):
         jbps.elastic.run(timeout_s="soon")
