@@ -124,7 +124,8 @@ class State:
             return
         measured = runtime.measured_rates()
         if measured is not None and measured["servers"] is not None:
-            membership.tell_rates({"link": measured["link"], "servers": list(replans[-1]["rates"])})
+            # The rates its split was planned for, so the next generation's split is the same.
+            membership.tell_rates({"link": measured["link"], "servers": list(replans[-1]["split_rates"])})
         object.__setattr__(self, "_rates_told", len(replans))
 
     def restore(self) -> None:

@@ -291,9 +291,15 @@ class RateFollower:
                 out[s] = rate
         return out
 
+    def split_rates(self, estimate: list[float] | None = None) -> list[float]:
+        """The rates the split is planned for: the estimate (by default the
+        planned rates), a slowed server's at SLOWED_SHADE of it."""
+        estimate = self.planned if estimate is None else estimate
+        return [SLOWED_SHADE * e if s in self.slowed else e for s, e in enumerate(estimate)]
+
     def _plan(self, estimate: list[float]) -> list[float] | None:
         """The split for these rates, taken as planned; None if it moves too little."""
-        shaded = [SLOWED_SHADE * e if s in self.slowed else e for s, e in enumerate(estimate)]
+        shaded = self.split_rates(estimate)
         fractions = link_rate.fractions_for_rates(self.roles, shaded, self.num_workers)
         if fractions is None:
             fractions = server_fractions(self.roles, self.num_workers)
@@ -430,7 +436,14 @@ class Follower:
                 if self._stop.is_set():
                     return
                 epoch = _core.engine_set_routes(split)
-                self.epochs.append({"epoch": epoch, "fractions": split, "rates": list(self._decide.planned)})
+                self.epochs.append(
+                    {
+                        "epoch": epoch,
+                        "fractions": split,
+                        "rates": list(self._decide.planned),
+                        "split_rates": self._decide.split_rates(),
+                    }
+                )
             log.info(
                 "window %d: split %s for rates %s (route epoch %d)",
                 self._decide.windows,

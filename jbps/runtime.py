@@ -407,8 +407,9 @@ def link_bytes_per_s() -> float | None:
 
 def replans() -> list[dict]:
     """The splits the rate follower (replan.py) announced in this job so far:
-    epoch, fractions (in JBPS_SERVERS order) and the rates (bytes/s) they
-    were planned for."""
+    epoch, fractions (in JBPS_SERVERS order), the rates (bytes/s) the follower
+    took the servers to run at, and the rates the split was planned for
+    (split_rates: a slowed server's at a shade of its rate)."""
     return list(_follower.epochs) if _follower is not None else []
 
 
