@@ -176,7 +176,6 @@ def test_a_worker_lost_while_steps_are_dispatched_back_to_back_leaves_the_others
     codes = job.finish()
     assert codes == [0, 0, -signal.SIGKILL, 0], [job.stderr(n) for n in range(4)]
     assert job.error is None
-    assert {line["timeout"] for n in (0, 1, 3) for line in job.lines(n) if "step" in line} == {45.0}
     results = [final(job, n) for n in (0, 1, newcomer)]
     assert all(r == results[0] and r["exact"] for r in results), results
     sizes = results[0]["sizes"]
