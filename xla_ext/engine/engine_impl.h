@@ -129,6 +129,9 @@ struct Call {
   // leaves; the call's deadline bounds the wait (TimeoutMessage then gives it).
   bool tree_pending = false;
   std::string deferred;
+  // The tree check's own error, set with tree_pending cleared: a tensor's error read on
+  // another connection's thread between the two takes it instead of its own.
+  std::string tree_error;
   // A server's word that some workers have not pushed one of this call's
   // chunks (kStall): what the call's timeout then says.
   std::string stalled;

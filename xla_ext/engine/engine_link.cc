@@ -208,20 +208,26 @@ bool Engine::Impl::OnError(ServerConn* sc, const Frame& f, std::string* why) {
   ChunkPtr ch = TakeAnswered(sc, f);
   const std::string server = sc->addr.ToString();
   if (ch && ch->tree) {
+    const std::string msg = "jbps: " + f.text + " (server " + server + ")";
     {
       std::lock_guard<std::mutex> lock(ch->call->mu);
       ch->call->tree_pending = false;
+      ch->call->tree_error = msg;
       if (ch->call->timed) ch->call->stage.tree_checked = f.read_ns;
     }
-    FailCall(ch->call, "jbps: " + f.text + " (server " + server + ")");
+    FailCall(ch->call, msg);
   } else if (ch) {
     std::string msg =
         "jbps: psum of tensor '" + ch->call->TensorName(ch->op) + "' failed on server " + server + ": " + f.text;
     bool defer = false;
     if (f.header.flags & kFlagTreeMismatch) {  // the tree check's error names the leaf: wait for it
       std::lock_guard<std::mutex> lock(ch->call->mu);
-      defer = ch->call->tree_pending;
-      if (defer && ch->call->deferred.empty()) ch->call->deferred = msg;
+      if (!ch->call->tree_error.empty()) {
+        msg = ch->call->tree_error;  // read already, its FailCall maybe not yet made: the same words
+      } else {
+        defer = ch->call->tree_pending;
+        if (defer && ch->call->deferred.empty()) ch->call->deferred = msg;
+      }
     }
     if (!defer) FailCall(ch->call, msg);
   } else if (f.header.key == 0) {
