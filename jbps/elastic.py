@@ -198,8 +198,11 @@ def run(func: Callable | None = None, **settings: Any) -> Callable:
     if decided:
         raise JbpsError(f"jbps.elastic.run() cannot take {', '.join(decided)}: each generation's membership decides")
     Config.resolve(settings, caller="jbps.elastic.run")  # names a bad setting here, not at the first generation
-    if func is None:
-        return functools.partial(run, **settings)
+    return _elastic(func, settings) if func is not None else lambda f: _elastic(f, settings)
+
+
+def _elastic(func: Callable, settings: dict) -> Callable:
+    """run's wrapper of func, its settings checked."""
 
     @functools.wraps(func)
     def wrapper(state: State, *args, **kwargs):

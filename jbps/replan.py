@@ -318,13 +318,17 @@ class RateFollower:
         self.fractions = fractions
         return self.fractions
 
+    def _links(self, window: Window) -> tuple[float, ...]:
+        """The window's worker-machine links (none read: zeros)."""
+        return window.links or (0.0,) * len(self.roles)
+
     def _link_ratios(self, window: Window) -> dict[int, float]:
         """{colocated server: its machine's link over its baseline, over the
         median of the worker machines' such ratios} for those read in this
         window and the baseline: one worker machine that slows reads slow
         against the others, while a quieter phase of the job (every worker
         reading every server slower) moves none."""
-        links = window.links or (0.0,) * len(self.roles)
+        links = self._links(window)
         self.links_read = {s for s, r in enumerate(links) if r > 0 and self.roles[s] == COLOCATED}
         raw = {s: links[s] / self.link_baseline[s] for s in self.links_read if self.link_baseline[s] > 0}
         if not raw:
@@ -347,10 +351,7 @@ class RateFollower:
                 self.first.append(window)
             if len(self.first) == BASELINE_WINDOWS:
                 self.baseline = [float(np.median(column)) for column in zip(*(w.readings for w in self.first))]
-                self.link_baseline = [
-                    float(np.median([r for r in column if r > 0])) if any(r > 0 for r in column) else 0.0
-                    for column in zip(*(w.links or (0.0,) * len(self.roles) for w in self.first))
-                ]
+                self.link_baseline = list(_per_column(np.array([self._links(w) for w in self.first]), np.median))
                 self.first = []
             return None
         # Per server: its readings running (a window without one is no news of it, as when a
@@ -358,13 +359,13 @@ class RateFollower:
         # machine's server is read by its pushers and by its own worker's link (the slower of
         # the two counts); one the split leaves without bytes, by its worker's link alone.
         for s, (now, then) in enumerate(zip(window.readings, self.baseline)):
-            read = [now / then] if now > 0 and then > 0 and self._serves(s) else []
+            serves = self._serves(s)
+            read = [now / then] if now > 0 and then > 0 and serves else []
             if s in link_ratios:
                 read.append(link_ratios[s])
             if not read:
                 continue
             ratio = min(read)
-            serves = self._serves(s)
             self.slow_streak[s] = self.slow_streak[s] + 1 if serves and ratio < 1 / CHANGE else 0
             self.fast_streak[s] = self.fast_streak[s] + 1 if ratio > CHANGE and self.planned[s] < self.full else 0
             # The rate it is taken to run at: of the readings that read the slowdown, the least
