@@ -349,9 +349,22 @@ def test_a_worker_machine_that_slows_is_read_from_its_own_workers_readings_and_f
         assert follower.step(window(BASE, links)) is None
     slow = [0.4 * links[0]] + links[1:]
     unread = [0.0] + BASE[1:]
-    moved = [follower.step(window(unread, slow)) for _ in range(replan.WINDOWS_TO_CHANGE)]
+    moved = [follower.step(window(unread, slow)) for _ in range(replan.WINDOWS_TO_CHANGE - 1)]
+    # A window where its worker alone read its link (the others, waiting on it, pushed too
+    # little) is no news: the slowdown's windows running stand.
+    alone = [0.4 * links[0]] + [0.0] * 5
+    assert follower.step(window([0.0] * 6, alone)) is None
+    moved.append(follower.step(window(unread, slow)))
     assert moved[:-1] == [None] * (replan.WINDOWS_TO_CHANGE - 1) and moved[-1] is not None
     assert follower.planned[0] == pytest.approx(0.4 * FULL) and moved[-1][0] == 0  # τ* is its own M's time now
+    # The others, no longer sharing the servers' links with its pushes, read faster meanwhile:
+    # that is no measure of its link.
+    faster = _follower()
+    for _ in range(replan.BASELINE_WINDOWS):
+        faster.step(window(BASE, links))
+    others_faster = [0.4 * links[0]] + [1.5 * r for r in links[1:4]] + [0.0, 0.0]
+    assert [faster.step(window(unread, others_faster)) for _ in range(replan.WINDOWS_TO_CHANGE)][-1] is not None
+    assert faster.planned[0] == pytest.approx(0.4 * FULL)
     # On the new split: a baseline, then its link comes back; read the same way, never probed.
     after = [moved[-1][s] * 120e6 if moved[-1][s] > 0 else 0.0 for s in range(6)]
     for _ in range(replan.BASELINE_WINDOWS):
