@@ -34,7 +34,10 @@ A worker machine's own link is read a second way: from its worker's
 readings of the other servers, the fastest of them (a worker on a slowed
 link reads every server slow, while a slow server elsewhere slows one of its
 readings), against the same worker's baseline, over the median of all
-worker machines' such ratios (a quieter phase slows every worker alike).
+worker machines' such ratios where that is below 1 (a quieter phase slows
+every worker alike; while one machine is slow the others read faster, which
+says nothing of its link), from windows that at least half the worker
+machines, and two, read.
 The others, waiting on a slowed worker, may push its server too little in a
 window to read it (measured: 2 runs of 4 never followed a worker machine cut
 to 400 of 1,000 Mbit/s); its worker's own pushes always read it. A worker
