@@ -71,7 +71,8 @@ share back once the rated split finds it worth one, and is probed on while
 it has none and its planned rate is below the full one (or it was left out
 for a slowdown: see _left_out_slow). Without a reference (no server of its
 role serves at the full rate) its probe alone gives the rate, which reads a
-recovered link low rather than high.
+recovered link low rather than high (0.78-0.92 of it, sent ahead: enough to
+come back).
 
 Not followed: compressed psums move servers with the rest, and their
 servers' error feedback for the moved chunks starts again from zero.
