@@ -61,18 +61,18 @@ full rate, and read a recovered 300 Mbit/s link at 210), and longer than a
 rate cap's burst. The times are agreed with the next window's readings
 (the fastest worker's: the sum waits for the last worker to start, so the
 others' times hold that wait), and give its rate against a reference: a
-server of its role that serves at the full rate, probed beside it, whose
-time shares the job's traffic alike (the job's chunks already in flight; a
-probe alone read an equal link at 0.72-1.0 of it, mostly above 0.85). A
+server that serves at the full rate (of its role if one does, else a worker
+machine's), probed beside it, whose time shares the job's traffic alike
+(the job's chunks already in flight; a probe alone read an equal link at
+0.72-1.0 of it, mostly above 0.85, against a full rate init reads high). A
 server read CHANGE times faster than planned, or at the full rate within the
 probe's error (link_rate.reads_as_full), in two probes running is taken to
 run at the rate the latest read, and the split is planned again: it gets its
 share back once the rated split finds it worth one, and is probed on while
 it has none and its planned rate is below the full one (or it was left out
-for a slowdown: see _left_out_slow). Without a reference (no server of its
-role serves at the full rate) its probe alone gives the rate, which reads a
-recovered link low rather than high (0.78-0.92 of it, sent ahead: enough to
-come back).
+for a slowdown: see _left_out_slow). Without a reference (no server serves
+at the full rate) its probe alone gives the rate, which reads a recovered
+link low rather than high.
 
 Not followed: compressed psums move servers with the rest, and their
 servers' error feedback for the moved chunks starts again from zero.
@@ -233,11 +233,16 @@ class RateFollower:
         return self.fractions[s] > SHARE_EPS
 
     def _reference(self, role: str) -> int | None:
-        """A server of this role that serves at the job's full rate, if any."""
-        for s, r in enumerate(self.roles):
-            if r == role and self._serves(s) and link_rate.reads_as_full(role, self.planned[s], self.full):
-                return s
-        return None
+        """A server that serves at the job's full rate, if any: of this role if
+        one does (its probe meets the job's traffic most alike), else of another
+        (a probe alone read a recovered CPU host at 0.8-0.9 of the full rate,
+        which init reads high, and left it out: two runs of four)."""
+        full = [
+            s
+            for s, r in enumerate(self.roles)
+            if self._serves(s) and link_rate.reads_as_full(r, self.planned[s], self.full)
+        ]
+        return next((s for s in full if self.roles[s] == role), full[0] if full else None)
 
     def _left_out_slow(self, s: int) -> bool:
         """Whether the split leaves server s without bytes for its rate: planned
@@ -260,7 +265,7 @@ class RateFollower:
         """{server: bytes} to probe after the latest window: every PROBE_EVERY
         windows, each server the split leaves without bytes for its rate
         (_left_out_slow), sized for the full rate; and beside it a reference, a
-        server of its role that serves at the full rate, probed alike (see
+        server that serves at the full rate (_reference), sized so too (see
         _recovered)."""
         self.probing, self.references = {}, {}
         if self.windows % PROBE_EVERY == 0:
@@ -273,7 +278,9 @@ class RateFollower:
                 ref = self._reference(self.roles[s])
                 if ref is not None:
                     self.references[s] = ref
-                    self.probing[ref] = self.probing[s]
+                    self.probing[ref] = link_rate.server_probe_bytes(
+                        self.roles[ref], self.num_workers, self.full, PROBE_S
+                    )
         return dict(self.probing)
 
     def _recovered(self, window: Window) -> dict[int, float]:
@@ -285,19 +292,23 @@ class RateFollower:
             if seconds <= 0 or self._serves(s):
                 continue
             role = self.roles[s]
-            rate = link_rate.server_load(role, self.num_workers) * nbytes / seconds
+            rate = self._probe_rate(s, nbytes, seconds)
             # Probes share the workers' links with the job's chunks in flight, which read a
             # recovered link below its rate; a reference probed beside it shares them alike, so
-            # the ratio of the two times reads it on the reference's planned (full) rate.
+            # the ratio of the two readings reads it on the reference's planned (full) rate.
             ref = self.references.get(s)
             ref_seconds = window.probes[ref] if ref is not None and ref < len(window.probes) else 0.0
             if ref_seconds > 0:
-                rate = self.planned[ref] * ref_seconds / seconds
+                rate *= self.planned[ref] / self._probe_rate(ref, self.probing[ref], ref_seconds)
             faster = rate > CHANGE * self.planned[s] or link_rate.reads_as_full(role, rate, self.full)
             self.probe_streak[s] = self.probe_streak.get(s, 0) + 1 if faster else 0
             if self.probe_streak[s] >= PROBES_TO_CHANGE:
                 out[s] = rate
         return out
+
+    def _probe_rate(self, s: int, nbytes: int, seconds: float) -> float:
+        """Bytes per second server s's NIC carried in a probe of nbytes."""
+        return link_rate.server_load(self.roles[s], self.num_workers) * nbytes / seconds
 
     def split_rates(self, estimate: list[float] | None = None) -> list[float]:
         """The rates the split is planned for: the estimate (by default the

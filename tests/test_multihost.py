@@ -322,20 +322,25 @@ def test_a_server_on_a_slower_link_that_saves_nothing_is_left_out():
         np.testing.assert_allclose(got, fractions, atol=0.03, err_msg=str((per_server.tolist(), fractions)))
 
 
-def test_a_link_that_slows_mid_job_moves_the_split_and_back_when_it_recovers_with_every_sum_exact(tmp_path):
-    # Two worker hosts and two CPU hosts at 300 Mbit/s; once the job runs, CPU
-    # host 3's link drops to 60 Mbit/s. The rate follower (jbps/replan.py) on
-    # both workers reads it from their acknowledgements, agrees, and moves the
-    # split away from host 3 at the same call on both (with 2 workers a CPU
-    # host saves nothing, so a slower one gets no bytes). Then its link comes
-    # back: no pushes reach it, but the follower's probes of it read the change,
-    # and the split gives it its share again. Every psum is checked against numpy.
+@pytest.mark.parametrize("cpu_hosts", [2, 1], ids=["beside-a-reference", "alone"])
+def test_a_link_that_slows_mid_job_moves_the_split_and_back_when_it_recovers_with_every_sum_exact(tmp_path, cpu_hosts):
+    # Two worker hosts and two CPU hosts at 300 Mbit/s; once the job runs, the
+    # last CPU host's link drops to 60 Mbit/s. The rate follower
+    # (jbps/replan.py) on both workers reads it from their acknowledgements,
+    # agrees, and moves the split away from it at the same call on both (with 2
+    # workers a CPU host saves nothing, so a slower one gets no bytes). Then its
+    # link comes back: no pushes reach it, but the follower's probes of it read
+    # the change, and the split gives it its share again. Every psum is checked
+    # against numpy. With one CPU host no other CPU host serves to probe beside
+    # it: a worker machine's server is the reference.
     stop = tmp_path / "stop"
-    with EmulatedNetwork(4, 300e6) as net:
+    hosts = 2 + cpu_hosts
+    slowed_host = hosts - 1
+    with EmulatedNetwork(hosts, 300e6) as net:
         with EmulatedJob(
             net,
             [0, 1],
-            [0, 1, 2, 3],
+            list(range(hosts)),
             [worker_script("follow_rates.py"), "--seconds", "240", "--stop-file", str(stop)],
             env=job_free_env(JBPS_TIMEOUT_S="60"),
             timeout_s=330,
@@ -347,27 +352,29 @@ def test_a_link_that_slows_mid_job_moves_the_split_and_back_when_it_recovers_wit
                 return [json.loads(line[line.find(" {") + 1 :]) for line in out if line.startswith(word + " ")]
 
             (first,) = lines("running")
-            (s,) = [i for i, a in enumerate(first["servers"]) if a.startswith(net.hosts[3].address + ":")]
-            (r,) = [i for i, a in enumerate(first["servers"]) if a.startswith(net.hosts[2].address + ":")]
+            (s, r) = [
+                [i for i, a in enumerate(first["servers"]) if a.startswith(net.hosts[h].address + ":")][0]
+                for h in (slowed_host, 2)
+            ]
 
             def split_in_use():
                 return (lines("replanned") or [first])[-1]["fractions"]
 
-            # Both CPU hosts serve (init's probe can misread a link and leave it out, until the
-            # follower's probes bring it back): host 2 is the reference host 3's probes are read
-            # against once it is left out. And the split has its baseline: three windows.
-            _until(job, lambda: min(split_in_use()[s], split_in_use()[r]) > 0.1, 60, "both CPU hosts serving")
+            # Every CPU host serves (init's probe can misread a link and leave it out, until the
+            # follower's probes bring it back): with two, host 2 is the reference host 3's probes
+            # are read against once it is left out. And the split has its baseline: three windows.
+            _until(job, lambda: min(split_in_use()[s], split_in_use()[r]) > 0.1, 60, "every CPU host serving")
             served = split_in_use()
             time.sleep(6)
-            net.set_rate(3, 60e6)
-            _until(job, lambda: split_in_use()[s] < 0.5 * served[s], 60, "a split that moves bytes off host 3")
+            net.set_rate(slowed_host, 60e6)
+            _until(job, lambda: split_in_use()[s] < 0.5 * served[s], 60, "a split that moves bytes off the slowed host")
             slowed = len(lines("replanned"))
-            net.set_rate(3, 300e6)
+            net.set_rate(slowed_host, 300e6)
             _until(
                 job,
                 lambda: any(r["fractions"][s] > 0.5 * served[s] for r in lines("replanned")[slowed:]),
                 120,  # probes every 5 s, two running; CI's loaded cores once took over 60 s
-                "a split that gives host 3 its share back",
+                "a split that gives the slowed host its share back",
             )
             time.sleep(3)  # pushes are counted from the latest re-plan on
             stop.touch()

@@ -250,6 +250,30 @@ def test_a_server_still_left_out_after_a_probe_is_probed_on_until_it_reads_at_th
     assert split == pytest.approx(server_fractions(roles, 2)) and follower.planned[3] == pytest.approx(FULL)
 
 
+def test_a_left_out_cpu_host_with_no_other_serving_is_read_against_a_worker_machines_server():
+    from jbps import link_rate
+
+    # Two workers, one CPU host, left out at 0.3 of the full rate; its link recovers. No CPU
+    # host serves to probe beside it, so a worker machine's serving server is the reference,
+    # its probe sized for its role; the job's psums leave both probes 0.8 of the links, which
+    # alone reads the CPU host below the full rate within the probe's error.
+    roles = [COLOCATED] * 2 + [DEDICATED]
+    planned = [FULL] * 2 + [0.3 * FULL]
+    fractions = link_rate.fractions_for_rates(roles, planned, 2)
+    assert fractions[2] == 0
+    follower = replan.RateFollower(roles, 2, planned, fractions)
+    size = link_rate.server_probe_bytes(DEDICATED, 2, FULL, replan.PROBE_S)
+    ref_size = link_rate.server_probe_bytes(COLOCATED, 2, FULL, replan.PROBE_S)
+    splits = []
+    for _ in range(replan.PROBES_TO_CHANGE):
+        splits += _until_probed(follower, (30e6, 30e6, 0.0))
+        assert follower.probes() == {2: size, 0: ref_size}
+        seconds = (ref_size / (0.8 * FULL), 0.0, 2 * size / (0.8 * FULL))  # each NIC's bytes at 0.8
+        splits.append(follower.step(replan.Window((30e6, 30e6, 0.0), True, seconds)))
+    assert splits[:-1] == [None] * (len(splits) - 1) and splits[-1][2] > 0.3
+    assert follower.planned[2] == pytest.approx(FULL)
+
+
 def _two_worker_follower(planned):
     from jbps import link_rate
 
