@@ -359,8 +359,7 @@ class RateFollower:
         # Over the median of all of them, its own included: with two workers, over the other's
         # alone, one worker's noise would read doubled in both. Only a median below 1 (a quieter
         # phase) counts: while one machine's link is slow, the others, their pushes no longer
-        # sharing the servers' links with its, read 1.3-1.6x faster, and over that a machine cut
-        # to 400 of 1,000 Mbit/s read at 308-325.
+        # sharing the servers' links with its, read 1.3-1.6x faster, which says nothing of its link.
         middle = min(1.0, float(np.median(list(raw.values()))))
         return {s: r / middle for s, r in raw.items()}
 
