@@ -394,8 +394,8 @@ class RateFollower:
             self.slow_streak[s] = self.slow_streak[s] + 1 if serves and ratio < 1 / CHANGE else 0
             self.fast_streak[s] = self.fast_streak[s] + 1 if ratio > CHANGE and self.planned[s] < self.full else 0
             # The rate it is taken to run at: of the readings that read the slowdown, the least
-            # slow (its worker's link reads a slowed machine low: 157-185 Mbit/s for 400, where
-            # its pushers' readings, when there are some, read 347-447).
+            # slow (its worker's link reads a slowed machine low: 267-367 Mbit/s for 400 where
+            # init read 830-900 for 1,000, and its pushers' readings, when there are some, 347-447).
             self.ratios[s] = max(r for r in read if r < 1 / CHANGE) if ratio < 1 / CHANGE else ratio
         slower = {s for s, n in enumerate(self.slow_streak) if n >= WINDOWS_TO_CHANGE}
         faster = {s for s, n in enumerate(self.fast_streak) if n >= WINDOWS_TO_CHANGE}

@@ -352,10 +352,12 @@ def test_a_link_that_slows_mid_job_moves_the_split_and_back_when_it_recovers_wit
                 return [json.loads(line[line.find(" {") + 1 :]) for line in out if line.startswith(word + " ")]
 
             (first,) = lines("running")
-            (s, r) = [
-                [i for i, a in enumerate(first["servers"]) if a.startswith(net.hosts[h].address + ":")][0]
-                for h in (slowed_host, 2)
-            ]
+
+            def server_on(host):  # its index in the job's server list; one server per host
+                (index,) = [i for i, a in enumerate(first["servers"]) if a.startswith(net.hosts[host].address + ":")]
+                return index
+
+            s, r = server_on(slowed_host), server_on(2)
 
             def split_in_use():
                 return (lines("replanned") or [first])[-1]["fractions"]

@@ -84,8 +84,9 @@ def _follower():
     return replan.RateFollower(ROLES, 4, [FULL] * 6, server_fractions(ROLES, 4))
 
 
-def _window(readings, settled=True):
-    return replan.Window(tuple(readings), settled)
+def _window(readings, settled=True, links=()):
+    """A window of these readings and, if given, each worker machine's link as its worker read it."""
+    return replan.Window(tuple(readings), settled, (), tuple(links))
 
 
 def test_equal_links_read_with_noise_never_move_the_split():
@@ -97,7 +98,7 @@ def test_equal_links_read_with_noise_never_move_the_split():
     for _ in range(300):
         noisy = [b * rng.uniform(0.85, 1.15) for b in BASE]
         links = [40e6 * rng.uniform(0.85, 1.15) for _ in range(4)] + [0.0, 0.0]
-        assert follower.step(replan.Window(tuple(noisy), True, (), tuple(links))) is None
+        assert follower.step(_window(noisy, links=links)) is None
 
 
 def test_a_server_that_slows_moves_the_split_after_a_few_windows_and_back_when_it_recovers():
@@ -366,47 +367,44 @@ def test_a_worker_machine_that_slows_is_read_from_its_own_workers_readings_and_f
     follower = _follower()
     links = [40e6] * 4 + [0.0, 0.0]  # each worker machine's link as its worker reads it
 
-    def window(readings, links):
-        return replan.Window(tuple(readings), True, (), tuple(links))
-
     for _ in range(replan.BASELINE_WINDOWS):
-        assert follower.step(window(BASE, links)) is None
+        assert follower.step(_window(BASE, links=links)) is None
     slow = [0.4 * links[0]] + links[1:]
     unread = [0.0] + BASE[1:]
-    moved = [follower.step(window(unread, slow)) for _ in range(replan.WINDOWS_TO_CHANGE - 1)]
+    moved = [follower.step(_window(unread, links=slow)) for _ in range(replan.WINDOWS_TO_CHANGE - 1)]
     # A window where its worker alone read its link (the others, waiting on it, pushed too
     # little) is no news: the slowdown's windows running stand.
     alone = [0.4 * links[0]] + [0.0] * 5
-    assert follower.step(window([0.0] * 6, alone)) is None
-    moved.append(follower.step(window(unread, slow)))
+    assert follower.step(_window([0.0] * 6, links=alone)) is None
+    moved.append(follower.step(_window(unread, links=slow)))
     assert moved[:-1] == [None] * (replan.WINDOWS_TO_CHANGE - 1) and moved[-1] is not None
     assert follower.planned[0] == pytest.approx(0.4 * FULL) and moved[-1][0] == 0  # τ* is its own M's time now
     # The others, no longer sharing the servers' links with its pushes, read faster meanwhile:
     # that is no measure of its link.
     faster = _follower()
     for _ in range(replan.BASELINE_WINDOWS):
-        faster.step(window(BASE, links))
+        faster.step(_window(BASE, links=links))
     others_faster = [0.4 * links[0]] + [1.5 * r for r in links[1:4]] + [0.0, 0.0]
-    assert [faster.step(window(unread, others_faster)) for _ in range(replan.WINDOWS_TO_CHANGE)][-1] is not None
+    assert [faster.step(_window(unread, links=others_faster)) for _ in range(replan.WINDOWS_TO_CHANGE)][-1] is not None
     assert faster.planned[0] == pytest.approx(0.4 * FULL)
     # On the new split: a baseline, then its link comes back; read the same way, never probed.
     after = [moved[-1][s] * 120e6 if moved[-1][s] > 0 else 0.0 for s in range(6)]
     for _ in range(replan.BASELINE_WINDOWS):
-        assert follower.step(window(after, slow)) is None and follower.probes() == {}
-    back = [follower.step(window(after, links)) for _ in range(replan.WINDOWS_TO_CHANGE)]
+        assert follower.step(_window(after, links=slow)) is None and follower.probes() == {}
+    back = [follower.step(_window(after, links=links)) for _ in range(replan.WINDOWS_TO_CHANGE)]
     assert back[-1] is not None and follower.planned[0] == pytest.approx(FULL)
     assert back[-1] == pytest.approx(server_fractions(ROLES, 4))
     for _ in range(2 * replan.PROBE_EVERY):  # never probed on the way
-        follower.step(window(after, slow))
+        follower.step(_window(after, links=slow))
         assert follower.probes() == {}
     # Where its pushers read it too, it runs at the least slow of the readings that saw the
     # slowdown: its worker's link reads a slowed machine low.
     follower = _follower()
     for _ in range(replan.BASELINE_WINDOWS):
-        follower.step(window(BASE, links))
+        follower.step(_window(BASE, links=links))
     column = [0.4 * BASE[0]] + BASE[1:]
     very = [0.2 * links[0]] + links[1:]
-    moved = [follower.step(window(column, very)) for _ in range(replan.WINDOWS_TO_CHANGE)]
+    moved = [follower.step(_window(column, links=very)) for _ in range(replan.WINDOWS_TO_CHANGE)]
     assert moved[-1] is not None and follower.planned[0] == pytest.approx(0.4 * FULL)
 
 
@@ -414,8 +412,8 @@ def test_a_quieter_phase_or_a_slow_server_elsewhere_is_no_worker_machines_slowdo
     follower = _follower()
     links = [40e6] * 4 + [0.0, 0.0]
     for _ in range(replan.BASELINE_WINDOWS):
-        follower.step(replan.Window(tuple(BASE), True, (), tuple(links)))
-    quiet = replan.Window(tuple(b / 3 for b in BASE), True, (), tuple(r / 3 for r in links))
+        follower.step(_window(BASE, links=links))
+    quiet = _window([b / 3 for b in BASE], links=[r / 3 for r in links])
     assert all(follower.step(quiet) is None for _ in range(2 * replan.WINDOWS_TO_CHANGE))
     # The agreed window: a worker's link is its fastest reading, so CPU host 5 read slow by
     # everyone slows no worker machine's link; a worker with a single reading gives none.
