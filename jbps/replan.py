@@ -89,7 +89,7 @@ import numpy as np
 
 from . import link_rate
 from .extension import load_core
-from .partition import COLOCATED, server_fractions
+from .partition import COLOCATED, DEDICATED, server_fractions
 from .partition.priority import INT64_MAX
 
 _core = load_core()
@@ -236,11 +236,17 @@ class RateFollower:
         """A server that serves at the job's full rate, if any: of this role if
         one does (its probe meets the job's traffic most alike), else of another
         (a probe alone read a recovered CPU host at 0.8-0.9 of the full rate,
-        which init reads high, and left it out: two runs of four)."""
+        which init reads high, and left it out: two runs of four). Planned
+        within a CPU machine's error of the full rate either way: a server left
+        out is read at the reference's planned rate, so one planned high reads
+        it high (init once read a worker machine's 300 Mbit/s link at 9 times
+        the job's median, which read a CPU host on 30 Mbit/s as recovered)."""
         full = [
             s
-            for s, r in enumerate(self.roles)
-            if self._serves(s) and link_rate.reads_as_full(r, self.planned[s], self.full)
+            for s, rate in enumerate(self.planned)
+            if self._serves(s)
+            and link_rate.reads_as_full(DEDICATED, rate, self.full)
+            and link_rate.reads_as_full(DEDICATED, self.full, rate)
         ]
         return next((s for s in full if self.roles[s] == role), full[0] if full else None)
 

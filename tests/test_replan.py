@@ -273,6 +273,11 @@ def test_a_left_out_cpu_host_with_no_other_serving_is_read_against_a_worker_mach
         splits.append(follower.step(replan.Window((30e6, 30e6, 0.0), True, seconds)))
     assert splits[:-1] == [None] * (len(splits) - 1) and splits[-1][2] > 0.3
     assert follower.planned[2] == pytest.approx(FULL)
+    # A server planned far above the full rate is no reference: the host would read as high.
+    planned = [9 * FULL, FULL, 0.3 * FULL]
+    follower = replan.RateFollower(roles, 2, planned, link_rate.fractions_for_rates(roles, planned, 2))
+    _until_probed(follower, (30e6, 30e6, 0.0))
+    assert follower.probes() == {2: size, 1: ref_size}
 
 
 def _two_worker_follower(planned):
