@@ -28,7 +28,13 @@ next route epoch (Engine::SetRoutes), and
 every psum follows it from the same call on every worker (protocol.h,
 kRoutes). Only readings relative to the baseline count, so a quieter phase
 of the job (smaller psums read slower everywhere) moves nothing: the split
-for rates scaled alike is the same.
+for rates scaled alike is the same. Only where every server's rate is read:
+a server the split leaves without bytes keeps the rate it was planned at, so
+a quieter phase read on the others alone moved the bytes to it. And small
+pushes read a link's latency, not its rate, by phases of the job. So a
+window counts only if the mean size of the workers' pushes in it is within
+PHASE of the baseline's; in NEW_PHASE_WINDOWS running that are not, the job
+has a new phase, and the baseline is taken again in it (of one phase too).
 
 A worker machine's own link is read a second way: from its worker's
 readings of the other servers, the fastest of them (a worker on a slowed
@@ -114,6 +120,15 @@ PROBES_TO_CHANGE = 2  # a left-out server read faster over this many probes runn
 # the last few pushes of a call, alone on the links, read several times faster or (one
 # waiting long for its acknowledgement) slower than the link.
 MIN_READ_PUSHES = 4
+# Readings compare with the baseline only in windows of like pushes: within this factor of the
+# baseline's mean push size. A job of small psums reads its links at their latency, not their
+# rate, by phases of the job: the loop family across emulated hosts read the same 300 Mbit/s
+# links at 32-37 MB/s in a phase of 5.7 KB pushes and at 1.4-9 in phases of 240-720 B ones,
+# and re-planned every served server at a tenth of its rate, giving a 30 Mbit/s CPU host left
+# out half the bytes (the job 3 times slower than without it).
+PHASE = 2.0
+# Windows running of other pushes that make a new phase: the baseline is taken again in it.
+NEW_PHASE_WINDOWS = 2 * BASELINE_WINDOWS
 # A worker machine's own link is read from at least this many of its worker's readings (the
 # fastest of them): from one, a slow server elsewhere would read as a slow worker machine.
 MIN_LINK_READINGS = 2
@@ -138,6 +153,17 @@ def readings(before: dict, after: dict) -> list[float]:
     return out
 
 
+def push_bytes(before: dict, after: dict) -> float:
+    """The mean bytes of this worker's pushes acknowledged over the network
+    between two engine_stats(); 0 where fewer than MIN_READ_PUSHES were."""
+    acked = pushes = 0
+    for s, shm in enumerate(after["server_shared_memory"]):
+        if not shm:
+            acked += after["server_bytes_acked"][s] - before["server_bytes_acked"][s]
+            pushes += after["server_chunks_acked"][s] - before["server_chunks_acked"][s]
+    return acked / pushes if pushes >= MIN_READ_PUSHES else 0.0
+
+
 def own_server(roles: Sequence[str], shared_memory: Sequence[bool]) -> int:
     """This worker's colocated server: the one colocated server it reaches
     through shared memory (its own machine's); -1 where there is not exactly one
@@ -158,6 +184,7 @@ class Window:
     # server slow, however few pushes the others, waiting on it, send its server; a slow server
     # elsewhere slows one of its readings, not the fastest.
     links: tuple[float, ...] = ()
+    push_bytes: float = 0.0  # the median of the workers' mean push sizes (0: not known)
 
 
 def _per_column(matrix: np.ndarray, reduce) -> tuple[float, ...]:
@@ -166,11 +193,16 @@ def _per_column(matrix: np.ndarray, reduce) -> tuple[float, ...]:
 
 
 def agreed_window(
-    matrix: np.ndarray, settled: np.ndarray, probes: np.ndarray | None = None, own: np.ndarray | None = None
+    matrix: np.ndarray,
+    settled: np.ndarray,
+    probes: np.ndarray | None = None,
+    own: np.ndarray | None = None,
+    sizes: np.ndarray | None = None,
 ) -> Window:
     """matrix: every worker's readings (rows: workers); settled: each worker's
     flag; probes: every worker's probe seconds, if any; own: each worker's
-    colocated server, -1 where it has none (or it is not known)."""
+    colocated server, -1 where it has none (or it is not known); sizes: each
+    worker's mean push size (push_bytes), if known."""
     fastest = () if probes is None else _per_column(probes, np.min)
     # A server read by fewer than half the workers is no news: one worker on a slow link of
     # its own (the others waiting on it push nothing for most of a call) reads every server slow.
@@ -180,7 +212,14 @@ def agreed_window(
     for row, s in zip(matrix, [] if own is None else own):
         if 0 <= s < len(links) and np.sum(row > 0) >= MIN_LINK_READINGS:
             links[int(s)] = float(np.max(row))
-    return Window(median, bool(np.all(settled > 0)), fastest, tuple(links))
+    size = 0.0 if sizes is None else _per_column(np.asarray(sizes, np.float64).reshape(-1, 1), np.median)[0]
+    return Window(median, bool(np.all(settled > 0)), fastest, tuple(links), size)
+
+
+def _alike(size: float, baseline: float) -> bool:
+    """Whether a window's mean push size is of the baseline's phase (PHASE);
+    either unknown (0) counts as alike."""
+    return size <= 0 or baseline <= 0 or baseline / PHASE <= size <= baseline * PHASE
 
 
 class RateFollower:
@@ -220,6 +259,8 @@ class RateFollower:
         self.link_baseline: list[float] = [0.0] * len(self.roles)  # per colocated server, its machine's link
         self.links_read: set[int] = set()  # colocated servers whose machine's link the latest window read
         self.first: list[Window] = []  # the split's first settled windows, until the baseline
+        self.push_baseline = 0.0  # the baseline's mean push size (0: not known)
+        self.off_phase = 0  # windows running of pushes unlike the baseline's
         self._restart_streaks()
         self.windows = 0
         self.probing: dict[int, int] = {}  # bytes of the probes whose times the next window brings
@@ -400,12 +441,25 @@ class RateFollower:
             return self._plan([min(self.full, recovered.get(s, p)) for s, p in enumerate(self.planned)])
         if self.baseline is None:
             if window.settled and all(r > 0 or not self._serves(s) for s, r in enumerate(window.readings)):
+                # Of one phase (PHASE): a window of other pushes starts the baseline again from it.
+                if self.first and not _alike(window.push_bytes, self.first[0].push_bytes):
+                    self.first = []
                 self.first.append(window)
             if len(self.first) == BASELINE_WINDOWS:
                 self.baseline = [float(np.median(column)) for column in zip(*(w.readings for w in self.first))]
                 self.link_baseline = list(_per_column(np.array([self._links(w) for w in self.first]), np.median))
-                self.first = []
+                self.push_baseline = float(np.median([w.push_bytes for w in self.first]))
+                self.first, self.off_phase = [], 0
             return None
+        # A window of pushes unlike the baseline's is no news (PHASE); in enough of them
+        # running, the job has a new phase, and the baseline is taken again in it.
+        if not _alike(window.push_bytes, self.push_baseline):
+            self.off_phase += 1
+            if self.off_phase >= NEW_PHASE_WINDOWS:
+                self.baseline = None
+                self._restart_streaks()
+            return None
+        self.off_phase = 0
         # Per server: its readings running (a window without one is no news of it, as when a
         # step is longer than a window) that read it CHANGE times slower, or faster. A worker
         # machine's server is read by its pushers and by its own worker's link (the slower of
@@ -459,17 +513,23 @@ class Follower:
         while not self._stop.wait(WINDOW_S):
             after = _core.engine_stats()
             # Every worker's readings, whether its window ran on the latest split
-            # throughout, its probes' seconds, and its colocated server (+1; 0: none).
-            matrix = np.zeros((self._n, 2 * count + 2), np.float32)
+            # throughout, its probes' seconds, its colocated server (+1; 0: none), and
+            # its pushes' mean size.
+            matrix = np.zeros((self._n, 2 * count + 3), np.float32)
             matrix[self._rank, :count] = readings(before, after)
             matrix[self._rank, count] = before["routes_used"] >= epoch
             matrix[self._rank, count + 1 : 2 * count + 1] = probed
-            matrix[self._rank, -1] = own + 1
+            matrix[self._rank, -2] = own + 1
+            matrix[self._rank, -1] = push_bytes(before, after)
             before = after
             try:
                 link_rate.psum_host(NAME, matrix.reshape(-1), self._init_fractions, self._wait_s, priority=AHEAD)
                 window = agreed_window(
-                    matrix[:, :count], matrix[:, count], matrix[:, count + 1 : 2 * count + 1], matrix[:, -1] - 1
+                    matrix[:, :count],
+                    matrix[:, count],
+                    matrix[:, count + 1 : 2 * count + 1],
+                    matrix[:, -2] - 1,
+                    matrix[:, -1],
                 )
                 split = self._decide.step(window)
                 if any(window.probes):

@@ -84,9 +84,10 @@ def _follower():
     return replan.RateFollower(ROLES, 4, [FULL] * 6, server_fractions(ROLES, 4))
 
 
-def _window(readings, settled=True, links=()):
-    """A window of these readings and, if given, each worker machine's link as its worker read it."""
-    return replan.Window(tuple(readings), settled, (), tuple(links))
+def _window(readings, settled=True, links=(), push_bytes=0.0):
+    """A window of these readings and, if given, each worker machine's link as its worker read
+    it and the workers' mean push size."""
+    return replan.Window(tuple(readings), settled, (), tuple(links), push_bytes)
 
 
 def test_equal_links_read_with_noise_never_move_the_split():
@@ -160,6 +161,35 @@ def test_a_slowdown_read_in_one_window_only_or_in_a_quieter_phase_everywhere_mov
         assert follower.step(_window(readings)) is None
     quiet = [b / 3 for b in BASE]
     assert all(follower.step(_window(quiet)) is None for _ in range(5))
+
+
+def test_windows_of_other_pushes_are_no_news_and_a_phase_of_them_takes_its_own_baseline():
+    # A job of small psums reads its links at their latency, by phases: the loop family
+    # across emulated hosts read the same links at 32-37 MB/s in a phase of 5.7 KB pushes
+    # and at a tenth of that in phases of 240-720 B ones, and every served server was
+    # re-planned at a tenth of its rate. Windows of pushes unlike the baseline's move nothing.
+    follower = _follower()
+    for _ in range(replan.BASELINE_WINDOWS):
+        assert follower.step(_window(BASE, push_bytes=5700)) is None
+    small = [b / 10 for b in BASE]
+    for size in (300, 700, 240) * 2:
+        assert follower.step(_window(small, push_bytes=size)) is None
+    # Enough of them running make a phase, with a baseline of its own: a slowdown in it
+    # (its pushes alike, 240-480 B) is read as one.
+    assert follower.baseline is None
+    for _ in range(replan.BASELINE_WINDOWS):
+        assert follower.step(_window(small, push_bytes=300)) is None
+    assert follower.baseline == pytest.approx(small)
+    slow = small[:5] + [small[5] / 2]
+    moved = [follower.step(_window(slow, push_bytes=size)) for size in (240, 480, 300)]
+    assert moved[:2] == [None, None] and moved[2] is not None and moved[2][5] < moved[2][4]
+    # A baseline is of one phase: windows of other pushes among its first start it again.
+    follower = _follower()
+    for size in (5700, 300, 5700, 5700):
+        follower.step(_window(BASE if size > 1000 else small, push_bytes=size))
+    assert follower.baseline is None
+    follower.step(_window(BASE, push_bytes=5700))
+    assert follower.baseline == pytest.approx(BASE)
 
 
 def test_a_server_left_out_is_probed_every_few_windows_and_comes_back_once_it_reads_faster():
@@ -388,6 +418,9 @@ def test_the_agreed_window_takes_per_server_the_median_of_the_workers_that_reach
     # Probe times: per server the fastest worker's (the sum waited for the last to start).
     probes = np.array([[0, 0.3], [0, 0.2], [0, 0.5], [0, 0.25]], np.float32)
     assert replan.agreed_window(matrix, np.ones(4, np.float32), probes).probes == pytest.approx((0.0, 0.2))
+    # Mean push sizes: the median of the workers' that pushed (0: too few pushes to say).
+    sizes = np.array([5700, 0, 300, 5900], np.float32)
+    assert replan.agreed_window(matrix, np.ones(4, np.float32), sizes=sizes).push_bytes == 5700
 
 
 def test_a_worker_machine_that_slows_is_read_from_its_own_workers_readings_and_followed_back_without_probes():
