@@ -114,6 +114,7 @@ def main(argv=None):
         "devices": len(mesh.devices),
         "gradient_mib": args.layers * args.width * args.width * 4 / 2**20,
         "median_s": median,
+        "total_s": {name: float(np.sum(t)) for name, t in times.items()},  # stalls included
         "ratio_jit_over_shard_map": median["jit"] / median["shard_map"],
         "largest_parameter_difference": diff,
     }

@@ -54,8 +54,9 @@ its own server as the one colocated server it reaches through shared memory.
 
 A server the split leaves without bytes (too slow to help) has no pushes to
 read. For a CPU machine's (or a worker machine's whose link its worker's
-readings do not give), every PROBE_EVERY windows each worker times one psum
-routed to it alone (kept on that server whatever the split: fixed routes),
+readings do not give), now and then (PROBE_SHARE: at most every PROBE_EVERY
+windows, and less often on a slow link, since a probe stalls the job for its
+length) each worker times one psum routed to it alone (kept on that server whatever the split: fixed routes),
 sent ahead of the job's chunks (at the job's priority, a probe waited for
 whatever psum of the job was queued before it: pairs probed one after the
 other read 0.26 and 0.38 s by turns on equal links, and a recovered server
@@ -91,6 +92,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import threading
 from typing import Sequence
 
@@ -134,7 +136,13 @@ NEW_PHASE_WINDOWS = 2 * BASELINE_WINDOWS
 MIN_LINK_READINGS = 2
 SHARE_EPS = 1e-6  # a share below this is none
 MIN_MOVE = 0.02  # a new split moves some server's share by at least this much, else it is not worth an epoch
-PROBE_EVERY = 10  # windows (5 s) between probes of a server the split leaves without bytes
+PROBE_EVERY = 10  # windows (5 s) at least between probes of a server the split leaves without bytes
+# A probe goes ahead of the job's chunks and holds the engine's credit window while it runs, so
+# on a slow link it stalls the job for its whole length (the loop family across emulated hosts,
+# a 30 Mbit/s CPU host left out: 2.7 s every 5 s, the job 30-33 s against 20-23 without that
+# host). A server is probed again only after its latest probe's seconds over this share (before
+# its first, those its planned rate gives): probes cost the job at most about this share of its time.
+PROBE_SHARE = 0.05
 PROBE_S = 0.25  # a probe's length at the job's full rate
 NAME = "jbps.rates"
 AHEAD = INT64_MAX  # the windows' agreement and the probes go ahead of the job's chunks
@@ -264,6 +272,9 @@ class RateFollower:
         self._restart_streaks()
         self.windows = 0
         self.probing: dict[int, int] = {}  # bytes of the probes whose times the next window brings
+        self.next_probe: dict[int, int] = {}  # per server probed, the window of its next probe
+        self.probe_count: dict[int, int] = {}  # per server, its probes so far (the order turns on them)
+        self._probes_at = -1  # the window the latest probes() chose for
         self.references: dict[int, int] = {}  # of those, a left-out server's reference (_recovered)
         # Per left-out server, its latest probes (up to PROBES_TO_CHANGE), each with its reference's:
         # (reference or -1, bytes, seconds, the reference's bytes, its seconds).
@@ -315,32 +326,48 @@ class RateFollower:
 
     def probes(self) -> dict[int, int]:
         """{server: bytes} to probe after the latest window, in the order to
-        probe them: every PROBE_EVERY windows, each server the split leaves
-        without bytes for its rate (_left_out_slow), sized for the full rate;
-        and beside it a reference, a server that serves at the full rate
-        (_reference), sized so too (see _recovered). The order turns round at
-        every probe: the first probe meets the job's chunks still in flight and
-        the next ones do not (on CI's machine a recovered CPU host always probed
-        before its reference read 0.93 of it over 15 probes, 0.77-1.30 each, and
-        never came back in 120 s), so over two probes running each server is
-        probed once first."""
+        probe them: each server the split leaves without bytes for its rate
+        (_left_out_slow) whose next probe is due (PROBE_SHARE), sized for the
+        full rate; and beside them a reference, a server that serves at the
+        full rate (_reference), sized so too (see _recovered). The order turns
+        round at every probe: the first probe meets the job's chunks still in
+        flight and the next ones do not (on CI's machine a recovered CPU host
+        always probed before its reference read 0.93 of it over 15 probes,
+        0.77-1.30 each, and never came back in 120 s), so over two probes
+        running each server is probed once first."""
+        if self._probes_at == self.windows:
+            return dict(self.probing)
+        self._probes_at = self.windows
         self.probing, self.references = {}, {}
-        if self.windows % PROBE_EVERY == 0:
-            self.probing = {
-                s: link_rate.server_probe_bytes(role, self.num_workers, self.full, PROBE_S)
-                for s, role in enumerate(self.roles)
-                if self._probed(s)
-            }
-            for s in list(self.probing):
-                ref = self._reference(self.roles[s])
-                if ref is not None:
-                    self.references[s] = ref
-                    self.probing[ref] = link_rate.server_probe_bytes(
-                        self.roles[ref], self.num_workers, self.full, PROBE_S
-                    )
-            order = sorted(self.probing, reverse=(self.windows // PROBE_EVERY) % 2 == 1)
-            self.probing = {s: self.probing[s] for s in order}
+        for s, role in enumerate(self.roles):
+            if not self._probed(s):
+                self.next_probe.pop(s, None)  # left out again later: its probes start from then
+                continue
+            nbytes = link_rate.server_probe_bytes(role, self.num_workers, self.full, PROBE_S)
+            planned_gap = self._probe_gap(self._probe_seconds(s, nbytes, self.planned[s]))
+            if self.windows >= self.next_probe.setdefault(s, self.windows + planned_gap):
+                self.probing[s] = nbytes
+                self.next_probe[s] = self.windows + planned_gap  # until its time is read (_recovered)
+        left_out = sorted(self.probing)
+        for s in left_out:
+            ref = self._reference(self.roles[s])
+            if ref is not None:
+                self.references[s] = ref
+                self.probing[ref] = link_rate.server_probe_bytes(self.roles[ref], self.num_workers, self.full, PROBE_S)
+        if left_out:
+            turn = self.probe_count.get(left_out[0], 0) % 2 == 1
+            self.probing = {s: self.probing[s] for s in sorted(self.probing, reverse=turn)}
+            for s in left_out:
+                self.probe_count[s] = self.probe_count.get(s, 0) + 1
         return dict(self.probing)
+
+    def _probe_gap(self, seconds: float) -> int:
+        """Windows from a probe that took `seconds` to the next of its server (PROBE_SHARE)."""
+        return max(PROBE_EVERY, math.ceil(seconds / PROBE_SHARE / WINDOW_S))
+
+    def _probe_seconds(self, s: int, nbytes: int, rate: float) -> float:
+        """Seconds a probe of nbytes takes on server s's NIC at `rate` (_probe_rate's inverse)."""
+        return link_rate.server_load(self.roles[s], self.num_workers) * nbytes / max(rate, 1.0)
 
     def _recovered(self, window: Window) -> dict[int, float]:
         """{server left out: the rate its latest PROBES_TO_CHANGE probes read},
@@ -354,6 +381,7 @@ class RateFollower:
             seconds = window.probes[s] if s < len(window.probes) else 0.0
             if seconds <= 0 or self._serves(s):
                 continue
+            self.next_probe[s] = self.windows - 1 + self._probe_gap(seconds)  # from the probe's window
             ref = self.references.get(s, -1)
             ref_seconds = window.probes[ref] if 0 <= ref < len(window.probes) else 0.0
             if ref_seconds <= 0:

@@ -149,6 +149,15 @@ def test_a_rate_changed_mid_run_reaches_the_links_and_the_table():
     assert case["optimum_after_change_s"] > 2 * case["formula_s"], case
 
 
+def test_the_spare_host_bench_runs_each_case_side_by_side():
+    doc = _run_json("benchmarks.spare_host", "--blocks", "1", "--block-steps", "5", "--runs", "1")
+    assert set(doc["seconds"]) == {"with", "without", "fixed"}
+    for case, runs in doc["seconds"].items():
+        assert len(runs) == 1 and runs[0] > 0, (case, runs)
+        assert doc["over_without"][case] == pytest.approx(runs[0] / doc["seconds"]["without"][0])
+    assert doc["rate_bits_per_s"] == 300e6 and doc["spare_rate_bits_per_s"] == 30e6
+
+
 @pytest.mark.parametrize(
     "module,argv,needle",
     [
@@ -161,6 +170,7 @@ def test_a_rate_changed_mid_run_reaches_the_links_and_the_table():
         ("benchmarks.network", ["--iters", "4", "--change", "w0=1M@4"], "w0=1M@4"),
         ("benchmarks.overlap", ["--rate", "fast"], "fast"),
         ("benchmarks.overlap", ["--bucket-bytes", "lots"], "lots"),
+        ("benchmarks.spare_host", ["--spare-rate", "fast"], "fast"),
     ],
 )
 def test_bad_input_is_one_line_naming_it(module, argv, needle):

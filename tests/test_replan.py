@@ -8,6 +8,7 @@ on every worker, and every sum stays exact (numpy). The follower's decisions
 are checked on readings given to it directly."""
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -192,7 +193,7 @@ def test_windows_of_other_pushes_are_no_news_and_a_phase_of_them_takes_its_own_b
     assert follower.baseline == pytest.approx(BASE)
 
 
-def test_a_server_left_out_is_probed_every_few_windows_and_comes_back_once_it_reads_faster():
+def test_a_server_left_out_is_probed_now_and_then_and_comes_back_once_it_reads_faster():
     from jbps import link_rate
 
     # CPU host 5 at a tenth of the others' rate: the rated split leaves it out.
@@ -201,7 +202,7 @@ def test_a_server_left_out_is_probed_every_few_windows_and_comes_back_once_it_re
     assert fractions[5] == 0
     follower = replan.RateFollower(ROLES, 4, slow, fractions)
     readings = BASE[:5] + [0.0]  # no pushes reach it, so no reading
-    # Every PROBE_EVERY windows, that server alone, sized for the job's full rate.
+    # That server alone, sized for the job's full rate.
     size = link_rate.server_probe_bytes(DEDICATED, 4, FULL, replan.PROBE_S)
     assert size > 4 * (160 << 10)  # beyond a rate cap's burst (benchmarks/emulated_network.py)
 
@@ -210,27 +211,30 @@ def test_a_server_left_out_is_probed_every_few_windows_and_comes_back_once_it_re
         reference = 0.0 if rate is None else 4 * size / FULL
         return replan.Window(tuple(readings), True, (0.0,) * 4 + (reference, seconds))
 
-    asked = []
-    for _ in range(3 * replan.PROBE_EVERY):
-        assert follower.step(window()) is None
-        asked.append(follower.probes())
-    assert asked == ([{}] * (replan.PROBE_EVERY - 1) + [{5: size, 4: size}]) * 3, asked
-    follower.probes()  # asked again: the same
+    def gap(rate):  # windows between its probes: a probe at `rate` costs the job its length
+        return max(replan.PROBE_EVERY, math.ceil(4 * size / rate / replan.PROBE_SHARE / replan.WINDOW_S))
 
-    def until_probed():  # the window after a probe brings its time; the next probe comes PROBE_EVERY after it
-        for _ in range(replan.PROBE_EVERY - 2):
-            assert follower.step(window()) is None and follower.probes() == {}
-        assert follower.step(window()) is None and follower.probes() == {5: size, 4: size}
+    def next_probe():  # windows up to its next probe
+        for n in range(1, 1000):
+            assert follower.step(window()) is None
+            if follower.probes():
+                assert follower.probes() == {5: size, 4: size}  # asked again: the same
+                return n
+        raise AssertionError("no probe in 1,000 windows")
 
+    # A probe of 2.5 s at the planned rate: the first comes 100 windows (50 s) after the
+    # follower's first; one whose time is not read, as long again after it.
+    assert gap(FULL / 10) == 100 and next_probe() == 101 and next_probe() == 100
     # One probe is not a change; two are read together, their bytes over their seconds: 1.3x
-    # then 4x read 1.96x of the planned rate, planned there (still too slow for a share).
+    # then 4x read 1.96x of the planned rate, planned there (still too slow for a share). A
+    # probe read gives its own gap, counted from it.
     assert follower.step(window(FULL / 10 * 1.3)) is None
-    until_probed()
+    assert next_probe() == gap(FULL / 10 * 1.3) - 1
     assert follower.step(window(FULL / 10 * 4)) is None
     assert follower.planned[5] == pytest.approx(2 / (1 / 1.3 + 1 / 4) * FULL / 10) and follower.fractions[5] == 0
-    until_probed()  # probes before that re-plan are of the rate it replaced
+    assert next_probe() == gap(FULL / 10 * 4) - 1  # probes before that re-plan are of the rate it replaced
     assert follower.step(window(FULL / 10 * 4)) is None
-    until_probed()
+    assert next_probe() == gap(FULL / 10 * 4) - 1
     split = follower.step(window(FULL / 10 * 4))
     assert split == pytest.approx(link_rate.fractions_for_rates(ROLES, [FULL] * 5 + [FULL / 10 * 4], 4))
     assert split[5] > 0.05 and follower.probes() == {}  # served again: read from its pushes from now on
@@ -255,7 +259,7 @@ def test_a_server_still_left_out_after_a_probe_is_probed_on_until_it_reads_at_th
     probed = []
 
     def probe(rate, links=1.0):  # windows up to the next probe, then the window that brings its time
-        for _ in range(replan.PROBE_EVERY):
+        for _ in range(1000):
             assert follower.step(replan.Window((30e6, 30e6, 60e6, 0.0), True)) is None
             if follower.probes():
                 break
@@ -347,11 +351,11 @@ def _two_worker_follower(planned):
 def _until_probed(follower, readings):
     """Windows of these readings up to the next probe; the splits they gave."""
     splits = []
-    for _ in range(replan.PROBE_EVERY):
+    for _ in range(1000):
         splits.append(follower.step(replan.Window(readings, True)))
         if follower.probes():
             return [s for s in splits if s is not None]
-    raise AssertionError("no probe in PROBE_EVERY windows")
+    raise AssertionError("no probe in 1,000 windows")
 
 
 def test_a_left_out_servers_probes_running_stand_through_a_re_plan_for_another_server():
