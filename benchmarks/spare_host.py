@@ -24,7 +24,8 @@ import json
 
 import numpy as np
 
-from .emulated_network import format_rate
+from .emulated_job import job_free_env, run_job
+from .emulated_network import EmulatedNetwork, format_rate
 from .network import parse_rate_arg
 
 CASES = ("with", "without", "fixed")
@@ -52,9 +53,6 @@ def main(argv=None) -> None:
     p.add_argument("--timeout", type=float, default=600, help="seconds any one job may take (default 600)")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
     args = p.parse_args(argv)
-
-    from .emulated_job import job_free_env, run_job
-    from .emulated_network import EmulatedNetwork
 
     n = args.hosts
     model = {"--width": args.width, "--layers": args.layers, "--batch": args.batch, "--blocks": args.blocks}

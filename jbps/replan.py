@@ -57,12 +57,12 @@ read. For a CPU machine's (or a worker machine's whose link its worker's
 readings do not give), now and then (PROBE_SHARE: at most every PROBE_EVERY
 windows, and less often on a slow link, since a probe stalls the job for its
 length) each worker times one psum routed to it alone (kept on that server
-whatever the split: fixed routes), sent ahead of the job's chunks (at the job's priority, a probe waited for
-whatever psum of the job was queued before it: pairs probed one after the
-other read 0.26 and 0.38 s by turns on equal links, and a recovered server
-probed first read 0.75 of its reference every time, never back), sized to
-take about PROBE_S at the job's full rate: long enough that a
-call's fixed costs are a small part of it once the link is back (a probe
+whatever the split: fixed routes), sent ahead of the job's chunks (at the
+job's priority, a probe waited for whatever psum of the job was queued
+before it: pairs probed one after the other read 0.26 and 0.38 s by turns on
+equal links, and a recovered server probed first read 0.75 of its reference
+every time, never back), sized to take about PROBE_S at the job's full rate:
+long enough that a call's fixed costs are a small part of it once the link is back (a probe
 sized for the slow rate took 0.069 s where its bytes take 0.048 s at the
 full rate, and read a recovered 300 Mbit/s link at 210), and longer than a
 rate cap's burst. The times are agreed with the next window's readings
@@ -94,7 +94,7 @@ import dataclasses
 import logging
 import math
 import threading
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -153,23 +153,26 @@ def readings(before: dict, after: dict) -> list[float]:
     """Bytes per second each server took this worker's pushes between two
     engine_stats(); 0 where there was no reading (no push waited, or shared
     memory, which is not a link)."""
-    out = []
-    for s, shm in enumerate(after["server_shared_memory"]):
-        acked = after["server_bytes_acked"][s] - before["server_bytes_acked"][s]
-        waited = after["server_unacked_seconds"][s] - before["server_unacked_seconds"][s]
-        pushes = after["server_chunks_acked"][s] - before["server_chunks_acked"][s]
-        out.append(0.0 if shm or waited <= 0 or pushes < MIN_READ_PUSHES else acked / waited)
-    return out
+    acked, waited, pushes = (
+        _since(before, after, key) for key in ("server_bytes_acked", "server_unacked_seconds", "server_chunks_acked")
+    )
+    return [
+        0.0 if shm or w <= 0 or p < MIN_READ_PUSHES else a / w
+        for shm, a, w, p in zip(after["server_shared_memory"], acked, waited, pushes)
+    ]
+
+
+def _since(before: dict, after: dict, key: str) -> list:
+    """Per server, how much engine_stats()'s counter `key` grew between the two."""
+    return [a - b for a, b in zip(after[key], before[key])]
 
 
 def push_bytes(before: dict, after: dict) -> float:
     """The mean bytes of this worker's pushes acknowledged over the network
     between two engine_stats(); 0 where fewer than MIN_READ_PUSHES were."""
-    acked = pushes = 0
-    for s, shm in enumerate(after["server_shared_memory"]):
-        if not shm:
-            acked += after["server_bytes_acked"][s] - before["server_bytes_acked"][s]
-            pushes += after["server_chunks_acked"][s] - before["server_chunks_acked"][s]
+    network = [not shm for shm in after["server_shared_memory"]]
+    acked = sum(a for a, n in zip(_since(before, after, "server_bytes_acked"), network) if n)
+    pushes = sum(p for p, n in zip(_since(before, after, "server_chunks_acked"), network) if n)
     return acked / pushes if pushes >= MIN_READ_PUSHES else 0.0
 
 
@@ -221,7 +224,7 @@ def agreed_window(
     for row, s in zip(matrix, [] if own is None else own):
         if 0 <= s < len(links) and np.sum(row > 0) >= MIN_LINK_READINGS:
             links[int(s)] = float(np.max(row))
-    size = 0.0 if sizes is None else _per_column(np.asarray(sizes, np.float64).reshape(-1, 1), np.median)[0]
+    size = 0.0 if sizes is None else _per_column(np.reshape(sizes, (-1, 1)), np.median)[0]
     return Window(median, bool(np.all(settled > 0)), fastest, tuple(links), size)
 
 
@@ -229,6 +232,16 @@ def _alike(size: float, baseline: float) -> bool:
     """Whether a window's mean push size is of the baseline's phase (PHASE);
     either unknown (0) counts as alike."""
     return size <= 0 or baseline <= 0 or baseline / PHASE <= size <= baseline * PHASE
+
+
+class ProbeRead(NamedTuple):
+    """One probe of a left-out server, beside its reference's (-1, 0, 0: none)."""
+
+    reference: int
+    nbytes: int
+    seconds: float
+    reference_nbytes: int
+    reference_seconds: float
 
 
 class RateFollower:
@@ -277,9 +290,7 @@ class RateFollower:
         self.probe_count: dict[int, int] = {}  # per server, its probes so far (the order turns on them)
         self._probes_at = -1  # the window the latest probes() chose for
         self.references: dict[int, int] = {}  # of those, a left-out server's reference (_recovered)
-        # Per left-out server, its latest probes (up to PROBES_TO_CHANGE), each with its reference's:
-        # (reference or -1, bytes, seconds, the reference's bytes, its seconds).
-        self.probe_reads: dict[int, list[tuple[int, int, float, int, float]]] = {}
+        self.probe_reads: dict[int, list[ProbeRead]] = {}  # per left-out server, its latest PROBES_TO_CHANGE
 
     def _restart_streaks(self) -> None:
         count = len(self.roles)
@@ -340,11 +351,11 @@ class RateFollower:
             return dict(self.probing)
         self._probes_at = self.windows
         self.probing, self.references = {}, {}
-        for s, role in enumerate(self.roles):
+        for s in range(len(self.roles)):
             if not self._probed(s):
                 self.next_probe.pop(s, None)  # left out again later: its probes start from then
                 continue
-            nbytes = link_rate.server_probe_bytes(role, self.num_workers, self.full, PROBE_S)
+            nbytes = self._probe_bytes(s)
             planned_gap = self._probe_gap(self._probe_seconds(s, nbytes, self.planned[s]))
             if self.windows >= self.next_probe.setdefault(s, self.windows + planned_gap):
                 self.probing[s] = nbytes
@@ -354,13 +365,17 @@ class RateFollower:
             ref = self._reference(self.roles[s])
             if ref is not None:
                 self.references[s] = ref
-                self.probing[ref] = link_rate.server_probe_bytes(self.roles[ref], self.num_workers, self.full, PROBE_S)
+                self.probing[ref] = self._probe_bytes(ref)
         if left_out:
             turn = self.probe_count.get(left_out[0], 0) % 2 == 1
             self.probing = {s: self.probing[s] for s in sorted(self.probing, reverse=turn)}
             for s in left_out:
                 self.probe_count[s] = self.probe_count.get(s, 0) + 1
         return dict(self.probing)
+
+    def _probe_bytes(self, s: int) -> int:
+        """A probe of server s: about PROBE_S at the job's full rate on its NIC."""
+        return link_rate.server_probe_bytes(self.roles[s], self.num_workers, self.full, PROBE_S)
 
     def _probe_gap(self, seconds: float) -> int:
         """Windows from a probe that took `seconds` to the next of its server (PROBE_SHARE)."""
@@ -387,17 +402,22 @@ class RateFollower:
             ref_seconds = window.probes[ref] if 0 <= ref < len(window.probes) else 0.0
             if ref_seconds <= 0:
                 ref = -1
-            reads = [r for r in self.probe_reads.get(s, []) if r[0] == ref]  # beside another reference: apart
-            reads = (reads + [(ref, nbytes, seconds, self.probing.get(ref, 0), ref_seconds)])[-PROBES_TO_CHANGE:]
+            reads = [r for r in self.probe_reads.get(s, []) if r.reference == ref]  # beside another reference: apart
+            reads = (reads + [ProbeRead(ref, nbytes, seconds, self.probing.get(ref, 0), ref_seconds)])[
+                -PROBES_TO_CHANGE:
+            ]
             self.probe_reads[s] = reads
             if len(reads) < PROBES_TO_CHANGE:
                 continue
-            rate = self._probe_rate(s, sum(r[1] for r in reads), sum(r[2] for r in reads))
+            rate = self._probe_rate(s, sum(r.nbytes for r in reads), sum(r.seconds for r in reads))
             if ref >= 0:
                 # Probes share the workers' links with the job's chunks in flight, which read a
                 # recovered link below its rate; a reference probed beside it shares them alike
                 # and serves at the full rate (_reference), so a server read as fast runs at it.
-                rate *= self.full / self._probe_rate(ref, sum(r[3] for r in reads), sum(r[4] for r in reads))
+                total = self._probe_rate(
+                    ref, sum(r.reference_nbytes for r in reads), sum(r.reference_seconds for r in reads)
+                )
+                rate *= self.full / total
             role = self.roles[s]
             if rate > CHANGE * self.planned[s] or link_rate.reads_as_full(role, rate, self.full):
                 out[s] = rate

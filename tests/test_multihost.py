@@ -357,7 +357,7 @@ def test_a_link_that_slows_mid_job_moves_the_split_and_back_when_it_recovers_wit
                 (index,) = [i for i, a in enumerate(first["servers"]) if a.startswith(net.hosts[host].address + ":")]
                 return index
 
-            s, r = server_on(slowed_host), server_on(2)
+            s, cpu = server_on(slowed_host), [server_on(h) for h in range(2, hosts)]
 
             def split_in_use():
                 return (lines("replanned") or [first])[-1]["fractions"]
@@ -365,7 +365,7 @@ def test_a_link_that_slows_mid_job_moves_the_split_and_back_when_it_recovers_wit
             # Every CPU host serves (init's probe can misread a link and leave it out, until the
             # follower's probes bring it back): with two, host 2 is the reference host 3's probes
             # are read against once it is left out. And the split has its baseline: three windows.
-            _until(job, lambda: min(split_in_use()[s], split_in_use()[r]) > 0.1, 60, "every CPU host serving")
+            _until(job, lambda: min(split_in_use()[i] for i in cpu) > 0.1, 60, "every CPU host serving")
             served = split_in_use()
             time.sleep(6)
             net.set_rate(slowed_host, 60e6)

@@ -215,12 +215,10 @@ def test_a_server_left_out_is_probed_now_and_then_and_comes_back_once_it_reads_f
         return max(replan.PROBE_EVERY, math.ceil(4 * size / rate / replan.PROBE_SHARE / replan.WINDOW_S))
 
     def next_probe():  # windows up to its next probe
-        for n in range(1, 1000):
-            assert follower.step(window()) is None
-            if follower.probes():
-                assert follower.probes() == {5: size, 4: size}  # asked again: the same
-                return n
-        raise AssertionError("no probe in 1,000 windows")
+        start = follower.windows
+        assert _until_probed(follower, tuple(readings)) == []
+        assert follower.probes() == {5: size, 4: size}  # asked again: the same
+        return follower.windows - start
 
     # A probe of 2.5 s at the planned rate: the first comes 100 windows (50 s) after the
     # follower's first; one whose time is not read, as long again after it.
@@ -259,10 +257,7 @@ def test_a_server_still_left_out_after_a_probe_is_probed_on_until_it_reads_at_th
     probed = []
 
     def probe(rate, links=1.0):  # windows up to the next probe, then the window that brings its time
-        for _ in range(1000):
-            assert follower.step(replan.Window((30e6, 30e6, 60e6, 0.0), True)) is None
-            if follower.probes():
-                break
+        assert _until_probed(follower, (30e6, 30e6, 60e6, 0.0)) == []
         probed.append(follower.probes())
         # The job's psums leave the probes `links` of the workers' links: CPU host 3's probe and
         # that of CPU host 2 (the reference, serving at the full rate) alike.
