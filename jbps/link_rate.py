@@ -159,12 +159,24 @@ probes: list[tuple[int, float]] = []
 # Each server's own link, probed alone: every chunk of a psum of `nbytes` goes
 # to that one server, whose NIC then carries n·nbytes each way (dedicated) or
 # (n-1)·nbytes (colocated: its own worker's push stays on the machine).
-SERVER_PROBE_S = 0.06  # aimed at this long on a link of the job's busiest-link rate
+SERVER_PROBE_S = 0.06  # each server's probe is sized to take about this long on its own link
 SERVER_PROBE_MIN_BYTES = 256 << 10
-# Each server is probed this many times, in turn, and its fastest time kept: a
-# probe is read slow when the machine's CPUs are busy (other processes, the
-# other probes' sums), never fast, and one slow reading of a worker machine's
-# link moves its share far more than its rate.
+# A probe that took under this part of SERVER_PROBE_S is sized up and run
+# again: a probe sized for the busiest link's rate, which a slow spare host
+# sets, passes a fast link in a few ms, mostly within a rate limiter's burst
+# and a call's fixed costs (a 30 Mbit/s CPU host beside 300 Mbit/s worker
+# hosts read the worker hosts' servers at 58-125 MB/s for their 37.5). Half:
+# the busiest-link probe reads up to 20% low, so sizes from it often fall a
+# little short of the aim, and another round of every server's probe is not
+# worth that.
+SERVER_PROBE_SHORT = 0.5
+# At most this many times larger per resizing: one probe slowed by a busy CPU
+# reads quick links slow, never fast, so a jump from it cannot overshoot far.
+SERVER_PROBE_GROWTH = 8
+# Each server is probed this many times, in turn, at its final size, and its
+# fastest time kept: a probe is read slow when the machine's CPUs are busy
+# (other processes, the other probes' sums), never fast, and one slow reading
+# of a worker machine's link moves its share far more than its rate.
 SERVER_PROBE_ROUNDS = 3
 # Readings within these factors of the job's full rate are read as it: the
 # probe's error (the 1 Gbit/s links of one run read 650-1,050 Mbit/s on the
@@ -196,21 +208,56 @@ def server_probe_bytes(role: str, num_workers: int, rate: float, seconds: float 
     return nbytes - nbytes % 4
 
 
+def resized_probe(nbytes: int, seconds: float) -> int:
+    """The next size of a server's probe that took `seconds` (agreed) at
+    `nbytes`: the same where it took SERVER_PROBE_SHORT of SERVER_PROBE_S or
+    more (or is at PROBE_MAX_BYTES), else the doubling that brings it to
+    SERVER_PROBE_S at the rate it read, at most SERVER_PROBE_GROWTH times."""
+    if seconds >= SERVER_PROBE_SHORT * SERVER_PROBE_S or nbytes >= PROBE_MAX_BYTES:
+        return nbytes
+    growth = 2
+    while growth < SERVER_PROBE_GROWTH and seconds * growth < SERVER_PROBE_S:
+        growth *= 2
+    return min(PROBE_MAX_BYTES, nbytes * growth)
+
+
 def server_rates(roles: Sequence[str], num_workers: int, link_bytes_per_s: float, timeout_s: float) -> list[float]:
     """Bytes per second each server's NIC carries each way, the same numbers on
     every worker: a psum routed to that server alone, timed by every worker,
-    the times agreed (one psum of all of them). Every worker calls it at the
-    same point, after measure()."""
+    the times agreed (one psum of all of them). Each probe starts at the size
+    the busiest link's rate gives and grows until it takes about
+    SERVER_PROBE_S on that server's own link (resized_probe, on agreed times,
+    so every worker grows the same ones). Every worker calls it at the same
+    point, after measure()."""
     n, count = num_workers, len(roles)
     wait_s = backstop_s(timeout_s)
-    seconds = np.full(count, np.inf, np.float32)
     sizes = [server_probe_bytes(role, n, link_bytes_per_s) for role in roles]
-    loads = [server_load(role, n) * nbytes for role, nbytes in zip(roles, sizes)]
-    for r in range(SERVER_PROBE_ROUNDS):
-        for s, nbytes in enumerate(sizes):
-            took = psum_host(f"{NAME}.server{s}.{r}", np.zeros(nbytes // 4, np.float32), one_server(count, s), wait_s)
-            seconds[s] = min(seconds[s], took)
+
+    def probe_round(label: str, servers: Sequence[int]) -> np.ndarray:
+        took = np.zeros(count, np.float32)
+        for s in servers:
+            name = f"{NAME}.server{s}.{sizes[s]}.{label}"
+            took[s] = psum_host(name, np.zeros(sizes[s] // 4, np.float32), one_server(count, s), wait_s)
+        return took
+
+    growing, seconds, resizing = list(range(count)), np.full(count, np.inf, np.float32), 0
+    while growing:
+        took = probe_round(f"size{resizing}", growing)
+        agreed = took.copy()
+        psum_host(f"{NAME}.server_sizes.{resizing}", agreed, [1.0 / count] * count, wait_s)
+        still = []
+        for s in growing:
+            grown = resized_probe(sizes[s], float(agreed[s]) / n)
+            if grown == sizes[s]:
+                seconds[s] = took[s]  # the first of its rounds at its final size
+            else:
+                sizes[s] = grown
+                still.append(s)
+        growing, resizing = still, resizing + 1
+    for r in range(1, SERVER_PROBE_ROUNDS):
+        seconds = np.minimum(seconds, probe_round(str(r), range(count)))
     psum_host(f"{NAME}.server_seconds", seconds, [1.0 / count] * count, wait_s)
+    loads = [server_load(role, n) * nbytes for role, nbytes in zip(roles, sizes)]
     return [load / (float(t) / n) for load, t in zip(loads, seconds)]
 
 

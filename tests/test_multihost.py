@@ -322,6 +322,33 @@ def test_a_server_on_a_slower_link_that_saves_nothing_is_left_out():
         np.testing.assert_allclose(got, fractions, atol=0.03, err_msg=str((per_server.tolist(), fractions)))
 
 
+def test_a_slow_spare_host_does_not_make_init_misread_the_fast_hosts_servers():
+    # Two worker hosts at 300 Mbit/s and a CPU host at 30: the busiest-link
+    # probe reads the slow host's link, and a server probe sized for that rate
+    # (256 KiB) passes a fast link in a few ms, mostly within the emulated rate
+    # cap's burst, and read the worker hosts' servers at up to 3.3x their rate.
+    # Each server's probe is sized for its own link (link_rate.server_rates), so
+    # every server reads near its own.
+    fast, slow = 300e6, 30e6  # bits/s
+    with EmulatedNetwork(3, fast, host_rates={2: slow}) as net:
+        result = run_job(
+            net,
+            [0, 1],
+            [0, 1, 2],
+            [worker_script("random_trees.py"), "--rounds", "1", "--seed", "5", "--big-elems", "1000"],
+            env=job_free_env(JBPS_TIMEOUT_S="60", JBPS_FOLLOW_RATES="0"),
+            timeout_s=300,
+        )
+    reports = [last_json(w.stdout) for w in result.workers]
+    rates = reports[0]["server_rates"]
+    assert rates and reports[1]["server_rates"] == rates, "the workers read different rates"
+    servers = result.servers_by_address()
+    by_host = {servers[a]["host"]: r for a, r in zip(reports[0]["servers"], rates)}
+    # Each way, a link carries its bits / 8 bytes per second; the probe reads up to 30% low.
+    for host, link in ((0, fast), (1, fast), (2, slow)):
+        assert 0.6 < by_host[host] / (link / 8) < 1.25, {h: 8 * r / 1e6 for h, r in by_host.items()}
+
+
 @pytest.mark.parametrize("cpu_hosts", [2, 1], ids=["beside-a-reference", "alone"])
 def test_a_link_that_slows_mid_job_moves_the_split_and_back_when_it_recovers_with_every_sum_exact(tmp_path, cpu_hosts):
     # Two worker hosts and two CPU hosts at 300 Mbit/s; once the job runs, the

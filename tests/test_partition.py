@@ -94,6 +94,38 @@ def test_the_link_probes_rate_lets_fixed_costs_cancel_and_bounds_a_chance_slow_o
     assert rate_from_probes([(64, 0.5)], share) == pytest.approx(share * 64 / 0.5)
 
 
+def test_a_server_probe_grows_until_it_takes_about_its_aim_on_that_servers_own_link():
+    # jbps.init sizes each server's probe from the busiest link's rate; on a
+    # link 10x faster than that (a slow spare host set it) the probe must grow
+    # until it takes about SERVER_PROBE_S there, by doublings, at most
+    # SERVER_PROBE_GROWTH per resizing, and stop at PROBE_MAX_BYTES.
+    from jbps.link_rate import (
+        PROBE_MAX_BYTES,
+        SERVER_PROBE_GROWTH,
+        SERVER_PROBE_S,
+        SERVER_PROBE_SHORT,
+        resized_probe,
+    )
+
+    link, fixed = 37.5e6, 0.001  # bytes/s, seconds of a call's own costs
+
+    def took(nbytes):
+        return fixed + nbytes / link
+
+    nbytes, resizings = 256 << 10, 0
+    while (grown := resized_probe(nbytes, took(nbytes))) != nbytes:
+        assert grown in (2 * nbytes, 4 * nbytes, 8 * nbytes) and grown <= SERVER_PROBE_GROWTH * nbytes
+        nbytes, resizings = grown, resizings + 1
+    assert SERVER_PROBE_SHORT * SERVER_PROBE_S <= took(nbytes) < 2 * SERVER_PROBE_S, (nbytes, took(nbytes))
+    assert resizings == 1  # 256 KiB took 8 ms: 8x at once
+    # A probe already long enough, or at the largest size, stays.
+    assert resized_probe(1 << 20, SERVER_PROBE_S) == 1 << 20
+    assert resized_probe(PROBE_MAX_BYTES, 0.001) == PROBE_MAX_BYTES
+    # A probe read near zero (a burst let it through) grows by SERVER_PROBE_GROWTH, not more.
+    assert resized_probe(256 << 10, 1e-6) == SERVER_PROBE_GROWTH * (256 << 10)
+    assert resized_probe(PROBE_MAX_BYTES // 2, 1e-6) == PROBE_MAX_BYTES
+
+
 def test_split_rejects_bad_counts():
     with pytest.raises(ValueError, match="num_workers"):
         optimal_split(0, 1)
