@@ -236,6 +236,12 @@ def server_rates(roles: Sequence[str], num_workers: int, link_bytes_per_s: float
     def probe_round(label: str, servers: Sequence[int]) -> np.ndarray:
         took = np.zeros(count, np.float32)
         for s in servers:
+            # The workers start each probe together: where one still pulls the last
+            # probe's sum (from a slow host one of two pulls can end 0.1 s or more
+            # before the other), the others' time of this one counts the wait for it
+            # and its own misses what they already sent: 2 MiB probes on 300 Mbit/s
+            # links beside a 3-10 Mbit/s host read 15-883 Mbit/s without this start.
+            psum_host(f"{NAME}.server{s}.start", np.zeros(1, np.float32), one_server(count, s), wait_s)
             name = f"{NAME}.server{s}.{sizes[s]}.{label}"
             took[s] = psum_host(name, np.zeros(sizes[s] // 4, np.float32), one_server(count, s), wait_s)
         return took

@@ -323,13 +323,15 @@ def test_a_server_on_a_slower_link_that_saves_nothing_is_left_out():
 
 
 def test_a_slow_spare_host_does_not_make_init_misread_the_fast_hosts_servers():
-    # Two worker hosts at 300 Mbit/s and a CPU host at 30: the busiest-link
+    # Two worker hosts at 300 Mbit/s and a CPU host at 3: the busiest-link
     # probe reads the slow host's link, and a server probe sized for that rate
-    # (256 KiB) passes a fast link in a few ms, mostly within the emulated rate
-    # cap's burst, and read the worker hosts' servers at up to 3.3x their rate.
-    # Each server's probe is sized for its own link (link_rate.server_rates), so
-    # every server reads near its own.
-    fast, slow = 300e6, 30e6  # bits/s
+    # (256 KiB) passed a fast link in a few ms, mostly within the emulated rate
+    # cap's burst (read at up to 2.6x); and the workers' pulls from the slow
+    # host end far apart, so a probe that followed read the wait for the last
+    # one (read at 0.05-2.9x). Each server's probe is sized for its own link and
+    # started by all workers together (link_rate.server_rates), so every server
+    # reads near its own.
+    fast, slow = 300e6, 3e6  # bits/s
     with EmulatedNetwork(3, fast, host_rates={2: slow}) as net:
         result = run_job(
             net,
