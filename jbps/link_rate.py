@@ -208,6 +208,21 @@ def server_probe_bytes(role: str, num_workers: int, rate: float, seconds: float 
     return nbytes - nbytes % 4
 
 
+def probe_server(
+    name: str, nbytes: int, count: int, server: int, wait_s: float, fixed_routes: bool = False, priority: int = 0
+) -> float:
+    """Seconds of one psum of `nbytes` routed to `server` alone, started by
+    every worker together: a one-float psum to that server first. Where one
+    worker still pulls the last probe's sum (from a slow host one of two pulls
+    can end 0.1 s or more before the other), the others' time of this probe
+    would count the wait for it, and its own miss what they had already sent:
+    2 MiB probes of 300 Mbit/s links beside a 3-10 Mbit/s host read 15-883
+    Mbit/s without the start."""
+    routes = one_server(count, server)
+    psum_host(f"{name}.start", np.zeros(1, np.float32), routes, wait_s, fixed_routes, priority)
+    return psum_host(name, np.zeros(nbytes // 4, np.float32), routes, wait_s, fixed_routes, priority)
+
+
 def resized_probe(nbytes: int, seconds: float) -> int:
     """The next size of a server's probe that took `seconds` (agreed) at
     `nbytes`: the same where it took SERVER_PROBE_SHORT of SERVER_PROBE_S or
@@ -236,14 +251,7 @@ def server_rates(roles: Sequence[str], num_workers: int, link_bytes_per_s: float
     def probe_round(label: str, servers: Sequence[int]) -> np.ndarray:
         took = np.zeros(count, np.float32)
         for s in servers:
-            # The workers start each probe together: where one still pulls the last
-            # probe's sum (from a slow host one of two pulls can end 0.1 s or more
-            # before the other), the others' time of this one counts the wait for it
-            # and its own misses what they already sent: 2 MiB probes on 300 Mbit/s
-            # links beside a 3-10 Mbit/s host read 15-883 Mbit/s without this start.
-            psum_host(f"{NAME}.server{s}.start", np.zeros(1, np.float32), one_server(count, s), wait_s)
-            name = f"{NAME}.server{s}.{sizes[s]}.{label}"
-            took[s] = psum_host(name, np.zeros(sizes[s] // 4, np.float32), one_server(count, s), wait_s)
+            took[s] = probe_server(f"{NAME}.server{s}.{sizes[s]}.{label}", sizes[s], count, s, wait_s)
         return took
 
     growing, seconds, resizing = list(range(count)), np.full(count, np.inf, np.float32), 0

@@ -619,11 +619,7 @@ class Follower:
         server (0 where none); every worker probes the same servers at the same window."""
         seconds = np.zeros(count, np.float32)
         for s, nbytes in sizes.items():  # in the order given: the same on every worker
-            values = np.zeros(nbytes // 4, np.float32)
-            name = f"{NAME}.probe{s}"
-            seconds[s] = link_rate.psum_host(
-                name, values, link_rate.one_server(count, s), self._wait_s, True, priority=AHEAD
-            )
+            seconds[s] = link_rate.probe_server(f"{NAME}.probe{s}", nbytes, count, s, self._wait_s, True, AHEAD)
         return seconds
 
     def stop(self) -> None:
