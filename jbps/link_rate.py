@@ -178,6 +178,11 @@ SERVER_PROBE_GROWTH = 8
 # (other processes, the other probes' sums), never fast, and one slow reading
 # of a worker machine's link moves its share far more than its rate.
 SERVER_PROBE_ROUNDS = 3
+# But once only where that took this long or more: there a stall of the CPUs is
+# a small part of it, and the size is already the least (SERVER_PROBE_MIN_BYTES)
+# on a link far slower than the busiest-link probe read. A 3 Mbit/s spare
+# host's probes took 1.4 s each, 4.2 s of init for its three.
+SERVER_PROBE_LONG_S = 4 * SERVER_PROBE_S
 # Readings within these factors of the job's full rate are read as it: the
 # probe's error (the 1 Gbit/s links of one run read 650-1,050 Mbit/s on the
 # 2-core machine, an 800 Mbit/s one 600-780), not a slower link.
@@ -242,8 +247,9 @@ def server_rates(roles: Sequence[str], num_workers: int, link_bytes_per_s: float
     the times agreed (one psum of all of them). Each probe starts at the size
     the busiest link's rate gives and grows until it takes about
     SERVER_PROBE_S on that server's own link (resized_probe, on agreed times,
-    so every worker grows the same ones). Every worker calls it at the same
-    point, after measure()."""
+    so every worker grows the same ones), and is then run SERVER_PROBE_ROUNDS
+    times, the fastest kept (once where it took SERVER_PROBE_LONG_S or more).
+    Every worker calls it at the same point, after measure()."""
     n, count = num_workers, len(roles)
     wait_s = backstop_s(timeout_s)
     sizes = [server_probe_bytes(role, n, link_bytes_per_s) for role in roles]
@@ -255,6 +261,7 @@ def server_rates(roles: Sequence[str], num_workers: int, link_bytes_per_s: float
         return took
 
     growing, seconds, resizing = list(range(count)), np.full(count, np.inf, np.float32), 0
+    again = []  # servers probed SERVER_PROBE_ROUNDS times, not once
     while growing:
         took = probe_round(f"size{resizing}", growing)
         agreed = took.copy()
@@ -262,14 +269,17 @@ def server_rates(roles: Sequence[str], num_workers: int, link_bytes_per_s: float
         still = []
         for s in growing:
             grown = resized_probe(sizes[s], float(agreed[s]) / n)
-            if grown == sizes[s]:
-                seconds[s] = took[s]  # the first of its rounds at its final size
-            else:
+            if grown != sizes[s]:
                 sizes[s] = grown
                 still.append(s)
+                continue
+            seconds[s] = took[s]  # the first of its rounds at its final size
+            if float(agreed[s]) / n < SERVER_PROBE_LONG_S:
+                again.append(s)
         growing, resizing = still, resizing + 1
+    again.sort()
     for r in range(1, SERVER_PROBE_ROUNDS):
-        seconds = np.minimum(seconds, probe_round(str(r), range(count)))
+        seconds[again] = np.minimum(seconds[again], probe_round(str(r), again)[again])
     psum_host(f"{NAME}.server_seconds", seconds, [1.0 / count] * count, wait_s)
     loads = [server_load(role, n) * nbytes for role, nbytes in zip(roles, sizes)]
     return [load / (float(t) / n) for load, t in zip(loads, seconds)]
