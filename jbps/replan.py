@@ -145,6 +145,13 @@ PROBE_EVERY = 10  # windows (5 s) at least between probes of a server the split 
 # about this share of its time, and a recovered slow link is noticed that much later.
 PROBE_SHARE = 0.05
 PROBE_S = 0.25  # a probe's length at the job's full rate
+# But a left-out server's probe takes at most about this long at its planned rate (and a
+# quarter of the psum timeout): sized for the full rate, a probe of a host at 1/240 of it
+# would stall the job's psums past the default 60 s timeout and end the job. Smaller, it
+# reads a recovered link low (a call's fixed costs), which still brings it up by CHANGE at a
+# time, each time with a larger probe. A server whose least probe would take half the psum
+# timeout is not probed at all: it stays left out.
+LONGEST_PROBE_S = 5.0
 NAME = "jbps.rates"
 AHEAD = INT64_MAX  # the windows' agreement and the probes go ahead of the job's chunks
 
@@ -269,9 +276,11 @@ class RateFollower:
         num_workers: int,
         rates: Sequence[float],
         fractions: Sequence[float],
+        timeout_s: float = 60.0,
     ):
         self.roles = list(roles)
         self.num_workers = num_workers
+        self.timeout_s = timeout_s  # the job's psum timeout: a probe stalls the job's psums
         self.full = float(np.median(rates))
         # The rates the split in use was planned for: bytes/s where measured (they size the probes).
         self.planned = [float(r) for r in rates]
@@ -331,10 +340,14 @@ class RateFollower:
         return s in self.slowed or not link_rate.reads_as_full(self.roles[s], self.planned[s], self.full)
 
     def _probed(self, s: int) -> bool:
-        """Whether server s is probed: left out for its rate, and not a worker
+        """Whether server s is probed: left out for its rate, not a worker
         machine's whose link its worker's readings give (they need no probe on a
-        link already slow)."""
-        return self._left_out_slow(s) and s not in self.links_read
+        link already slow), and not so slow that its probe would take half the
+        psum timeout (LONGEST_PROBE_S)."""
+        if not self._left_out_slow(s) or s in self.links_read:
+            return False
+        nbytes = self._left_out_probe_bytes(s)
+        return self._probe_seconds(s, nbytes, self.planned[s]) < self.timeout_s / 2
 
     def probes(self) -> dict[int, int]:
         """{server: bytes} to probe after the latest window, in the order to
@@ -355,7 +368,7 @@ class RateFollower:
             if not self._probed(s):
                 self.next_probe.pop(s, None)  # left out again later: its probes start from then
                 continue
-            nbytes = self._probe_bytes(s)
+            nbytes = self._left_out_probe_bytes(s)
             planned_gap = self._probe_gap(self._probe_seconds(s, nbytes, self.planned[s]))
             if self.windows >= self.next_probe.setdefault(s, self.windows + planned_gap):
                 self.probing[s] = nbytes
@@ -376,6 +389,13 @@ class RateFollower:
     def _probe_bytes(self, s: int) -> int:
         """A probe of server s: about PROBE_S at the job's full rate on its NIC."""
         return link_rate.server_probe_bytes(self.roles[s], self.num_workers, self.full, PROBE_S)
+
+    def _left_out_probe_bytes(self, s: int) -> int:
+        """A probe of server s left out: _probe_bytes, but no longer than
+        LONGEST_PROBE_S (or a quarter of the psum timeout) at its planned rate."""
+        longest = min(LONGEST_PROBE_S, self.timeout_s / 4)
+        capped = link_rate.server_probe_bytes(self.roles[s], self.num_workers, self.planned[s], longest)
+        return min(self._probe_bytes(s), capped)
 
     def _probe_gap(self, seconds: float) -> int:
         """Windows from a probe that took `seconds` to the next of its server (PROBE_SHARE)."""

@@ -212,7 +212,7 @@ def _start(requested: Config, joined: tuple[Config, list] | None = None, rates: 
             # bytes/s: they size the follower's probes (only their ratios move the split)
             planned = _server_rates if _server_rates is not None else (_link_rate or 1.0,) * len(roles)
             _follower = replan.Follower(
-                replan.RateFollower(roles, config.num_workers, planned, _fractions),
+                replan.RateFollower(roles, config.num_workers, planned, _fractions, config.timeout_s),
                 config.worker_rank,
                 config.num_workers,
                 config.timeout_s,

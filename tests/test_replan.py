@@ -243,6 +243,42 @@ def test_a_server_left_out_is_probed_now_and_then_and_comes_back_once_it_reads_f
         assert follower.probes() == {}
 
 
+def test_a_far_slower_left_out_servers_probe_is_no_longer_than_a_few_seconds_and_it_can_still_come_back():
+    from jbps import link_rate
+
+    # CPU host 5 at 1/500 of the full rate: sized for the full rate, its probe would take 125 s,
+    # stalling the job's psums past their timeout. It takes LONGEST_PROBE_S at its planned rate.
+    slow = [FULL] * 5 + [FULL / 500]
+    fractions = link_rate.fractions_for_rates(ROLES, slow, 4)
+    follower = replan.RateFollower(ROLES, 4, slow, fractions, timeout_s=60)
+    readings = BASE[:5] + [0.0]
+    assert _until_probed(follower, readings) == []
+    probes = follower.probes()
+    full_size = link_rate.server_probe_bytes(DEDICATED, 4, FULL, replan.PROBE_S)
+    assert probes[4] == full_size  # the reference: sized for the full rate
+    seconds = 4 * probes[5] / (FULL / 500)  # 4 pushes of each byte into its NIC
+    assert seconds == pytest.approx(replan.LONGEST_PROBE_S, rel=0.01), seconds
+    assert 4 * full_size / (FULL / 500) > 60  # what the full rate's size would have taken
+    # Its link recovers: two small probes read it at a third of the full rate (a call's fixed
+    # costs), far above its planned rate, and it is planned there: its next probe is larger.
+    for _ in range(replan.PROBES_TO_CHANGE):
+        window = replan.Window(tuple(readings), True, (0.0,) * 4 + (4 * full_size / FULL, 3 * 4 * probes[5] / FULL))
+        follower.step(window)
+        if follower.planned[5] > FULL / 500:
+            break
+        assert _until_probed(follower, readings) == []
+    assert follower.planned[5] == pytest.approx(FULL / 3, rel=1e-3)
+    # A shorter psum timeout caps it at a quarter of that timeout; one whose least probe
+    # (SERVER_PROBE_MIN_BYTES) would take half the timeout is never probed.
+    short = replan.RateFollower(ROLES, 4, [FULL] * 5 + [FULL / 200], fractions, timeout_s=8)
+    assert _until_probed(short, readings) == []
+    assert 4 * short.probes()[5] / (FULL / 200) == pytest.approx(2.0, rel=0.01)
+    hopeless = replan.RateFollower(ROLES, 4, [FULL] * 5 + [FULL / 100_000], fractions, timeout_s=60)
+    for _ in range(4 * replan.PROBE_EVERY):
+        hopeless.step(replan.Window(tuple(readings), True))
+        assert 5 not in hopeless.probes()
+
+
 def test_a_server_still_left_out_after_a_probe_is_probed_on_until_it_reads_at_the_full_rate():
     from jbps import link_rate
 
