@@ -179,8 +179,8 @@ SERVER_PROBE_GROWTH = 8
 # of a worker machine's link moves its share far more than its rate.
 SERVER_PROBE_ROUNDS = 3
 # But once only where that took this long or more: there a stall of the CPUs is
-# a small part of it, and the size is already the least (SERVER_PROBE_MIN_BYTES)
-# on a link far slower than the busiest-link probe read. A 3 Mbit/s spare
+# a small part of it (such a probe is of the least size, SERVER_PROBE_MIN_BYTES,
+# or on a link 4x slower than the busiest-link probe read). A 3 Mbit/s spare
 # host's probes took 1.4 s each, 4.2 s of init for its three.
 SERVER_PROBE_LONG_S = 4 * SERVER_PROBE_S
 # Readings within these factors of the job's full rate are read as it: the

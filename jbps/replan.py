@@ -353,7 +353,7 @@ class RateFollower:
         """{server: bytes} to probe after the latest window, in the order to
         probe them: each server the split leaves without bytes for its rate
         (_left_out_slow) whose next probe is due (PROBE_SHARE), sized for the
-        full rate; and beside them a reference, a server that serves at the
+        full rate (at most LONGEST_PROBE_S at its planned rate); and beside them a reference, a server that serves at the
         full rate (_reference), sized so too (see _recovered). The order turns
         round at every probe: the first probe meets the job's chunks still in
         flight and the next ones do not (on CI's machine a recovered CPU host
