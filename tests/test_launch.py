@@ -255,6 +255,34 @@ def test_a_server_that_cannot_start_fails_every_member():
     assert_nothing_left(env)
 
 
+def test_a_scheduler_started_long_before_its_members_waits_for_them_and_then_for_the_rest_within_its_timeout():
+    # A scheduler is often started before its members, whose start (imports, data, a first
+    # compile) can take longer than the psum timeout: it waits for the first member (up to
+    # rendezvous.FIRST_MEMBER_S), and then for the rest within its timeout, as
+    # test_a_missing_worker_fails_everyone_naming_it checks.
+    env = scheduler_env(2)
+    address = f"127.0.0.1:{env['DMLC_PS_ROOT_PORT']}"
+    scheduler = start_member("scheduler", env, [PYTHON, "-m", "jbps.scheduler"])
+    try:
+        time.sleep(6)  # three times its timeout
+        servers = [Registration(address, "server", 30) for _ in range(2)]
+        workers = [Registration(address, "worker", 30, worker_id=i) for i in range(2)]
+        for i, r in enumerate(servers):  # each server learns its part, starts, and says where it listens
+            assert r.receive()["num_workers"] == 2
+            r.send({"address": f"127.0.0.1:{9000 + i}"})
+        jobs = [r.receive() for r in workers]
+        for r in servers + workers:
+            r.close()
+    except BaseException:
+        terminate([scheduler], grace_s=2)
+        raise
+    code, _, err = finish([scheduler], 30)[0]
+    assert code == 0, err[-2000:]
+    assert [j["rank"] for j in jobs] == [0, 1], jobs
+    assert sorted(jobs[0]["servers"]) == ["127.0.0.1:9000", "127.0.0.1:9001"], jobs
+    assert_nothing_left(env)
+
+
 def test_a_worker_that_never_connects_ends_the_servers_naming_it():
     # Both workers register and learn the job, then die before connecting (a
     # crash between the rendezvous and the engine): the servers, which have

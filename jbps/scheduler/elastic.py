@@ -46,7 +46,7 @@ import socket
 import time
 
 from ..errors import JbpsError
-from .rendezvous import HELLO_TIMEOUT_S, Member, Scheduler, _recv
+from .rendezvous import HELLO_TIMEOUT_S, Member, Scheduler, _recv, assembly_timed_out, assembly_wait_s
 
 log = logging.getLogger("jbps.scheduler")
 
@@ -108,6 +108,8 @@ class ElasticScheduler(Scheduler):
         self.finished = 0
         self.selector = selectors.DefaultSelector()
         self.short_since: float | None = None  # since when fewer than min_workers could be assembled
+        self.started = 0.0  # when the first generation's clock started: run(), then the first member's arrival
+        self.anyone_came = False
         self.addresses: list[str] = []  # the running generation's servers
         self.rates: dict | None = None  # the links' rates a generation measured (_keep_rates)
 
@@ -158,6 +160,8 @@ class ElasticScheduler(Scheduler):
         watch_liveness(conn, self.timeout_s)
         self.selector.register(conn, selectors.EVENT_READ, m)
         self.ready.append(m)
+        if not self.anyone_came:  # the first generation's members come within the timeout from now
+            self.started, self.anyone_came = m.waiting_since, True
         log.info("%s registered from %s (%d running, %d waiting)", m.role, peer[0], len(self.running), len(self.ready))
 
     def _hear(self, m: ElasticMember) -> None:
@@ -354,11 +358,13 @@ class ElasticScheduler(Scheduler):
                     self._hear(key.data)
             now = time.monotonic()
             waiting = _workers(self.ready)
-            if self.generation == 0 and now - self.started > self.timeout_s and len(waiting) < self.min_workers:
-                self._fail(
-                    f"jbps scheduler {self.address}: timed out after {self.timeout_s:g} s (JBPS_TIMEOUT_S) "
-                    f"waiting for the job: {len(waiting)} of at least {self.min_workers} workers registered"
-                )
+            if (
+                self.generation == 0
+                and now - self.started > assembly_wait_s(self.timeout_s, self.anyone_came)
+                and len(waiting) < self.min_workers
+            ):
+                missing = f"{len(waiting)} of at least {self.min_workers} workers registered"
+                self._fail(assembly_timed_out(self.address, self.timeout_s, self.anyone_came, missing))
             self._step(now)
             if self.generation > 0 and not _workers(self.ready + self.running):
                 if self.finished:

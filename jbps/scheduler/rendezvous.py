@@ -67,6 +67,31 @@ def _recv(reader, what: str) -> dict:
     return message
 
 
+# A scheduler is often started before its members, and a worker's start (imports, its data, a
+# first compile) can outlast a psum's timeout: the job's first member may take this long to
+# come. From the first member on, the rest must come within the timeout (JBPS_TIMEOUT_S).
+FIRST_MEMBER_S = 300.0
+
+
+def assembly_wait_s(timeout_s: float, anyone_came: bool) -> float:
+    """How long a scheduler waits for its job to assemble: the timeout from
+    the first member's registration, FIRST_MEMBER_S (at least) before it."""
+    return timeout_s if anyone_came else max(timeout_s, FIRST_MEMBER_S)
+
+
+def assembly_timed_out(address: str, timeout_s: float, anyone_came: bool, missing: str) -> str:
+    """The message of a job that did not assemble in time."""
+    if not anyone_came:
+        return (
+            f"jbps scheduler {address}: no member registered within {assembly_wait_s(timeout_s, False):g} s "
+            f"(is the job's DMLC_PS_ROOT_URI/PORT this scheduler's address?)"
+        )
+    return (
+        f"jbps scheduler {address}: timed out after {timeout_s:g} s (JBPS_TIMEOUT_S) from the first member's "
+        f"registration waiting for the job: {missing}"
+    )
+
+
 class Scheduler:
     """Listens at once (so the port is known); run() does the rendezvous."""
 
@@ -150,10 +175,7 @@ class Scheduler:
         ):
             left = deadline - time.monotonic()
             if left <= 0:
-                self._fail(
-                    f"jbps scheduler {self.address}: timed out after {self.timeout_s:g} s (JBPS_TIMEOUT_S) "
-                    f"waiting for the job: {self._missing()}"
-                )
+                self._fail(assembly_timed_out(self.address, self.timeout_s, bool(self.members), self._missing()))
             self.sock.settimeout(min(left, 1.0))
             try:
                 conn, peer = self.sock.accept()
@@ -162,6 +184,8 @@ class Scheduler:
             member = self._greet(conn, peer, deadline)
             if member is None:
                 continue
+            if not self.members:  # the rest must come within the timeout from now
+                deadline = time.monotonic() + assembly_wait_s(self.timeout_s, True)
             conn.settimeout(max(1.0, deadline - time.monotonic()))
             self.members.append(member)
             log.info("%s registered from %s (%s)", member.role, peer[0], self._missing())
@@ -218,7 +242,7 @@ class Scheduler:
     def run(self) -> None:
         """Registers everyone, hands out roles and addresses; raises JbpsError
         (after telling every member) if the job does not assemble in time."""
-        deadline = time.monotonic() + self.timeout_s
+        deadline = time.monotonic() + assembly_wait_s(self.timeout_s, False)
         self._register(deadline)
         workers = [m for m in self.members if m.role == "worker"]
         servers = [m for m in self.members if m.role == "server"]
