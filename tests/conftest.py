@@ -189,6 +189,8 @@ FILE_MARKERS = {
 SLOW = (
     "tests/test_launch.py::test_a_misspelled_setting",
     "tests/test_launch.py::test_a_scheduler_missing",
+    "tests/test_launch.py::test_a_scheduler_started_long_before",
+    "tests/test_launch.py::test_members_started_long_before",
     "tests/test_launch.py::test_a_stalled_workers_timeout",
     "tests/test_launch.py::test_only_members_that_prove",
     "tests/test_checkpoints.py::test_a_checkpoint_moves_between",

@@ -283,6 +283,56 @@ def test_a_scheduler_started_long_before_its_members_waits_for_them_and_then_for
     assert_nothing_left(env)
 
 
+def test_members_started_long_before_their_scheduler_wait_for_it_and_say_so(caplog):
+    # The other order: members that find no scheduler keep trying (up to
+    # rendezvous.FIRST_MEMBER_S, not only their timeout), saying once that they
+    # are still waiting, and assemble when it comes.
+    env = scheduler_env(2)
+    address = f"127.0.0.1:{env['DMLC_PS_ROOT_PORT']}"
+    registered, failed = {}, []
+
+    def register(role, i):
+        try:
+            registered[role, i] = Registration(address, role, 2, worker_id=i if role == "worker" else None)
+        except Exception as exc:
+            failed.append(exc)
+
+    members = [threading.Thread(target=register, args=(role, i)) for role in ("server", "worker") for i in range(2)]
+    for t in members:
+        t.start()
+    time.sleep(6)  # three times their timeout
+    scheduler = start_member("scheduler", env, [PYTHON, "-m", "jbps.scheduler"])
+    try:
+        for t in members:
+            t.join(timeout=30)
+        assert not failed and len(registered) == 4, failed
+        for i in range(2):  # each server learns its part, starts, and says where it listens
+            assert registered["server", i].receive()["num_workers"] == 2
+            registered["server", i].send({"address": f"127.0.0.1:{9000 + i}"})
+        jobs = [registered["worker", i].receive() for i in range(2)]
+    except BaseException:
+        terminate([scheduler], grace_s=2)
+        raise
+    finally:
+        for r in registered.values():
+            r.close()
+    code, _, err = finish([scheduler], 30)[0]
+    assert code == 0, err[-2000:]
+    assert [j["rank"] for j in jobs] == [0, 1], jobs
+    waiting = [r.getMessage() for r in caplog.records if "still no scheduler at " + address in r.getMessage()]
+    assert len(waiting) == 4, [r.getMessage() for r in caplog.records]  # once per member
+    assert_nothing_left(env)
+
+
+def test_a_scheduler_host_that_does_not_resolve_fails_the_member_at_once():
+    start = time.monotonic()
+    with pytest.raises(
+        JbpsError, match=r"scheduler's host 'no-such-host\.invalid' \(DMLC_PS_ROOT_URI\) does not resolve"
+    ):
+        Registration("no-such-host.invalid:9000", "worker", 60)
+    assert time.monotonic() - start < 10
+
+
 def test_a_worker_that_never_connects_ends_the_servers_naming_it():
     # Both workers register and learn the job, then die before connecting (a
     # crash between the rendezvous and the engine): the servers, which have
@@ -335,7 +385,7 @@ def test_a_missing_worker_fails_everyone_naming_it():
 
 def _stranger(address, hello):
     """Says `hello` to the scheduler at `address` as a stranger would; returns its answer."""
-    conn = connect_retrying(address, time.monotonic() + 30)  # as members reach it
+    conn = connect_retrying(address, 30)  # as members reach it
     conn.settimeout(10)
     with conn, conn.makefile("r") as reader:
         assert "challenge" in json.loads(reader.readline())

@@ -284,21 +284,44 @@ class Scheduler:
         log.info("job assembled: %d workers, servers %s", self.num_workers, ",".join(addresses))
 
 
-def _connect(address: str, deadline: float) -> socket.socket:
+def _connect(address: str, timeout_s: float) -> socket.socket:
+    """Connects to the scheduler, retrying while nothing listens there: it may
+    start after its members, as they may after it (FIRST_MEMBER_S, at least the
+    timeout). A host name that does not resolve fails at once."""
     host, _, port = address.rpartition(":")
-    last = None
-    while time.monotonic() < deadline:
+    start = time.monotonic()
+    deadline = start + assembly_wait_s(timeout_s, anyone_came=False)
+    said = False
+    while True:
+        left = deadline - time.monotonic()
         try:
-            return socket.create_connection((host, int(port)), timeout=max(0.1, deadline - time.monotonic()))
+            return socket.create_connection((host, int(port)), timeout=max(0.1, min(timeout_s, left)))
+        except socket.gaierror as exc:
+            raise JbpsError(
+                f"the jbps scheduler's host {host!r} (DMLC_PS_ROOT_URI) does not resolve to an address: {exc}"
+            ) from None
         except OSError as exc:
-            last = exc
-            time.sleep(0.1)
-    raise JbpsError(f"could not reach the jbps scheduler at {address} (DMLC_PS_ROOT_URI/PORT): {last}")
+            if time.monotonic() >= deadline:
+                raise JbpsError(
+                    f"could not reach the jbps scheduler at {address} (DMLC_PS_ROOT_URI/PORT) within "
+                    f"{deadline - start:g} s: {exc}"
+                ) from None
+            if not said and time.monotonic() - start >= timeout_s:
+                said = True
+                log.warning(
+                    "jbps: still no scheduler at %s (DMLC_PS_ROOT_URI/PORT) after %g s (%s); trying until %g s",
+                    address,
+                    timeout_s,
+                    exc,
+                    deadline - start,
+                )
+        time.sleep(0.1)
 
 
 class Registration:
-    """A member's side: connect (retrying until the deadline), say who we are
-    (proving the job secret when we have one)."""
+    """A member's side: connect (retrying while no scheduler listens, _connect),
+    say who we are (proving the job secret when we have one), and wait for the
+    job to assemble, `timeout_s` from the connection on."""
 
     def __init__(
         self,
@@ -310,8 +333,8 @@ class Registration:
         **extra: Any,
     ):
         self.address, self.timeout_s, self.secret = address, timeout_s, secret
+        self.conn = _connect(address, timeout_s)
         self.deadline = time.monotonic() + timeout_s
-        self.conn = _connect(address, self.deadline)
         self.reader = self.conn.makefile("r")
         # The address we reach the scheduler from is the one others can reach us at.
         self.local_host = self.conn.getsockname()[0]
