@@ -52,6 +52,29 @@ def session(server):
         yield s
 
 
+# examples/mnist_elastic.py's epochs in the elastic tests that kill, restart and cut its workers:
+# room for every event before the training ends on a loaded machine.
+MNIST_ELASTIC_EPOCHS = 24
+
+
+@pytest.fixture(scope="session")
+def mnist_elastic_clean_accuracy():
+    """examples/mnist_elastic.py's test accuracy after MNIST_ELASTIC_EPOCHS with 3
+    workers of one device and no fault (`jbps run`): the reference the elastic
+    tests with faults end within 0.01 of (test_examples, test_multihost), run
+    once per session."""
+    from leftovers import assert_nothing_left
+    from test_examples import CHECKOUT, JBPS, example
+    from test_launch import PYTHON, base_env, run
+
+    argv = [*JBPS, "run", "-n", "3", "--min-workers", "2", "--max-workers", "3", PYTHON, example("mnist_elastic.py")]
+    env = base_env()
+    proc, out, err = run([*argv, "--epochs", str(MNIST_ELASTIC_EPOCHS)], env, timeout=400, cwd=CHECKOUT)
+    assert proc.returncode == 0, err[-3000:]
+    assert_nothing_left(env)
+    return float(re.search(r"\[worker 0\] .*test accuracy ([0-9.]+)", out).group(1))
+
+
 def worker_script(name):
     return os.path.join(WORKERS, name)
 
@@ -293,16 +316,30 @@ JAX_VERSIONS = {
 
 # Tests of those files that exercise the engine or the launcher, not jax, run on
 # the first jax only: every transform and device count of the random-tree
-# matrix, and every device count of the loops, runs with 1 or 2 workers on every
-# jax; the 3-worker cases (and a slow worker's rounds, and the 1-worker trees)
-# on the first. The ResNet example under mpirun is mpirun's launch; the flax
-# examples train on every jax.
+# matrix runs with 1 or 2 workers on every jax, the 3-worker cases (and a slow
+# worker's rounds, and the 1-worker trees) on the first; the loops run each
+# device count once on every jax (4 devices with 1 worker, 1 and 2 with 2
+# workers), every pairing on the first. The ResNet example under mpirun is
+# mpirun's launch; the elastic mnist example is the launcher's restart and the
+# engine's regrouping (jbps.elastic's state on every jax: ELASTIC_ON_EVERY_JAX);
+# the other flax examples train on every jax.
 ENGINE_ONLY = (
     "tests/test_psum_cluster.py::test_random_trees_match_numpy[1-",
     "tests/test_psum_cluster.py::test_random_trees_match_numpy[3-",
     "tests/test_psum_cluster.py::test_fifty_rounds_with_a_slow_worker",
     "tests/test_loops.py::test_loops_dispatched_back_to_back_finish_with_numpy_sums[3w-",
+    "tests/test_loops.py::test_loops_dispatched_back_to_back_finish_with_numpy_sums[1w-1d]",
+    "tests/test_loops.py::test_loops_dispatched_back_to_back_finish_with_numpy_sums[1w-2d]",
+    "tests/test_loops.py::test_loops_dispatched_back_to_back_finish_with_numpy_sums[2w-4d]",
     "tests/test_examples.py::test_resnet_under_mpirun",
+    "tests/test_examples.py::test_mnist_elastic",
+)
+
+# Tests of other files that depend on the jax version: jbps.elastic's state
+# (a pytree of arrays on 2 devices per worker, committed, restored and
+# broadcast to a worker that rejoins).
+ELASTIC_ON_EVERY_JAX = (
+    "tests/test_elastic.py::test_a_killed_worker_leaves_the_others_training_and_a_restarted_one_rejoins",
 )
 
 
@@ -314,5 +351,7 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(getattr(pytest.mark, FILE_MARKERS[name]))
         if item.nodeid.startswith(SLOW):
             item.add_marker(pytest.mark.slow)
-        if name in JAX_VERSIONS and not item.nodeid.startswith(ENGINE_ONLY):
+        if (name in JAX_VERSIONS and not item.nodeid.startswith(ENGINE_ONLY)) or item.nodeid.startswith(
+            ELASTIC_ON_EVERY_JAX
+        ):
             item.add_marker(pytest.mark.jax_versions)

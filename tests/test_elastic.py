@@ -20,6 +20,7 @@ from leftovers import assert_nothing_left
 from jbps.errors import JbpsError
 from jbps.procs import terminate
 from jbps.scheduler.elastic import ElasticScheduler
+from jbps.scheduler import rendezvous
 from jbps.scheduler.rendezvous import Scheduler
 
 TRAIN = worker_script("elastic_train.py")
@@ -222,7 +223,9 @@ def failing_quietly(run):
     return call
 
 
-def test_an_elastic_worker_and_a_plain_job_refuse_each_other_with_one_line(tmp_path):
+def test_an_elastic_worker_and_a_plain_job_refuse_each_other_with_one_line(tmp_path, monkeypatch):
+    # Neither member registers, so each scheduler waits for a first member: as long as its timeout here.
+    monkeypatch.setattr(rendezvous, "FIRST_MEMBER_S", 5.0)
     plain = Scheduler(1, 1, bind="127.0.0.1:0", timeout_s=5.0, secret=SECRET)
     waiting = threading.Thread(target=failing_quietly(plain.run), daemon=True)
     waiting.start()

@@ -14,6 +14,7 @@ from importlib.metadata import version
 import jax
 import pytest
 
+from conftest import MNIST_ELASTIC_EPOCHS
 from leftovers import assert_nothing_left
 from jbps.procs import terminate
 from test_launch import MPIEXEC, PYTHON, base_env, needs_mpi, run
@@ -185,18 +186,16 @@ def _worker_pid(marker, worker_id, script):
     return None
 
 
-def test_mnist_elastic_loses_a_worker_takes_it_back_and_ends_as_a_run_without_faults(tmp_path):
+def test_mnist_elastic_loses_a_worker_takes_it_back_and_ends_as_a_run_without_faults(
+    tmp_path, mnist_elastic_clean_accuracy
+):
     import signal
     import subprocess
     import time
 
     argv = [*JBPS, "run", "-v", "-n", "3", "--min-workers", "2", "--max-workers", "3"]
-    argv += [PYTHON, example("mnist_elastic.py"), "--epochs", "24"]
-    env = base_env()
-    proc, clean_out, err = run(argv, env, timeout=400, cwd=CHECKOUT)
-    assert proc.returncode == 0, err[-3000:]
-    clean = float(re.search(r"\[worker 0\] .*test accuracy ([0-9.]+)", clean_out).group(1))
-    assert_nothing_left(env)
+    argv += [PYTHON, example("mnist_elastic.py"), "--epochs", str(MNIST_ELASTIC_EPOCHS)]
+    clean = mnist_elastic_clean_accuracy
 
     env = base_env()
     out_path, err_path = tmp_path / "out", tmp_path / "err"
@@ -204,7 +203,7 @@ def test_mnist_elastic_loses_a_worker_takes_it_back_and_ends_as_a_run_without_fa
         proc = subprocess.Popen(argv, env=env, cwd=CHECKOUT, stdout=out, stderr=err, start_new_session=True)
     try:
         deadline = time.monotonic() + 200
-        while "[worker 0] epoch 1/24" not in out_path.read_text():  # the killed worker has trained
+        while f"[worker 0] epoch 1/{MNIST_ELASTIC_EPOCHS}" not in out_path.read_text():  # the killed worker has trained
             assert proc.poll() is None and time.monotonic() < deadline, err_path.read_text()[-3000:]
             time.sleep(0.05)
         os.kill(_worker_pid(env["JBPS_TEST_MARKER"], 2, "mnist_elastic.py"), signal.SIGKILL)
