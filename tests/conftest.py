@@ -207,7 +207,7 @@ FILE_MARKERS = {
     "test_wheel.py": "packaging",
 }
 # The tests that start a job of several processes or take more than about 3 s on
-# 2 cores (from `pytest --durations=0`, 2026-11-28), by node id without
+# 2 cores (from `pytest --durations=0`, 2026-11-28 and 2026-11-30), by node id without
 # parameters, and whole files whose module fixtures start jobs.
 SLOW = (
     "tests/test_launch.py::test_a_misspelled_setting",
@@ -233,6 +233,10 @@ SLOW = (
     "tests/test_elastic.py::test_a_worker_lost_while_steps",
     "tests/test_multihost.py::",
     "tests/test_buckets.py::test_random_trees_in_small_buckets_match_numpy",
+    "tests/test_buckets.py::test_a_training_step_pushes_its_first_bucket",
+    "tests/test_launch.py::test_jbps_run_names_a_discovery_script",
+    "tests/test_replan.py::test_new_splits_move_every_psum",
+    "tests/test_replan.py::test_a_split_not_every_worker_announced",
     "tests/test_checkout.py::test_the_readme_mpmd_line_runs_from_the_checkout_root",
     "tests/test_compression.py::test_compressed_sums_equal_numpys_sum_of_the_rounded_inputs",
     "tests/test_data_parallel.py::test_one_worker_trains",
