@@ -319,7 +319,7 @@ def test_members_started_long_before_their_scheduler_wait_for_it_and_say_so(capl
     code, _, err = finish([scheduler], 30)[0]
     assert code == 0, err[-2000:]
     assert [j["rank"] for j in jobs] == [0, 1], jobs
-    waiting = [r.getMessage() for r in caplog.records if "still no scheduler at " + address in r.getMessage()]
+    waiting = [r.getMessage() for r in caplog.records if "still no jbps scheduler at " + address in r.getMessage()]
     assert len(waiting) == 4, [r.getMessage() for r in caplog.records]  # once per member
     assert_nothing_left(env)
 

@@ -309,7 +309,7 @@ def _connect(address: str, timeout_s: float) -> socket.socket:
             if not said and time.monotonic() - start >= timeout_s:
                 said = True
                 log.warning(
-                    "jbps: still no scheduler at %s (DMLC_PS_ROOT_URI/PORT) after %g s (%s); trying until %g s",
+                    "still no jbps scheduler at %s (DMLC_PS_ROOT_URI/PORT) after %g s (%s); trying until %g s",
                     address,
                     timeout_s,
                     exc,
