@@ -201,6 +201,27 @@ def run(func: Callable | None = None, **settings: Any) -> Callable:
     return _elastic(func, settings) if func is not None else lambda f: _elastic(f, settings)
 
 
+def _check_runtime_recovers(fault: str) -> None:
+    """Raises, saying why, where this process's XLA runtime cannot run the
+    next generation's steps. Some jax versions' CPU runtime (0.5.0: yes;
+    0.10.2 and 0.12: no) chain a failed computation's error into every later
+    computation with collectives across the local devices (as a psum over
+    several local devices has): the worker's next step would fail with the
+    lost generation's error. A psum of zeros over the local devices shows it."""
+    if jax.local_device_count() < 2 or jax.default_backend() != "cpu":
+        return
+    zeros = np.zeros((jax.local_device_count(),), np.float32)
+    try:
+        jax.block_until_ready(jax.pmap(lambda x: jax.lax.psum(x, "i"), axis_name="i")(zeros))
+    except Exception as exc:  # XLA's runtime error, whatever its type in this jax
+        raise JbpsError(
+            f"jbps.elastic: after the fault ({fault}) jax {jax.__version__}'s CPU runtime fails every computation "
+            f"across this worker's {jax.local_device_count()} local devices ({str(exc).splitlines()[0][:160]}), "
+            "so this worker cannot go on: with several local CPU devices an elastic job needs jax 0.10.2 or newer "
+            "(docs/limitations.md)"
+        ) from None
+
+
 def _elastic(func: Callable, settings: dict) -> Callable:
     """run's wrapper of func, its settings checked."""
 
@@ -263,6 +284,7 @@ def _elastic(func: Callable, settings: dict) -> Callable:
                         raise  # the training's own error, not the job's: it ends this worker
                     log.warning("jbps.elastic: %s: rolling back to the last commit and regrouping", fault)
                     state.restore()
+                    _check_runtime_recovers(fault)
                 else:
                     runtime.shutdown()  # waits for the others' last psums, as a job's end does
                     object.__setattr__(state, "_membership", None)

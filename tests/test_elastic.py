@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 
+import jax
 import pytest
 
 from conftest import job_free_env, worker_script
@@ -25,6 +26,10 @@ from jbps.scheduler.rendezvous import Scheduler
 
 TRAIN = worker_script("elastic_train.py")
 SECRET = "elastic-test-secret-0123456789"
+# Whether this jax's CPU runtime runs multi-device computations again after one failed (a
+# lost worker's step): jax 0.5.0 does not (every later one fails with that error); 0.10.2
+# and 0.12 do. The versions between are not run here.
+RUNTIME_RECOVERS = tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 10)
 
 
 def env_for(address, worker_id, devices=2, **extra):
@@ -135,6 +140,17 @@ def test_a_killed_worker_leaves_the_others_training_and_a_restarted_one_rejoins_
     job.wait_for_step(2, 5)
     job.procs[2].send_signal(signal.SIGKILL)  # mid-training, psums of the next step on their way
     killed_at = time.time()
+    if not RUNTIME_RECOVERS:
+        # XLA keeps the failed step's error for every later multi-device computation: the
+        # survivors cannot go on, and say why, naming the jax that does.
+        codes = job.finish()
+        assert codes == [1, 1, -signal.SIGKILL], [job.stderr(n) for n in range(3)]
+        for n in (0, 1):
+            assert (
+                "so this worker cannot go on: with several local CPU devices an elastic job needs jax 0.10.2"
+                in (job.stderr(n).splitlines()[-1])
+            ), job.stderr(n)
+        return
     job.wait_for_step(0, max(line["step"] for line in job.lines(0)) + 3)
     newcomer = job.start(2, *steps)
     codes = job.finish()
