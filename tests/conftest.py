@@ -64,12 +64,11 @@ def mnist_elastic_clean_accuracy():
     tests with faults end within 0.01 of (test_examples, test_multihost), run
     once per session."""
     from leftovers import assert_nothing_left
-    from test_examples import CHECKOUT, JBPS, example
-    from test_launch import PYTHON, base_env, run
+    from test_examples import CHECKOUT, mnist_elastic_argv
+    from test_launch import base_env, run
 
-    argv = [*JBPS, "run", "-n", "3", "--min-workers", "2", "--max-workers", "3", PYTHON, example("mnist_elastic.py")]
     env = base_env()
-    proc, out, err = run([*argv, "--epochs", str(MNIST_ELASTIC_EPOCHS)], env, timeout=400, cwd=CHECKOUT)
+    proc, out, err = run(mnist_elastic_argv(), env, timeout=400, cwd=CHECKOUT)
     assert proc.returncode == 0, err[-3000:]
     assert_nothing_left(env)
     return float(re.search(r"\[worker 0\] .*test accuracy ([0-9.]+)", out).group(1))

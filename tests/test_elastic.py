@@ -18,6 +18,7 @@ import pytest
 
 from conftest import job_free_env, worker_script
 from leftovers import assert_nothing_left
+from jbps.cpu_loop_deadlock import _version as jax_version
 from jbps.errors import JbpsError
 from jbps.procs import terminate
 from jbps.scheduler.elastic import ElasticScheduler
@@ -29,7 +30,7 @@ SECRET = "elastic-test-secret-0123456789"
 # Whether this jax's CPU runtime runs multi-device computations again after one failed (a
 # lost worker's step): jax 0.5.0 does not (every later one fails with that error); 0.10.2
 # and 0.12 do. The versions between are not run here.
-RUNTIME_RECOVERS = tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 10)
+RUNTIME_RECOVERS = jax_version(jax.__version__) >= (0, 10)
 
 
 def env_for(address, worker_id, devices=2, **extra):

@@ -31,6 +31,12 @@ def example(name):
     return os.path.join(EXAMPLES, name)
 
 
+def mnist_elastic_argv(*flags):
+    """`jbps run` of examples/mnist_elastic.py with 3 workers (2 at least), as the elastic tests run it."""
+    elastic = ["-n", "3", "--min-workers", "2", "--max-workers", "3"]
+    return [*JBPS, "run", *flags, *elastic, PYTHON, example("mnist_elastic.py"), "--epochs", str(MNIST_ELASTIC_EPOCHS)]
+
+
 def test_mnist_reaches_95_percent_with_two_workers():
     # From the checkout, as the README's quickstart runs it: the servers that
     # `jbps run` starts must import the installed package, not the source tree.
@@ -193,8 +199,7 @@ def test_mnist_elastic_loses_a_worker_takes_it_back_and_ends_as_a_run_without_fa
     import subprocess
     import time
 
-    argv = [*JBPS, "run", "-v", "-n", "3", "--min-workers", "2", "--max-workers", "3"]
-    argv += [PYTHON, example("mnist_elastic.py"), "--epochs", str(MNIST_ELASTIC_EPOCHS)]
+    argv = mnist_elastic_argv("-v")
     clean = mnist_elastic_clean_accuracy
 
     env = base_env()
