@@ -8,13 +8,12 @@ params = jbps.broadcast_parameters(params)      # every worker starts from rank 
 """
 
 import importlib
+from typing import TYPE_CHECKING
 
 from .config import Config
 from .errors import JbpsError, is_jbps_error
 from . import errors, partition
-from .ops import broadcast, broadcast_parameters, pmean, psum
 from .partition import forward_order, optimal_split
-from .data_parallel import value_and_grad
 from .runtime import (
     Session,
     check,
@@ -29,7 +28,23 @@ from .runtime import (
     shutdown,
     size,
 )
-from .timing import CommunicationShare, communication_share
+
+# What imports jax loads on first use (_LAZY, __getattr__ below): a summation server, the
+# scheduler and `jbps run` import jbps too, and start in a fraction of a second without it.
+_LAZY = {
+    "broadcast": ".ops",
+    "broadcast_parameters": ".ops",
+    "pmean": ".ops",
+    "psum": ".ops",
+    "value_and_grad": ".data_parallel",
+    "CommunicationShare": ".timing",
+    "communication_share": ".timing",
+}
+if TYPE_CHECKING:
+    from .data_parallel import value_and_grad
+    from .ops.broadcast import broadcast, broadcast_parameters
+    from .ops.psum import pmean, psum
+    from .timing import CommunicationShare, communication_share
 
 __version__ = "0.1.0"
 
@@ -67,6 +82,10 @@ __all__ = [
 
 
 def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        globals()[name] = value  # found directly from now on
+        return value
     # jbps.optax imports optax; load it (and jbps.elastic) when first used, not with `import jbps`.
     if name in ("optax", "elastic"):
         return importlib.import_module(f".{name}", __name__)

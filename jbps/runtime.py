@@ -10,13 +10,11 @@ import threading
 import time
 import warnings
 
-import jax
-
 from .extension import load_core
 
 _core = load_core()
 # The rest after the extension, so that its absence is what an import error names.
-from . import bootstrap, cpu_loop_deadlock, link_rate, replan, trace, unknown_settings  # noqa: E402
+from . import bootstrap, link_rate, replan, trace, unknown_settings  # noqa: E402
 from .config import Config  # noqa: E402
 from .errors import JbpsError, collapse_repeats, install_excepthook  # noqa: E402
 from .partition import defaults  # noqa: E402
@@ -86,6 +84,8 @@ def register_ffi_targets() -> None:
     # ffi_call looks its target up per platform, so with both registered
     # jbps.psum runs on whichever backend the computation is placed on.
     # Registering for "CUDA" needs no GPU: jax keeps it for a CUDA backend.
+    import jax  # here: `import jbps` loads no jax (servers, the scheduler and `jbps run` need none)
+
     global _ffi_registered
     with _ffi_lock:
         if not _ffi_registered:
@@ -218,6 +218,8 @@ def _start(requested: Config, joined: tuple[Config, list] | None = None, rates: 
                 config.timeout_s,
             )
         _config, _requested, _hosted = config, requested, hosted
+        from . import cpu_loop_deadlock  # it imports jax
+
         cpu_loop_deadlock.warn_if_affected(config.local_rank)
         install_excepthook()
         if not _atexit_registered:

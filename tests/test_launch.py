@@ -499,6 +499,26 @@ def test_jbps_run_job_with_prefixed_output():
     assert_nothing_left(env)
 
 
+def test_the_launcher_and_its_servers_run_without_loading_jax():
+    # A summation server on a spare CPU host, the scheduler and `jbps run` need no jax; importing
+    # it cost each of them ~1 s of CPU and ~100 MB (jbps/__init__.py loads it on first use).
+    env = base_env(PYTHONPROFILEIMPORTTIME="1")  # every process prints each module it imports
+    proc, out, err = jbps_run(
+        ["-n", "2", "--servers", "1", PYTHON, worker_script("random_trees.py"), "--rounds", "1"], env
+    )
+    assert proc.returncode == 0, err[-3000:]
+    check_reports(per_rank_reports(out), 2, 1)
+
+    def imported(prefix):  # the modules of the process whose stderr lines start with `prefix`
+        lines = [line for line in err.splitlines() if line.startswith(prefix + "import time:")]
+        return {line.rsplit("|", 1)[1].strip() for line in lines}
+
+    assert "jax" in imported("[worker 0] ")  # a worker's are seen
+    for who in ("", "[server 0] "):  # the launcher (its scheduler a thread of it), the server
+        modules = imported(who)
+        assert "jbps" in modules and {m for m in modules if m.split(".")[0] in ("jax", "jaxlib")} == set(), who
+
+
 def test_jbps_run_propagates_a_crash_and_leaves_nothing():
     env = base_env()
     proc, out, err = jbps_run(

@@ -19,12 +19,14 @@ import dataclasses
 import hashlib
 from typing import Sequence
 
-import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 
 from .assign import assign_chunks
 
-SUPPORTED_DTYPES = tuple(np.dtype(d) for d in (jnp.float32, jnp.float64, jnp.float16, jnp.bfloat16, jnp.int32))
+# numpy's types (bfloat16: ml_dtypes', which jax's is): importing jbps loads no jax, so
+# servers, the scheduler and `jbps run` start without it.
+SUPPORTED_DTYPES = tuple(np.dtype(d) for d in (np.float32, np.float64, np.float16, ml_dtypes.bfloat16, np.int32))
 
 
 @dataclasses.dataclass(frozen=True)

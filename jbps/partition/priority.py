@@ -15,8 +15,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Mapping, Sequence
 
-import jax
-
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 Priority = Mapping[str, int] | Callable[[str, Any], int] | None
@@ -24,6 +22,8 @@ Priority = Mapping[str, int] | Callable[[str, Any], int] | None
 
 def _level_position(node: Any, entry: Any) -> tuple[int, Any] | None:
     """Position of `entry` among its siblings in creation order, and the child."""
+    import jax  # here, not above: importing jbps loads no jax (servers, the scheduler)
+
     if isinstance(entry, jax.tree_util.DictKey) and isinstance(node, Mapping):
         return list(node.keys()).index(entry.key), node[entry.key]
     if isinstance(entry, jax.tree_util.SequenceKey):
@@ -41,6 +41,8 @@ def _level_position(node: Any, entry: Any) -> tuple[int, Any] | None:
 def forward_order(tree: Any) -> dict[str, int]:
     """{leaf path: priority} with dicts taken in insertion order, the first
     leaf highest. For flax, call it on the params that `init` returned."""
+    import jax
+
     path_leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
     ranks = []
     for flat_index, (path, _) in enumerate(path_leaves):
