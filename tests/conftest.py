@@ -346,6 +346,26 @@ ELASTIC_ON_EVERY_JAX = (
 )
 
 
+# Files whose outcome the jax version cannot change: the launcher and its
+# rendezvous (jbps run, the scheduler, srun), what servers bind, host discovery,
+# the summation kernels, the engine's units, the figures, packaging and docs. CI
+# runs them on the first jax only (.ci/run: not jax_free).
+JAX_FREE = {
+    "test_bazel_smoke.py",
+    "test_binding.py",
+    "test_build_sources.py",
+    "test_checkout.py",
+    "test_discovery.py",
+    "test_docs.py",
+    "test_engine_units.py",
+    "test_launch.py",
+    "test_plots.py",
+    "test_slurm.py",
+    "test_sum_kernels.py",
+    "test_wheel.py",
+}
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         name = os.path.basename(str(item.fspath))
@@ -358,3 +378,5 @@ def pytest_collection_modifyitems(config, items):
             ELASTIC_ON_EVERY_JAX
         ):
             item.add_marker(pytest.mark.jax_versions)
+        if name in JAX_FREE:
+            item.add_marker(pytest.mark.jax_free)
