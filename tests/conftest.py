@@ -325,7 +325,9 @@ JAX_VERSIONS = {
 # workers), every pairing on the first. The ResNet example under mpirun is
 # mpirun's launch; the elastic mnist example is the launcher's restart and the
 # engine's regrouping (jbps.elastic's state on every jax: ELASTIC_ON_EVERY_JAX);
-# the other flax examples train on every jax.
+# the mnist example with onebit is the plain one's training with the codec, whose
+# psums and optimizer test_onebit and test_onebit_adam check on every jax; the
+# other flax examples train on every jax.
 ENGINE_ONLY = (
     "tests/test_psum_cluster.py::test_random_trees_match_numpy[1-",
     "tests/test_psum_cluster.py::test_random_trees_match_numpy[3-",
@@ -336,6 +338,7 @@ ENGINE_ONLY = (
     "tests/test_loops.py::test_loops_dispatched_back_to_back_finish_with_numpy_sums[2w-4d]",
     "tests/test_examples.py::test_resnet_under_mpirun",
     "tests/test_examples.py::test_mnist_elastic",
+    "tests/test_examples.py::test_mnist_with_onebit_compression",
 )
 
 # Tests of other files that depend on the jax version: jbps.elastic's state
