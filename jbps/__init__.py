@@ -81,6 +81,10 @@ __all__ = [
 ]
 
 
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))  # the names loaded on first use too (completion)
+
+
 def __getattr__(name: str):
     if name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name], __name__), name)

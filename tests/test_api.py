@@ -3,6 +3,8 @@ loopback, with 4 host devices. With one worker the sum over the job is the
 sum over local devices, so numpy gives the reference."""
 
 import math
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +14,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 import jbps
 from benchmarks.emulated_job import JOB_VARIABLE_PREFIXES
+from conftest import job_free_env
 from jbps import _core
 
 L = 4
@@ -506,3 +509,14 @@ def test_unknown_settings_are_named_with_the_nearest_known_one():
     said = []
     assert unknown_settings.warn(said.append, {**environ, unknown_settings.CHECKED: "1"}) == []  # jbps run said it
     assert unknown_settings.warn(said.append, environ, local_rank=1) == []  # the host's first worker says it
+
+
+def test_every_public_name_is_listed_and_found_before_first_use():
+    # What imports jax loads on first use (jbps/__init__.py); a fresh process sees all of
+    # __all__ in dir(jbps) (completion) and gets each one, with no jax imported by jbps itself.
+    code = (
+        "import sys, jbps; assert 'jax' not in sys.modules; names = dir(jbps); "
+        "print(sorted(set(jbps.__all__) - set(names)), [n for n in jbps.__all__ if getattr(jbps, n) is None])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=job_free_env())
+    assert out.returncode == 0 and out.stdout.strip() == "[] []", out.stdout + out.stderr[-2000:]
