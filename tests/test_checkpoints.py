@@ -22,6 +22,10 @@ def job(tmp_path, workers, *args):
     return [last_json(r.stdout) for r in results]
 
 
+# The tests after the round trips save with msgpack: orbax's imports cost a job ~2 s.
+MSGPACK = ("--format", "msgpack")
+
+
 # Each format and each kind of optimizer state once (onebit's residuals and
 # moments, plain optax's), in pairs: a job of 3 runs per case is CI's dearest.
 @pytest.mark.parametrize("fmt,compression", [("orbax", "onebit"), ("msgpack", "none")])
@@ -43,21 +47,20 @@ def test_a_checkpoint_moves_between_two_workers_and_one_process_and_back(tmp_pat
 def test_a_resumed_run_ends_where_one_that_never_stopped_ends(tmp_path):
     # Without compression every sum is exact and the state holds all there is:
     # 6 steps, a checkpoint, 4 more steps in a new job = 10 steps at once.
-    # msgpack: each format's round trip is the test above's; orbax's imports cost a job ~2 s.
-    ckpt, fmt = str(tmp_path / "mid"), ["--format", "msgpack"]
+    ckpt = str(tmp_path / "mid")
     straight = job(tmp_path, 2, "--steps", "10")
-    job(tmp_path, 2, "--steps", "6", "--save", ckpt, *fmt)
-    resumed = job(tmp_path, 2, "--steps", "4", "--restore", ckpt, *fmt)
+    job(tmp_path, 2, "--steps", "6", "--save", ckpt, *MSGPACK)
+    resumed = job(tmp_path, 2, "--steps", "4", "--restore", ckpt, *MSGPACK)
     assert resumed[0]["step"] == straight[0]["step"] == 10
     assert resumed[0]["params"] == straight[0]["params"]
 
 
 @pytest.mark.parametrize("saved,now", [("onebit", "none"), ("none", "onebit"), ("onebit", "topk")])
 def test_a_checkpoint_restores_into_an_optimizer_of_another_compression(tmp_path, saved, now):
-    ckpt, fmt = str(tmp_path / "ckpt"), ["--format", "msgpack"]  # as above
-    job(tmp_path, 2, "--steps", "5", "--compression", saved, "--save", ckpt, *fmt)
+    ckpt = str(tmp_path / "ckpt")
+    job(tmp_path, 2, "--steps", "5", "--compression", saved, "--save", ckpt, *MSGPACK)
     resumed = job(
-        tmp_path, 2, "--steps", "3", "--restore", ckpt, "--restore-compression", saved, "--compression", now, *fmt
+        tmp_path, 2, "--steps", "3", "--restore", ckpt, "--restore-compression", saved, "--compression", now, *MSGPACK
     )
     assert [r["step"] for r in resumed] == [8, 8] and np.isfinite(resumed[0]["loss"])
 

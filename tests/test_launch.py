@@ -501,7 +501,7 @@ def test_jbps_run_job_with_prefixed_output():
 
 def test_the_launcher_and_its_servers_run_without_loading_jax():
     # A summation server on a spare CPU host, the scheduler and `jbps run` need no jax; importing
-    # it cost each of them ~1 s of CPU and ~100 MB (jbps/__init__.py loads it on first use).
+    # it cost each of them ~1 s of CPU and ~120 MB (jbps/__init__.py loads it on first use).
     env = base_env(PYTHONPROFILEIMPORTTIME="1")  # every process prints each module it imports
     proc, out, err = jbps_run(
         ["-n", "2", "--servers", "1", PYTHON, worker_script("random_trees.py"), "--rounds", "1"], env

@@ -20,15 +20,13 @@ INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 Priority = Mapping[str, int] | Callable[[str, Any], int] | None
 
 
-def _level_position(node: Any, entry: Any) -> tuple[int, Any] | None:
+def _level_position(node: Any, entry: Any, tree_util: Any) -> tuple[int, Any] | None:
     """Position of `entry` among its siblings in creation order, and the child."""
-    import jax  # here, not above: importing jbps loads no jax (servers, the scheduler)
-
-    if isinstance(entry, jax.tree_util.DictKey) and isinstance(node, Mapping):
+    if isinstance(entry, tree_util.DictKey) and isinstance(node, Mapping):
         return list(node.keys()).index(entry.key), node[entry.key]
-    if isinstance(entry, jax.tree_util.SequenceKey):
+    if isinstance(entry, tree_util.SequenceKey):
         return entry.idx, node[entry.idx]
-    if isinstance(entry, jax.tree_util.GetAttrKey):
+    if isinstance(entry, tree_util.GetAttrKey):
         if dataclasses.is_dataclass(node):
             names = [f.name for f in dataclasses.fields(node)]
         else:
@@ -41,21 +39,21 @@ def _level_position(node: Any, entry: Any) -> tuple[int, Any] | None:
 def forward_order(tree: Any) -> dict[str, int]:
     """{leaf path: priority} with dicts taken in insertion order, the first
     leaf highest. For flax, call it on the params that `init` returned."""
-    import jax
+    from jax import tree_util  # here, not above: importing jbps loads no jax (servers, the scheduler)
 
-    path_leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    path_leaves = tree_util.tree_flatten_with_path(tree)[0]
     ranks = []
     for flat_index, (path, _) in enumerate(path_leaves):
         node, position = tree, []
         for entry in path:
-            found = _level_position(node, entry)
+            found = _level_position(node, entry, tree_util)
             if found is None:
                 break  # an unknown container: keep jax's order below it
             index, node = found
             position.append(index)
         ranks.append((tuple(position), flat_index))
     order = sorted(range(len(path_leaves)), key=lambda i: ranks[i])
-    return {jax.tree_util.keystr(path_leaves[i][0]): -rank for rank, i in enumerate(order)}
+    return {tree_util.keystr(path_leaves[i][0]): -rank for rank, i in enumerate(order)}
 
 
 def _check(value: Any, path: str, what: str) -> int:
