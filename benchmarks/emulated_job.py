@@ -85,6 +85,9 @@ def python_env(base: Mapping[str, str] | None = None, **extra: str) -> dict[str,
     """The environment for jbps processes: importing this jbps first; `base`
     by default this process's, without job variables (job_free_env)."""
     env = dict(job_free_env() if base is None else base)
+    # The models' initial values only (timed steps are the same): jax 0.10's XLA:CPU compiles the
+    # partitionable threefry for seconds per kernel shape, in every worker of every case.
+    env.setdefault("JAX_THREEFRY_PARTITIONABLE", "0")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_PKG_PARENT, env.get("PYTHONPATH")) if p)
     env.update(extra)
     return env
