@@ -60,6 +60,7 @@ class State:
     _names: tuple[str, ...]
     _membership: Any  # the worker's Membership while a generation runs
     _committed: dict
+    _placements: dict  # per value, each leaf's sharding at the last commit (None: on the host or one device)
     _rates_told: int  # the generation's rate-follower splits rank 0 has told the scheduler of
     commits: int
 
@@ -75,13 +76,36 @@ class State:
         self._save()
 
     def _save(self) -> None:
-        saved = {}
+        saved, placements = {}, {}
         for name in self._names:
             value = getattr(self, name)
-            saved[name] = (
-                value if isinstance(value, _PLAIN) else jax.tree_util.tree_map(np.array, jax.device_get(value))
-            )
+            if isinstance(value, _PLAIN):
+                saved[name] = value
+                continue
+            saved[name] = jax.tree_util.tree_map(np.array, jax.device_get(value))
+            leaves = jax.tree_util.tree_leaves(value)
+            # Across devices only: a single device's array comes back from the host as before (a jit
+            # takes either without compiling again; one placed on a device would be committed to it).
+            placements[name] = [
+                leaf.sharding if isinstance(leaf, jax.Array) and len(leaf.sharding.device_set) > 1 else None
+                for leaf in leaves
+            ]
         object.__setattr__(self, "_committed", saved)
+        object.__setattr__(self, "_placements", placements)
+
+    def _placed(self, name: str, value: Any) -> Any:
+        """value (host arrays, the layout of name's) with each leaf placed as
+        name's leaf was at the last commit. A step compiles for its inputs'
+        placement: from host arrays, a pmap's or a sharded jit's first step of a
+        generation would compile one program and the next another, for the
+        step's own outputs, on every worker at every membership change."""
+        leaves, treedef = jax.tree_util.tree_flatten(value)
+        shardings = self._placements.get(name)
+        if shardings is None or len(shardings) != len(leaves):
+            return value
+        return jax.tree_util.tree_unflatten(
+            treedef, [leaf if s is None else jax.device_put(leaf, s) for leaf, s in zip(leaves, shardings)]
+        )
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name not in self._names:
@@ -180,7 +204,7 @@ class State:
         arrays = [np.asarray(x, jax.dtypes.canonicalize_dtype(np.result_type(x))) for x in leaves]
         tree = jax.tree_util.tree_unflatten(treedef, broadcast_arrays(arrays, root, "jbps.elastic.sync"))
         for name, value in tree.items():
-            object.__setattr__(self, name, plain[name](value.item()) if name in plain else value)
+            object.__setattr__(self, name, plain[name](value.item()) if name in plain else self._placed(name, value))
         self._save()
 
 

@@ -350,6 +350,53 @@ def test_a_state_names_its_values_and_refuses_others():
         jbps.elastic.State()
 
 
+def test_a_synced_state_keeps_its_arrays_placement_so_a_sharded_step_does_not_compile_again(session):
+    # A generation starts from State.sync: the root's values, each placed as this worker's leaf was
+    # at its last commit. From host arrays a sharded step compiles a second program (for inputs not
+    # placed as its outputs are) at every membership change; jax's compile events count it.
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    import jbps.elastic
+    from jbps.data_parallel import shard_map
+
+    mesh = Mesh(np.array(jax.local_devices()), ("d",))
+    step = jax.jit(
+        shard_map(
+            lambda w, x: (w + jax.lax.pmean(x.sum(), "d"), x),
+            mesh=mesh,
+            in_specs=(P(), P("d")),
+            out_specs=(P(), P("d")),
+        )
+    )
+    x = np.arange(2 * len(jax.local_devices()), dtype=np.float32).reshape(-1, 2)
+    w, x = step(*step(np.zeros((3,), np.float32), x))  # as a loop holds them: the step's outputs, fed back
+    state = jbps.elastic.State(params={"w": w, "x": x}, host={"n": np.ones(2, np.float32)}, step=4)
+    state.commit()
+    compiles, counting = [], [True]
+
+    def listener(event, _secs, **_):  # jax keeps it for the process: it counts while this test runs
+        if counting and event.endswith("backend_compile_duration"):
+            compiles.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        state.params = {"w": w + 1, "x": x}
+        state.restore()  # as after a fault: host arrays
+        jax.clear_caches()  # as each generation starts
+        state.sync(root=0)
+        assert isinstance(state.params["w"], jax.Array) and state.params["w"].sharding == w.sharding
+        assert state.params["x"].sharding == x.sharding and isinstance(state.params["x"].sharding, NamedSharding)
+        assert isinstance(state.host["n"], np.ndarray) and state.step == 4  # host values stay on the host
+        before = len(compiles)
+        out, _ = step(*step(state.params["w"], state.params["x"]))
+        jax.block_until_ready(out)
+        assert len(compiles) - before == 1, compiles[before:]  # the generation's first step's program serves the next
+    finally:
+        counting.clear()
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(w) + np.asarray(x).mean() * 4)
+
+
 def test_a_worker_joining_with_another_model_is_refused_naming_the_leaf_and_the_job_goes_on(job_factory):
     job = job_factory(2, 2, 3)
     for i in range(2):
