@@ -72,6 +72,13 @@ class JobFailed(RuntimeError):
 JOB_VARIABLE_PREFIXES = ("JBPS_", "DMLC_", "BYTEPS_", "PMI_", "OMPI_", "PMIX_")
 
 
+# For every process the lab and the tests start, unless the environment sets it: models draw their
+# initial values with jax's non-partitionable threefry. jbps draws no random numbers and timed steps
+# are the same, but jax 0.10's XLA:CPU compiles the partitionable one for seconds per kernel shape
+# (a flax conv's (3, 3, 8, 16): 4.9 s, against 0.26 s), in every worker of every job.
+QUICK_MODEL_INIT = ("JAX_THREEFRY_PARTITIONABLE", "0")
+
+
 def job_free_env(**extra: str) -> dict[str, str]:
     """This process's environment (PATH, XLA_FLAGS, ...) without job variables,
     plus `extra`: what a job started here runs with, so its settings are
@@ -85,9 +92,7 @@ def python_env(base: Mapping[str, str] | None = None, **extra: str) -> dict[str,
     """The environment for jbps processes: importing this jbps first; `base`
     by default this process's, without job variables (job_free_env)."""
     env = dict(job_free_env() if base is None else base)
-    # The models' initial values only (timed steps are the same): jax 0.10's XLA:CPU compiles the
-    # partitionable threefry for seconds per kernel shape, in every worker of every case.
-    env.setdefault("JAX_THREEFRY_PARTITIONABLE", "0")
+    env.setdefault(*QUICK_MODEL_INIT)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_PKG_PARENT, env.get("PYTHONPATH")) if p)
     env.update(extra)
     return env

@@ -8,11 +8,6 @@ import sys
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# For the models' initial values only (jbps draws no random numbers): jax 0.10's XLA:CPU takes
-# seconds to compile partitionable threefry for some shapes (a flax conv kernel of (3, 3, 8, 16):
-# 4.9 s, against 0.26 s without), in every worker of every job; 45 s of the examples', elastic and
-# checkpoint tests. Their models start from other random values; nothing of jbps's changes.
-os.environ.setdefault("JAX_THREEFRY_PARTITIONABLE", "0")
 
 import pytest
 
@@ -27,6 +22,10 @@ if REPO not in sys.path:
 
 from benchmarks import emulated_job  # noqa: E402
 from benchmarks.local_cluster import _REPO_ROOT, LocalCluster, last_json_line  # noqa: E402
+
+# Before jax loads (importing jbps does not load it): this process's models and those of every
+# process a test starts (45 s less of the examples', elastic and checkpoint tests).
+os.environ.setdefault(*emulated_job.QUICK_MODEL_INIT)
 
 WORKERS = os.path.join(os.path.dirname(__file__), "workers")
 
