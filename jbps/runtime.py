@@ -34,11 +34,6 @@ NARROW_TARGET, WIDEN_TARGET = "jbps_narrow", "jbps_widen"
 # The start of an uncaught exception's message that a goodbye carries to the servers.
 _REASON_CHARS = 300
 _EXIT_GRACE_S = 0.5  # at exit, for threads woken by the psums the stop failed
-_PROBE_TIMEOUT_HINT = (
-    " (a worker whose JBPS_PARTITION_BYTES is set does not measure, so the others' measure waits for it:"
-    " set it on every worker or on none)"
-)
-
 _lock = threading.Lock()
 _ffi_lock = threading.Lock()  # apart from _lock: init() registers while holding it
 _config: Config | None = None
@@ -121,7 +116,7 @@ def start_member(requested: Config, joined: tuple[Config, list], rates: dict | N
 
 def measured_rates() -> dict | None:
     """The links' rates this job's start measured or was given (None when it
-    measured none: on one host, or with JBPS_PARTITION_BYTES set), in the form
+    measured none: on one host), in the form
     start_member takes."""
     if _link_rate is None:
         return None
@@ -173,9 +168,11 @@ def _start(requested: Config, joined: tuple[Config, list] | None = None, rates: 
         credit = config.scheduling_credit if credit_given else _set_default_credit(_fractions, across)
         config = dataclasses.replace(config, scheduling_credit=credit)
         _link_rate, _server_rates = None, None
-        if across and config.partition_bytes is None:
-            # The default chunks fit the link (partition/defaults.py): measure it,
-            # and each server's own link: servers on slower links get less (rated_split.py).
+        if across:
+            # Each server's own link: servers on slower links get less (rated_split.py);
+            # and the busiest one, which the default chunks fit (partition/defaults.py).
+            # Measured whatever the chunk size: a user's JBPS_PARTITION_BYTES (BytePS's
+            # users set it) must not hand a slow spare host an equal share.
             try:
                 if rates is not None:
                     _link_rate = float(rates["link"])
@@ -204,8 +201,7 @@ def _start(requested: Config, joined: tuple[Config, list] | None = None, rates: 
                 for server in hosted:
                     server.stop()
                 if isinstance(exc, RuntimeError):
-                    hint = _PROBE_TIMEOUT_HINT if "timed out" in str(exc) else ""
-                    raise JbpsError(f"jbps.init() failed measuring the network: {exc}{hint}") from None
+                    raise JbpsError(f"jbps.init() failed measuring the network: {exc}") from None
                 raise
         _nic_share = link_rate.busiest_nic_share(roles, _fractions, config.num_workers)
         if replannable and config.follow_rates:
@@ -371,7 +367,8 @@ def engine_stats() -> dict:
 
 def server_fractions() -> tuple[float, ...]:
     """Share of the bytes each server owns (in JBPS_SERVERS order), from the
-    roles the servers declared and the worker count: the optimal split."""
+    roles the servers declared, the worker count and, across hosts, the links'
+    rates jbps.init measured: the optimal split."""
     config()
     return _fractions
 

@@ -250,13 +250,8 @@ def test_mpirun_with_a_host_file_places_servers_by_host(hosts, tmp_path):
     check_measured_link(reports, hosts.rate, fractions)
 
 
-@pytest.mark.parametrize("then", ["die", "psum"])
-def test_a_worker_that_skips_the_link_probe_fails_the_others_init_saying_why(hosts, then):
-    # Worker 1 sets its own chunk size, so it skips the probe. Dying, it must
-    # be named within the liveness bound, not the psum timeout or never;
-    # psumming on, worker 0's probe waits for it until the psum timeout, and
-    # then the error says why.
-    timeout_s = 12  # the scheduler and servers (0.3 s to start) must come up within it on a busy machine
+def _probe_job(hosts, then, timeout_s):
+    """tests/workers/probe_interrupted.py's job; the reports of the workers that lived."""
     with EmulatedJob(
         hosts,
         WORKER_HOSTS,
@@ -265,16 +260,36 @@ def test_a_worker_that_skips_the_link_probe_fails_the_others_init_saying_why(hos
         env=job_free_env(JBPS_TIMEOUT_S=str(timeout_s)),
         timeout_s=120,
     ) as job:
-        try:
-            job.workers[0].wait(timeout=timeout_s + 30)
-        except subprocess.TimeoutExpired:
-            pytest.fail("worker 0's init still running:\n" + job.describe())
-        report = last_json(job.output("worker 0").stdout)
+        ranks = [0] if then == "die" else [0, 1]
+        for rank in ranks:
+            try:
+                job.workers[rank].wait(timeout=timeout_s + 30)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"worker {rank} still running:\n" + job.describe())
+        outputs = [job.output(f"worker {rank}") for rank in ranks]
+        assert all(out.stdout.strip() for out in outputs), job.describe()
+        return [last_json(out.stdout) for out in outputs]
+
+
+def test_a_worker_lost_inside_the_link_probe_fails_the_others_init_naming_it_within_the_liveness_bound(hosts):
+    timeout_s = 12  # the scheduler and servers (0.3 s to start) must come up within it on a busy machine
+    (report,) = _probe_job(hosts, "die", timeout_s)
     assert report["error"] and "measuring the network" in report["error"], report
-    if then == "die":
-        assert "worker 1" in report["error"] and report["seconds"] < timeout_s, report
-    else:
-        assert "JBPS_PARTITION_BYTES" in report["error"] and "timed out" in report["error"], report
+    assert "worker 1" in report["error"] and report["seconds"] < timeout_s, report
+
+
+def test_a_worker_with_its_own_chunk_size_measures_the_links_with_the_others_and_its_psum_names_the_setting(hosts):
+    # The split by the servers' rates must not depend on the chunk size: a
+    # BytePS user's BYTEPS_PARTITION_BYTES once skipped the measurement, so a
+    # slow spare host got an equal share (3.1x the optimum). Set on one worker
+    # only, the chunks differ, which the first push says at once.
+    timeout_s = 20
+    reports = _probe_job(hosts, "psum", timeout_s)
+    for report in reports:
+        assert report["measured"] is not None and report["measured"]["link"] > 0, report
+        assert report["measured"] == reports[0]["measured"], reports  # agreed: the same on every worker
+        assert report["error"] and "different chunks" in report["error"], report
+        assert "JBPS_PARTITION_BYTES" in report["error"] and report["seconds"] < timeout_s / 4, report
 
 
 def test_a_server_on_a_slower_link_that_saves_nothing_is_left_out():

@@ -98,6 +98,7 @@ def main():
         "to_first": to_first,
         "routes_announced": after["routes_announced"],
         "routes_used": after["routes_used"],
+        "init_split": list(jbps.runtime.server_fractions()),  # jbps.init's, by the links it measured
     }
     print(json.dumps(report), flush=True)
     jbps.shutdown()
