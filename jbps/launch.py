@@ -19,7 +19,10 @@ that fails is started again (at most --max-restarts times in all) and joins
 the others at their next commit, while they go on without it. With
 --host-discovery-script its workers go to the hosts a script names, through an
 ssh-like --launcher, and a host where a worker failed is blacklisted
-(jbps/discovery.py).
+(jbps/discovery.py). Its workers on this machine share a persistent compilation
+cache of jax's for the job (unless the environment names one): each generation
+traces its step afresh, and a worker started again loads the programs the
+others compiled instead of compiling them while they wait.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -112,6 +116,14 @@ class _Output:
                         causes.append((found.group(1).decode(), found.group(2).decode(errors="replace")))
 
 
+# jax's persistent cache keeps only programs that took a second to compile by default;
+# a generation's step is usually quicker, and its trace and compile hold the others up.
+COMPILE_EVERY_PROGRAM = {
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1",
+}
+
+
 class Job:
     def __init__(
         self,
@@ -138,6 +150,7 @@ class Job:
         self.scheduler_done = False  # its job finished (an elastic scheduler returns then)
         self.stop_signal: int | None = None  # the signal that ends the job, if one does
         self.ending = False
+        self.compile_cache: str | None = None  # the elastic job's, on this machine (made by run)
 
     def _env(self, scheduler: Scheduler, role: str, extra: dict) -> dict:
         env = _inherited()
@@ -154,6 +167,10 @@ class Job:
             **{unknown_settings.CHECKED: "1"},  # named once, here, not by every child
             **extra,
         )
+        if self.compile_cache and role == "worker":
+            env["JAX_COMPILATION_CACHE_DIR"] = self.compile_cache
+            for name, value in COMPILE_EVERY_PROGRAM.items():
+                env.setdefault(name, value)  # the user's own thresholds stand
         if self.local_devices:
             flags = env.get("XLA_FLAGS", "")
             env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={self.local_devices}".strip()
@@ -261,6 +278,8 @@ class Job:
         )
         threading.Thread(target=self._rendezvous, args=(scheduler,), daemon=True).start()
         try:
+            if self.elastic and not self.discovery and "JAX_COMPILATION_CACHE_DIR" not in _inherited():
+                self.compile_cache = tempfile.mkdtemp(prefix="jbps-compile-cache-")
             for i in range(0 if self.elastic else self.servers):  # elastic: each worker runs its own
                 # `-m` puts the working directory first on sys.path: from a source
                 # checkout that would be the checkout's package. Servers run from the
@@ -296,6 +315,8 @@ class Job:
             self._end()
             for out in self.outputs:
                 out.thread.join(timeout=5)
+            if self.compile_cache:
+                shutil.rmtree(self.compile_cache, ignore_errors=True)
 
     def _wait(self) -> int:
         """Waits for the job; returns its exit code: the first child to fail

@@ -225,7 +225,13 @@ def test_jbps_run_starts_a_failed_worker_again_and_it_rejoins(tmp_path):
         assert die.exists()
         assert "exited with -9: starting it again (2 restarts left)" in proc.stderr
         done = [json.loads(line.split("] ", 1)[1]) for line in proc.stdout.splitlines() if '"done"' in line]
+        caches = [(d.pop("cache_dir"), d.pop("cache_hits")) for d in done]
         assert len(done) == 3 and all(d["exact"] and d == done[0] for d in done), done
+        # The job's compilation cache: one for its workers, removed at its end. The generation of
+        # 3 after the restart compiles what the first one did: every worker loads it, the restarted
+        # one's fresh process included.
+        assert caches[0][0] and all(c[0] == caches[0][0] for c in caches), caches
+        assert all(hits > 0 for _, hits in caches) and not os.path.exists(caches[0][0]), caches
     finally:
         assert_nothing_left({"JBPS_TEST_MARKER": marker})
 

@@ -13,7 +13,8 @@ training loop does), and their sums are checked at the next commit.
 
 Prints one JSON line per commit (every --commit-every steps) ({"step", "size", "rank", "servers",
 "link", "at", "rates", "replans", "timeout"}) and a last
-one: {"done", "w", "expected", "sizes"}. --die-at STEP kills this process
+one: {"done", "w", "expected", "sizes", "cache_dir", "cache_hits"} (jax's persistent
+compilation cache: its directory, and the programs it gave instead of a compile). --die-at STEP kills this process
 (SIGKILL) before that step, once per --die-file (created first).
 """
 
@@ -60,6 +61,10 @@ def main():
     )
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # each generation's timings
+    cache_hits = []  # programs jax's persistent compilation cache gave instead of a compile
+    jax.monitoring.register_event_listener(
+        lambda event, **_: cache_hits.append(event) if event == "/jax/compilation_cache/cache_hits" else None
+    )
     k = jax.local_device_count()
 
     @functools.partial(jax.pmap, axis_name="i")
@@ -129,6 +134,8 @@ def main():
                 "expected": float(expected[0]),
                 "exact": bool(np.array_equal(w, expected)),
                 "sizes": np.asarray(state.sizes).tolist(),
+                "cache_dir": os.environ.get("JAX_COMPILATION_CACHE_DIR"),
+                "cache_hits": len(cache_hits),
             }
         )
     )
