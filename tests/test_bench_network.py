@@ -161,8 +161,8 @@ def test_the_spare_host_bench_runs_each_case_side_by_side():
 def test_the_tcp_floor_bench_moves_the_bytes_both_ways_no_faster_than_the_cap():
     doc = _run_json("benchmarks.tcp_floor", "--iters", "2", "--size", "4M", "--host-rate", "200M")
     assert len(doc["per_call_s"]) == 2 and doc["raw_rate_s"] == pytest.approx(4 * 2**20 * 8 / 200e6)
-    # The cap holds (TCP/IP headers come on top of the payload), and the calls end.
-    assert all(doc["raw_rate_s"] <= s < 10 * doc["raw_rate_s"] for s in doc["per_call_s"]), doc
+    # The cap holds (less the burst it lets through at once, 160 KiB), and the calls end.
+    assert all(0.9 * doc["raw_rate_s"] <= s < 10 * doc["raw_rate_s"] for s in doc["per_call_s"]), doc
 
 
 @pytest.mark.parametrize(
