@@ -48,12 +48,15 @@ def exchange(conns):
     for t in threads:
         t.join()
 """
-# Each peer: accepts host 0's connection, then exchanges per call; ends when host 0 closes.
+# Each peer: accepts host 0's connection, then per call waits for its start (one byte:
+# no call's bytes leave before host 0 times it) and exchanges; ends when host 0 closes.
 _PEER = (
     _EXCHANGE
     + """
 conn, _ = socket.create_server((sys.argv[1], port)).accept()
 for _ in range(calls):
+    if conn.recv(1) != b"g":
+        raise SystemExit("host 0 went away")
     exchange([conn])
 conn.recv(1)
 """
@@ -65,6 +68,8 @@ _HOST = (
 conns = [socket.create_connection((p, port), timeout=60) for p in sys.argv[1].split(",")]
 for _ in range(calls):
     start = time.monotonic()
+    for conn in conns:
+        conn.sendall(b"g")
     exchange(conns)
     print(time.monotonic() - start, flush=True)
 """
