@@ -34,7 +34,7 @@ if rank == 1 and args.then == "die":
 start = time.monotonic()
 error, measured = None, None
 try:
-    jbps.init(partition_bytes=128 << 10) if rank == 1 else jbps.init()
+    jbps.init(partition_bytes=(128 << 10) if rank == 1 else None)  # None: the default
     measured = runtime.measured_rates()
     start = time.monotonic()
     jbps.psum(np.ones(1 << 18, np.float32), name="after_init")  # 1 MiB: default chunks far below 128 KiB
