@@ -583,12 +583,16 @@ def test_jbps_run_names_the_worker_that_raised_not_the_one_it_ended():
     assert "jbps: worker 0 " not in err and "was lost" not in err, err[-3000:]
     summary = [line for line in err.splitlines() if line.startswith("[jbps.run]")]
     assert len(summary) == 1, err[-3000:]
-    # Worker 0 usually exits first; on a loaded machine worker 1 may still beat it.
+    # Worker 0 usually exits first; on a loaded machine worker 1 may still beat it, and
+    # worker 0 may then be gone too by the time jbps run looks (nothing left to stop).
     head = (
         "[jbps.run] worker 1 left the job: it exited with an uncaught exception: ValueError: a bug in worker 1's own "
-        "code at step 20: jbps run is ending the job ("
+        "code at step 20: jbps run is ending the job"
     )
-    assert summary[0].startswith(head + "worker 0 exited with 1") or summary[0] == head + "stopping worker 0)", summary
+    assert summary[0].startswith(head + " (worker 0 exited with 1") or summary[0] in (
+        head + " (stopping worker 0)",
+        head,
+    ), summary
     # The cause said once per process that saw it: worker 1's traceback, one line per server,
     # worker 0's traceback, and jbps run's summary.
     said = [line for line in (out + err).splitlines() if "a bug in worker 1's own code at step 20" in line]
