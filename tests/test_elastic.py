@@ -226,7 +226,11 @@ def test_jbps_run_starts_a_failed_worker_again_and_it_rejoins(tmp_path):
         assert "exited with -9: starting it again (2 restarts left)" in proc.stderr
         done = [json.loads(line.split("] ", 1)[1]) for line in proc.stdout.splitlines() if '"done"' in line]
         caches = [(d.pop("cache_dir"), d.pop("cache_hits")) for d in done]
+        warmed = [d.pop("lowered_before_training") for d in done]
         assert len(done) == 3 and all(d["exact"] and d == done[0] for d in done), done
+        # Every process, the restarted one's included, lowered jbps.elastic's warm-up program while
+        # it waited for its first generation: its first step does not pay jax's first trace.
+        assert all(n >= 1 for n in warmed), warmed
         # The job's compilation cache: one for its workers, removed at its end. The generation of
         # 3 after the restart compiles what the first one did: every worker loads it, the restarted
         # one's fresh process included.

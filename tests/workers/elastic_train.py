@@ -13,8 +13,9 @@ training loop does), and their sums are checked at the next commit.
 
 Prints one JSON line per commit (every --commit-every steps) ({"step", "size", "rank", "servers",
 "link", "at", "rates", "replans", "timeout"}) and a last
-one: {"done", "w", "expected", "sizes", "cache_dir", "cache_hits"} (jax's persistent
-compilation cache: its directory, and the programs it gave instead of a compile). --die-at STEP kills this process
+one: {"done", "w", "expected", "sizes", "cache_dir", "cache_hits", "lowered_before_training"}
+(jax's persistent compilation cache: its directory, and the programs it gave instead of a
+compile; the programs jax lowered before the training function first ran: jbps.elastic's warm-up). --die-at STEP kills this process
 (SIGKILL) before that step, once per --die-file (created first).
 """
 
@@ -65,6 +66,11 @@ def main():
     jax.monitoring.register_event_listener(
         lambda event, **_: cache_hits.append(event) if event == "/jax/compilation_cache/cache_hits" else None
     )
+    lowered = []  # programs jax lowered to MLIR in this process
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, *_, **__: lowered.append(event) if event.endswith("jaxpr_to_mlir_module_duration") else None
+    )
+    lowered_before_training = []  # how many when the training function first ran (before its first step)
     k = jax.local_device_count()
 
     @functools.partial(jax.pmap, axis_name="i")
@@ -85,6 +91,8 @@ def main():
     @jbps.elastic.run(**({} if args.timeout_s is None else {"timeout_s": args.timeout_s}))
     def train(state):
         unchecked = []  # steps dispatched back to back, checked at the next commit
+        if not lowered_before_training:
+            lowered_before_training.append(len(lowered))
         while state.step < args.steps:
             if args.die_at is not None and state.step == args.die_at and first_to_claim(args.die_file):
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -136,6 +144,7 @@ def main():
                 "sizes": np.asarray(state.sizes).tolist(),
                 "cache_dir": os.environ.get("JAX_COMPILATION_CACHE_DIR"),
                 "cache_hits": len(cache_hits),
+                "lowered_before_training": lowered_before_training[0],
             }
         )
     )
