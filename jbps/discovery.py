@@ -18,11 +18,15 @@ at the next poll, which join at the others' next commit.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import shlex
 import subprocess
+import time
 
 from .errors import JbpsError
+
+log = logging.getLogger("jbps.run")
 
 DISCOVERY_S = 2.0  # between two runs of the script
 SCRIPT_TIMEOUT_S = 30.0
@@ -99,9 +103,16 @@ def discover(script: str) -> list[Host]:
 
 
 # The variables a worker on another host is given: the job's (the rest of this
-# environment is this machine's, not the host's).
+# environment is this machine's, not the host's), and jax's compilation cache
+# (each host's own directory of that path: jax makes it).
 _PASSED_PREFIXES = ("DMLC_", "JBPS_", "BYTEPS_")
-_PASSED = ("PYTHONUNBUFFERED", "XLA_FLAGS")
+_PASSED = (
+    "PYTHONUNBUFFERED",
+    "XLA_FLAGS",
+    "JAX_COMPILATION_CACHE_DIR",
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
+    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES",
+)
 
 
 def remote_argv(launcher: str, host: str, cwd: str, env: dict[str, str], command: list[str]) -> list[str]:
@@ -111,6 +122,36 @@ def remote_argv(launcher: str, host: str, cwd: str, env: dict[str, str], command
     assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(passed.items()))
     line = f"cd {shlex.quote(cwd)} && exec env {assignments} {shlex.join(command)}"
     return [*shlex.split(launcher), host, line]
+
+
+def remove_on_hosts(launcher: str, hosts: list[str], path: str, timeout_s: float = 10.0) -> None:
+    """Removes `path` on each of `hosts` through the launcher, at once; a host
+    that does not answer within timeout_s keeps it (a warning says so)."""
+    line = f"rm -rf {shlex.quote(path)}"
+    procs = [
+        (
+            host,
+            subprocess.Popen(
+                [*shlex.split(launcher), host, line],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+            ),
+        )
+        for host in hosts
+    ]
+    deadline = time.monotonic() + timeout_s
+    for host, proc in procs:
+        try:
+            _, err = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
+            if proc.returncode != 0:
+                log.warning(
+                    "could not remove %s on host %s: %s", path, host, err.decode(errors="replace").strip()[-200:]
+                )
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            log.warning("could not remove %s on host %s: the launcher did not return in %g s", path, host, timeout_s)
 
 
 def placements(hosts: list[Host], running: dict[str, int], wanted: int) -> list[str]:

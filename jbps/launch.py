@@ -19,8 +19,8 @@ that fails is started again (at most --max-restarts times in all) and joins
 the others at their next commit, while they go on without it. With
 --host-discovery-script its workers go to the hosts a script names, through an
 ssh-like --launcher, and a host where a worker failed is blacklisted
-(jbps/discovery.py). Its workers on this machine share a persistent compilation
-cache of jax's for the job (unless the environment names one): each generation
+(jbps/discovery.py). Its workers share a persistent compilation cache of jax's
+for the job, one directory per host (unless the environment names one): each generation
 traces its step afresh, and a worker started again loads the programs the
 others compiled instead of compiling them while they wait.
 """
@@ -32,6 +32,7 @@ import logging
 import os
 import queue
 import re
+import secrets
 import shlex
 import shutil
 import signal
@@ -150,7 +151,8 @@ class Job:
         self.scheduler_done = False  # its job finished (an elastic scheduler returns then)
         self.stop_signal: int | None = None  # the signal that ends the job, if one does
         self.ending = False
-        self.compile_cache: str | None = None  # the elastic job's, on this machine (made by run)
+        self.compile_cache: str | None = None  # the elastic job's (made by run), on each host with discovery
+        self.cache_hosts: set[str] = set()  # the hosts a worker of the job ran on, with discovery
 
     def _env(self, scheduler: Scheduler, role: str, extra: dict) -> dict:
         env = _inherited()
@@ -207,6 +209,7 @@ class Job:
         assert self.discovery is not None
         self._spawn(name, discovery_.remote_argv(self.discovery.launcher, host, os.getcwd(), env, self.command), env)
         self.placed[name] = host
+        self.cache_hosts.add(host)
         log.info("%s on host %s", name, host)
 
     def _discover(self) -> bool:
@@ -278,8 +281,14 @@ class Job:
         )
         threading.Thread(target=self._rendezvous, args=(scheduler,), daemon=True).start()
         try:
-            if self.elastic and not self.discovery and "JAX_COMPILATION_CACHE_DIR" not in _inherited():
-                self.compile_cache = tempfile.mkdtemp(prefix="jbps-compile-cache-")
+            if self.elastic and "JAX_COMPILATION_CACHE_DIR" not in _inherited():
+                # On the hosts a discovery script names: a path of the job's in each host's /tmp
+                # (jax makes the directory), removed through the launcher at the end.
+                self.compile_cache = (
+                    f"/tmp/jbps-compile-cache-{secrets.token_hex(8)}"
+                    if self.discovery
+                    else tempfile.mkdtemp(prefix="jbps-compile-cache-")
+                )
             for i in range(0 if self.elastic else self.servers):  # elastic: each worker runs its own
                 # `-m` puts the working directory first on sys.path: from a source
                 # checkout that would be the checkout's package. Servers run from the
@@ -315,7 +324,9 @@ class Job:
             self._end()
             for out in self.outputs:
                 out.thread.join(timeout=5)
-            if self.compile_cache:
+            if self.compile_cache and self.discovery:
+                discovery_.remove_on_hosts(self.discovery.launcher, sorted(self.cache_hosts), self.compile_cache)
+            elif self.compile_cache:
                 shutil.rmtree(self.compile_cache, ignore_errors=True)
 
     def _wait(self) -> int:

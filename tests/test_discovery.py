@@ -46,6 +46,8 @@ def test_a_host_where_a_worker_failed_is_left_out_for_good_or_for_a_cooldown_tha
 
 def test_the_launchers_line_runs_the_command_in_the_directory_with_the_jobs_variables_only(tmp_path):
     env = {"DMLC_PS_ROOT_URI": "10.0.0.1", "JBPS_JOB_SECRET": "s e'cret", "HOME": "/here", "XLA_FLAGS": "--a --b"}
+    env["JAX_COMPILATION_CACHE_DIR"] = "/tmp/jbps-compile-cache-1"  # an elastic job's, on every host
+    env["JAX_PLATFORMS"] = "cpu"  # this machine's own choice: not carried
     argv = discovery.remote_argv("ssh -o BatchMode=yes", "node1", str(tmp_path), env, ["python", "it's.py"])
     assert argv[:4] == ["ssh", "-o", "BatchMode=yes", "node1"] and len(argv) == 5
     # The line, run by a shell as ssh would on the host: the job's variables, not this machine's HOME.
@@ -55,4 +57,5 @@ def test_the_launchers_line_runs_the_command_in_the_directory_with_the_jobs_vari
     printed = f"import os, sys; print(os.getcwd(), {names}, os.environ['JBPS_JOB_SECRET'], sys.argv[1:])"
     line = line.replace(shlex.join(["python", "it's.py"]), shlex.join([sys.executable, "-c", printed, "it's.py"]))
     out = subprocess.run(["sh", "-c", line], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == f"{tmp_path} ['DMLC_PS_ROOT_URI', 'JBPS_JOB_SECRET', 'XLA_FLAGS'] s e'cret [\"it's.py\"]"
+    carried = "['DMLC_PS_ROOT_URI', 'JAX_COMPILATION_CACHE_DIR', 'JBPS_JOB_SECRET', 'XLA_FLAGS']"
+    assert out.strip() == f"{tmp_path} {carried} s e'cret [\"it's.py\"]"

@@ -733,7 +733,16 @@ def test_jbps_run_places_elastic_workers_on_the_hosts_a_discovery_script_names(t
         (died,) = re.findall(r"host (\S+) is blacklisted for 1 s: worker \d failed on it", log)
         assert "no host the discovery script names has a free slot" in log, log[-3000:]
         assert f"worker 3 on host {died}" in log, log[-3000:]
-        done = [line for w in (1, 2, 3) for line in lines(w) if line.get("done")]
+        done = {w: line for w in (1, 2, 3) for line in lines(w) if line.get("done")}
+        # The job's compilation cache, one path on every host (these share a file system), that
+        # the restarted worker's fresh process loaded its programs from; removed at the end.
+        caches = {
+            w: (d.pop("cache_dir"), d.pop("cache_hits"), d.pop("lowered_before_training")) for w, d in done.items()
+        }
+        assert 3 in done and caches[3][1] > 0, caches
+        assert len({c[0] for c in caches.values()}) == 1 and caches[3][0].startswith("/tmp/jbps-compile-cache-"), caches
+        assert not os.path.exists(caches[3][0]), caches
+        done = list(done.values())
         assert len(done) == 2 and done[0] == done[1] and done[0]["exact"], done
         sizes = done[0]["sizes"]  # devices in all: 2 per worker
         assert [s for i, s in enumerate(sizes) if i == 0 or sizes[i - 1] != s] == [4, 6, 4, 2, 4], sizes
