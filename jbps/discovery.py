@@ -128,25 +128,26 @@ def remove_on_hosts(launcher: str, hosts: list[str], path: str, timeout_s: float
     """Removes `path` on each of `hosts` through the launcher, at once; a host
     that does not answer within timeout_s keeps it (a warning says so)."""
     line = f"rm -rf {shlex.quote(path)}"
-    procs = [
-        (
-            host,
-            subprocess.Popen(
-                [*shlex.split(launcher), host, line],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-            ),
-        )
-        for host in hosts
-    ]
+    procs = []
+    for host in hosts:
+        try:
+            argv = [*shlex.split(launcher), host, line]
+            procs.append(
+                (
+                    host,
+                    subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE),
+                )
+            )
+        except OSError as exc:  # the job is over: say so, and go on with the other hosts
+            log.warning("could not remove %s on host %s: %s", path, host, exc)
     deadline = time.monotonic() + timeout_s
     for host, proc in procs:
         try:
             _, err = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
             if proc.returncode != 0:
+                said = (err.decode(errors="replace").strip().splitlines() or [""])[-1][:200]
                 log.warning(
-                    "could not remove %s on host %s: %s", path, host, err.decode(errors="replace").strip()[-200:]
+                    "could not remove %s on host %s: the launcher exited with %d %s", path, host, proc.returncode, said
                 )
         except subprocess.TimeoutExpired:
             proc.kill()

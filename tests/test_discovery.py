@@ -59,3 +59,24 @@ def test_the_launchers_line_runs_the_command_in_the_directory_with_the_jobs_vari
     out = subprocess.run(["sh", "-c", line], capture_output=True, text=True, check=True).stdout
     carried = "['DMLC_PS_ROOT_URI', 'JAX_COMPILATION_CACHE_DIR', 'JBPS_JOB_SECRET', 'XLA_FLAGS']"
     assert out.strip() == f"{tmp_path} {carried} s e'cret [\"it's.py\"]"
+
+
+def test_the_jobs_cache_is_removed_through_the_launcher_and_a_host_that_keeps_it_is_named(tmp_path, caplog):
+    # A launcher as ssh is one: `LAUNCHER HOST LINE` runs LINE (here on this machine, for any host but
+    # "down", which fails as an unreachable host does, and "slow", which never answers).
+    launcher = tmp_path / "launcher"
+    launcher.write_text(
+        '#!/bin/sh\ncase "$1" in down) echo "ssh: connect to host down: No route" >&2; exit 255;; '
+        'slow) exec sleep 30;; esac\nexec sh -c "$2"\n'
+    )
+    launcher.chmod(0o755)
+    cache = tmp_path / "jbps-compile-cache-x"
+    (cache / "entries").mkdir(parents=True)
+    with caplog.at_level("WARNING", logger="jbps.run"):
+        discovery.remove_on_hosts(str(launcher), ["node1", "down", "slow"], str(cache), timeout_s=2.0)
+    assert not cache.exists()
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [
+        f"could not remove {cache} on host down: the launcher exited with 255 ssh: connect to host down: No route",
+        f"could not remove {cache} on host slow: the launcher did not return in 2 s",
+    ], said
