@@ -87,6 +87,11 @@ def parse_hosts(text: str, script: str) -> list[Host]:
     return list(hosts.values())
 
 
+def _last_line(text: str) -> str:
+    """What a failed command said last (its error, usually), or nothing."""
+    return (text.strip().splitlines() or [""])[-1]
+
+
 def discover(script: str) -> list[Host]:
     """Runs the discovery script once: its hosts, or JbpsError (it failed, timed
     out or printed a bad line)."""
@@ -97,8 +102,7 @@ def discover(script: str) -> list[Host]:
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise JbpsError(f"host discovery script {script}: {exc}") from None
     if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or [""])[-1]
-        raise JbpsError(f"host discovery script {script} exited with {done.returncode}: {last}")
+        raise JbpsError(f"host discovery script {script} exited with {done.returncode}: {_last_line(done.stderr)}")
     return parse_hosts(done.stdout, script)
 
 
@@ -145,7 +149,7 @@ def remove_on_hosts(launcher: str, hosts: list[str], path: str, timeout_s: float
         try:
             _, err = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
             if proc.returncode != 0:
-                said = (err.decode(errors="replace").strip().splitlines() or [""])[-1][:200]
+                said = _last_line(err.decode(errors="replace"))[:200]
                 log.warning(
                     "could not remove %s on host %s: the launcher exited with %d %s", path, host, proc.returncode, said
                 )

@@ -247,36 +247,23 @@ def _check_runtime_recovers(fault: str) -> None:
         ) from None
 
 
-class _WarmUp:
+_WARM_UP_BOUND_S = 30.0
+
+
+def _warm_up() -> None:
     """A fresh process's first trace pays once for jax's tracing and lowering
     machinery and for importing jbps's ops, and in a worker that joins a
     running job that first step holds every member's (about 20 ms of a 0.2 s
-    join on 2 cores: docs/guide/elastic.md). So while this process registers
-    and waits for its first generation, a thread traces and lowers (no
-    compile) a psum over the local devices, as a step's pmap or shard_map
-    does; it is waited for before the generation starts."""
+    join on 2 cores: docs/guide/elastic.md). Run in a thread while the process
+    registers and waits for its first generation: traces and lowers (no
+    compile) a psum over the local devices, as a step's pmap or shard_map does."""
+    try:
+        from .ops import psum  # noqa: F401  (imported on a step's first psum otherwise)
 
-    _BOUND_S = 30.0
-
-    def __init__(self) -> None:
-        self.thread: threading.Thread | None = threading.Thread(target=self._run, name="jbps-warm-up", daemon=True)
-        self.thread.start()
-
-    @staticmethod
-    def _run() -> None:
-        try:
-            from .ops import psum  # noqa: F401  (imported on a step's first psum otherwise)
-
-            n = jax.local_device_count()
-            step = jax.pmap(lambda x: jax.lax.psum(x * 2.0 + 1.0, "i"), axis_name="i")
-            step.lower(np.zeros((n, 8), np.float32))
-        except Exception as exc:  # only time is at stake: the step traces as it would have
-            log.debug("jbps.elastic: warming up the tracing failed: %s", exc)
-
-    def wait(self) -> None:
-        if self.thread is not None:
-            self.thread.join(self._BOUND_S)
-            self.thread = None
+        n = jax.local_device_count()
+        jax.pmap(lambda x: jax.lax.psum(x * 2.0 + 1.0, "i"), axis_name="i").lower(np.zeros((n, 8), np.float32))
+    except Exception as exc:  # only time is at stake: the step traces as it would have
+        log.debug("jbps.elastic: warming up the tracing failed: %s", exc)
 
 
 def _elastic(func: Callable, settings: dict) -> Callable:
@@ -293,14 +280,15 @@ def _elastic(func: Callable, settings: dict) -> Callable:
         if runtime.is_initialized():
             raise JbpsError("jbps.elastic.run starts the job itself: do not call jbps.init() before it")
         requested = Config.resolve(settings, caller="jbps.elastic.run")
-        warming = _WarmUp()  # while this process registers and waits for its first generation
+        warming = threading.Thread(target=_warm_up, name="jbps-warm-up", daemon=True)
+        warming.start()  # while this process registers and waits for its first generation
         membership = Membership(requested)
         failed_starts = 0
         try:
             while True:
                 left = time.monotonic()
                 config, hosted, job = membership.join()
-                warming.wait()
+                warming.join(_WARM_UP_BOUND_S)  # at once after the first generation
                 joined = time.monotonic()
                 jax.clear_caches()  # plans, sizes and keys of the last generation are baked into its programs
                 try:
