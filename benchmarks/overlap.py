@@ -4,7 +4,8 @@ and the communication alone; samples/s and scaling efficiency of each.
 
     python -m benchmarks.overlap [--workers 2] [--cpu-hosts 0,2] [--rate 1G] [--model mlp]
                                  [--layers 8] [--width 1024] [--batch 1024] [--steps 9]
-                                 [--bucket-bytes 1M,16M] [--skip-gloo] [--json] [--plot timeline.png]
+                                 [--bucket-bytes 1M,16M] [--scan 4] [--skip-gloo] [--json]
+                                 [--plot timeline.png]
 
 Needs root (network namespaces, as `python -m benchmarks.network`). --model
 mlp (default) is an MLP of --layers square layers (--width; float32), so its
@@ -13,7 +14,8 @@ communication take about as long on the development machine. --model resnet
 and --model transformer train the examples' own models (step_models.py says
 how --layers and --width size them). For each k CPU hosts: the step
 with jbps.optax.distributed as one call (bucket_bytes 0) and in buckets
-(the default, and each --bucket-bytes), and the psum of the same gradients
+(the default, and each --bucket-bytes; --scan N: also N steps a program,
+jbps.scan, each step's time the program's over N), and the psum of the same gradients
 alone; once: the step in one process without jbps, the step alone on every
 worker host at once (no communication; the bound uses this one, since the
 workers share this machine's cores) and the step with lax.pmean over gloo
@@ -68,6 +70,7 @@ def parse_args(argv=None, prog=None):
     p.add_argument(
         "--bucket-bytes", default="", help="comma list of bucket sizes to run beside the default (e.g. 1M,16M)"
     )
+    p.add_argument("--scan", type=int, default=0, help="also run N steps a program with jbps.scan (e.g. 4)")
     p.add_argument("--skip-gloo", action="store_true", help="do not run JAX's pmean over gloo")
     p.add_argument("--timeout", type=float, default=600, help="seconds any one job may take (default 600)")
     p.add_argument("--trace-dir", help="keep the engine's traces of the bucketed runs here (DIR/k<k>/<rank>/comm.json)")
@@ -136,10 +139,12 @@ def run_on_workers(net: EmulatedNetwork, n: int, argv_for, env, timeout_s: float
             err.close()
 
 
-def run_jbps(net, n, k, args, mode: str, bucket_bytes: int | None, trace_dir: str | None = None) -> dict:
+def run_jbps(net, n, k, args, mode: str, bucket_bytes: int | None, trace_dir: str | None = None, scan: int = 0) -> dict:
     argv = ["-m", "benchmarks.step_worker", "--mode", mode, *step_models.worker_args(args)]
     if bucket_bytes is not None:
         argv += ["--bucket-bytes", str(bucket_bytes)]
+    if scan:
+        argv += ["--scan", str(scan)]
     env = job_free_env()
     if trace_dir:
         env["JBPS_TRACE_DIR"] = trace_dir
@@ -227,6 +232,10 @@ def run(args) -> dict:
                 log.info("k = %d: the step, buckets of %s ...", k, format_bytes(b))
                 extra = os.path.join(args.trace_dir, f"k{k}-{b}") if args.trace_dir else None
                 case[f"buckets {format_bytes(b)}"] = run_jbps(net, n, k, args, "jbps", b, trace_dir=extra)
+            if args.scan:
+                log.info("k = %d: %d steps a program (jbps.scan) ...", k, args.scan)
+                extra = os.path.join(args.trace_dir, f"k{k}-scan") if args.trace_dir else None
+                case[f"scan {args.scan}"] = run_jbps(net, n, k, args, "jbps", None, trace_dir=extra, scan=args.scan)
             bound = max(doc["compute"]["median_s"], case["comm"]["median_s"])
             case["buckets_over_bound"] = case["buckets"]["median_s"] / bound
             case["one_call_over_bound"] = case["one call"]["median_s"] / bound

@@ -3,13 +3,14 @@
 timed, with the gradients reduced one way or another.
 
     python -m benchmarks.step_worker --mode MODE [--model mlp] [--layers 4] [--width 1024] [--batch 512]
-                                     [--steps 8] [--warmup 2] [--bucket-bytes N]
+                                     [--steps 8] [--warmup 2] [--bucket-bytes N] [--scan N]
                                      [--coordinator H:P --num-processes N --process-id I]   (gloo)
 
 MODE: compute (no communication: the step alone, what every worker computes),
 comm (jbps.psum of the step's gradients alone, no compute in the timed call),
 jbps (the step with jbps.optax.distributed; --bucket-bytes 0: one call, else
-buckets, default JBPS_BUCKET_BYTES), gloo (the step with JAX's own pmean over
+buckets, default JBPS_BUCKET_BYTES; --scan N: N steps a program, jbps.scan,
+each timed step a program, its time over N), gloo (the step with JAX's own pmean over
 gloo, jax.distributed across the hosts). Prints one JSON line: this process's
 median and every step's time, and the machine's CPU time over the timed steps;
 with jbps, the workers' parameters are checked equal at the end.
@@ -39,6 +40,7 @@ def parse_args(argv=None):
     p.add_argument("--mode", choices=("compute", "comm", "jbps", "gloo"), required=True)
     step_models.add_model_flags(p, layers=4, batch=512, steps=8)
     p.add_argument("--bucket-bytes", type=int, default=None)
+    p.add_argument("--scan", type=int, default=0, help="jbps mode: this many steps a program (jbps.scan)")
     p.add_argument("--coordinator")
     p.add_argument("--num-processes", type=int)
     p.add_argument("--process-id", type=int)
@@ -102,10 +104,16 @@ def main(argv=None):
         dist = jbps.optax.distributed(tx, bucket_bytes=args.bucket_bytes, name="grads")
         state = dist.init(params)
 
+        def one(carry, _):
+            params, state = carry
+            updates, state = dist.update(jax.grad(loss)(params, *inputs), state, params)
+            return (optax.apply_updates(params, updates), state), None
+
         @jax.jit
         def step(params, state):
-            updates, state = dist.update(jax.grad(loss)(params, *inputs), state, params)
-            return optax.apply_updates(params, updates), state
+            if args.scan:
+                return jbps.scan(one, (params, state), length=args.scan)[0]
+            return one((params, state), None)[0]
     elif args.mode == "comm":
         import jbps
 
@@ -151,6 +159,10 @@ def main(argv=None):
             box[0], box[1] = jax.block_until_ready(step(box[0], box[1]))
 
     times, spans, cpu = time_steps(run, args.steps, args.warmup)
+    if args.mode == "jbps" and args.scan:  # a timed run is a program of args.scan steps
+        times = [t / args.scan for t in times]
+        cpu = {**cpu, "busy_core_s": cpu["busy_core_s"] / args.scan}
+        report["scan"] = args.scan
     # The step of median time, to draw (an odd count has one).
     middle = sorted(range(len(times)), key=times.__getitem__)[len(times) // 2]
     report.update(rank=rank, median_s=float(np.median(times)), times_s=times, median_step_us=spans[middle])

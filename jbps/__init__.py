@@ -36,6 +36,7 @@ _LAZY = {
     "broadcast_parameters": ".ops",
     "pmean": ".ops",
     "psum": ".ops",
+    "scan": ".overlapped_scan",
     "value_and_grad": ".data_parallel",
     "CommunicationShare": ".timing",
     "communication_share": ".timing",
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from .data_parallel import value_and_grad
     from .ops.broadcast import broadcast, broadcast_parameters
     from .ops.psum import pmean, psum
+    from .overlapped_scan import scan
     from .timing import CommunicationShare, communication_share
 
 __version__ = "0.1.0"
@@ -75,6 +77,7 @@ __all__ = [
     "pmean",
     "psum",
     "rank",
+    "scan",
     "shutdown",
     "size",
     "value_and_grad",

@@ -167,6 +167,7 @@ FILE_MARKERS = {
     "test_bench_smoke.py": "cluster",
     "test_binding.py": "cluster",
     "test_buckets.py": "cluster",
+    "test_scan.py": "cluster",
     "test_build_sources.py": "packaging",
     "test_checkout.py": "packaging",
     "test_checkpoints.py": "cluster",
@@ -317,6 +318,7 @@ JAX_VERSIONS = {
     "test_optax.py",
     "test_places.py",
     "test_psum_cluster.py",
+    "test_scan.py",
     "test_side_streams.py",
 }
 

@@ -69,20 +69,21 @@ def push_pull(
     )
 
 
-def join(values: Sequence[jax.Array]) -> list[jax.Array]:
+def join(values: Sequence[jax.Array], keep: Sequence[jax.Array] = ()) -> list[jax.Array]:
     """The same values, released together by one jbps_join call (each result
     aliases its operand, so nothing is copied). Every value stays live until
     this call, which XLA can place only after the last of them exists: no
     other computation gets the buffer of a bucket's sum while its custom call
     may still be writing it, and none waits for it (XLA:CPU's executor orders
-    thunks by the buffers they touch)."""
+    thunks by the buffers they touch). `keep`: more operands the call only
+    reads, live until it runs (no result, so XLA copies none of them)."""
     call = jax.ffi.ffi_call(
         JOIN_TARGET,
         [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in values],
         vmap_method="broadcast_all",
         input_output_aliases={i: i for i in range(len(values))},
     )
-    return list(call(*values))
+    return list(call(*values, *keep))
 
 
 def encode_in_place(target: str, values: jax.Array, records: jax.ShapeDtypeStruct, *operands, **attributes):

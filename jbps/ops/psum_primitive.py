@@ -33,7 +33,7 @@ from jax._src.interpreters import ad, batching, mlir
 from .. import runtime
 from ..partition import make_plan
 from ..partition.plan import tree_description
-from . import buckets, kept_operands, mapped_axes, places, replication
+from . import buckets, held, kept_operands, mapped_axes, places, replication
 from .compression import feedback_codec
 from .ffi import join, push_pull
 from .side_stream import on_stream
@@ -63,6 +63,9 @@ class PsumSpec:
     # operands are the leaves then one residual per leaf, the results their
     # sums then the new residuals.
     feedback: str | None = None
+    # Bound inside jbps.scan's own trace (held.py): on XLA:CPU with one device a
+    # worker, the buckets' sums are not joined; the scan holds them to its end.
+    held: bool = False
 
     def select(self, keep: Sequence[int], suffix: str, axes: tuple[AxisName, ...] | None = None) -> "PsumSpec":
         """The spec of a derived call (tangent, transpose) over leaves `keep`."""
@@ -90,6 +93,10 @@ def bind(leaves: Sequence[jax.Array], spec: PsumSpec) -> list[jax.Array]:
     if explicit:
         specs = tuple(_spec_along(x, explicit) for x in leaves)
         return _manual_over(explicit, list(leaves), specs, spec, typed)
+    if held.wants_hold():
+        out = psum_p.bind(*leaves, spec=dataclasses.replace(spec, held=True), typed=typed)
+        held.hold(out)
+        return out
     return psum_p.bind(*leaves, spec=spec, typed=typed)
 
 
@@ -297,7 +304,12 @@ def _reduce_on_devices(
         for i, r in left.items():
             residuals[i] = r
     summed = [s for _, s in results]
-    if len(groups) > 1:
+    # The join keeps each sum's buffer from the rest of the backward pass; a
+    # held psum's sums are kept by jbps.scan's join at the program's end
+    # instead, so each update waits for its own sum only. With several devices
+    # a worker the join stays: every device fails together, before any
+    # all-gather, should a later bucket fail.
+    if len(groups) > 1 and not (spec.held and on_cpu and num_shards == 1):
         summed = join(summed)
     for (i, _), s in zip(results, summed):
         s = wire.unpack(i, s)

@@ -116,11 +116,14 @@ inline bool TakeChunkTable(xla::ffi::Span<const int64_t> bytes, xla::ffi::Span<c
 
 // jbps_join's body on any platform: every result aliases its operand, so
 // copy(dst, src, bytes) runs only where XLA gave a result its own buffer.
+// Operands past the results are only read.
 template <typename Copy>
 xla::ffi::Error JoinOperands(xla::ffi::RemainingArgs args, xla::ffi::RemainingRets rets, Copy copy) {
   namespace ffi = xla::ffi;
-  if (args.size() != rets.size()) return ffi::Error(ffi::ErrorCode::kInvalidArgument, "jbps_join: counts differ");
-  for (size_t i = 0; i < args.size(); ++i) {
+  // Operands past the results are only read: the join keeps them live until it runs.
+  if (args.size() < rets.size())
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "jbps_join: fewer operands than results");
+  for (size_t i = 0; i < rets.size(); ++i) {
     auto in = args.get<ffi::AnyBuffer>(i);
     auto out = rets.get<ffi::AnyBuffer>(i);
     if (!in.has_value() || !out.has_value())

@@ -1,0 +1,100 @@
+"""jbps.scan: several training steps in one program. The same parameters as
+plain optax on every worker's batch, on one device and on several; the next
+step's forward pass runs while the previous step's last sums still travel
+(read from a debug callback and the engine's trace); steps that break
+lax.scan's contract are named at trace time."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jbps
+from conftest import last_json, run_job, worker_script
+
+
+def _run(mode, devices, *extra, env=None, timeout_s=240):
+    results = run_job(
+        [worker_script("scan_train.py"), "--mode", mode, *extra],
+        workers=2,
+        servers=2,
+        devices=devices,
+        env={"JBPS_TIMEOUT_S": "60", **(env or {})},
+        timeout_s=timeout_s,
+    )
+    for r in results:
+        assert r.returncode == 0, f"worker {r.rank} failed:\n{r.stderr[-4000:]}"
+    return [last_json(r.stdout) for r in results]
+
+
+@pytest.mark.parametrize("mode,devices", [("jit", 1), ("pmap", 2)])
+def test_scanned_steps_train_as_plain_optax_on_every_batch(mode, devices):
+    reports = _run(mode, devices, "--steps", "3", "--programs", "2")
+    for r in reports:
+        # adam on the mean gradient of 2 workers x devices batches, 6 steps
+        assert r["max_error"] < 1e-5, r
+        assert r["loss_error"] < 1e-5, r
+    assert len({r["checksum"] for r in reports}) == 1, reports
+
+
+def test_the_next_steps_forward_pass_runs_before_the_last_sums_are_back(tmp_path):
+    # A last layer of 32 x 131072 (16 MiB of float32) in chunks of 16 KiB: its
+    # sums, the lowest priority, come back 100-200 ms after the small first
+    # layer's, which the next step's forward pass needs first (with each
+    # psum's buckets joined, the marks came 1-15 ms after the last sums).
+    env = {"JBPS_TRACE_DIR": str(tmp_path), "JBPS_PARTITION_BYTES": "16384"}
+    reports = _run("jit", 1, "--steps", "3", "--programs", "2", "--last-width", "131072", "--marks", env=env)
+    for r in reports:
+        assert r["max_error"] < 1e-5, r
+        marks, back = r["marks"], r["sums_back"]
+        assert len(marks) == len(back) == 6, r
+        for prog in range(2):
+            for k in range(1, 3):  # steps after the first of each program
+                s = prog * 3 + k
+                # The first layer of step s ran before step s - 1's last sum was back:
+                # its update waited for its own sum only.
+                assert marks[s] < back[s - 1], (s, marks, back)
+        # Across programs the next program starts once this one has ended.
+        assert marks[3] > back[2], (marks, back)
+
+
+def _step(carry, x):
+    return carry + x, carry * 2
+
+
+def test_scan_outside_jit_matches_lax_scan():
+    xs = jnp.arange(5.0)
+    assert jbps.scan(_step, jnp.float32(1), xs)[0] == jax.lax.scan(_step, jnp.float32(1), xs)[0]
+    carry, ys = jbps.scan(_step, jnp.float32(1), xs)
+    ref_carry, ref_ys = jax.lax.scan(_step, jnp.float32(1), xs)
+    np.testing.assert_allclose(np.asarray(ys), np.asarray(ref_ys))
+    np.testing.assert_allclose(np.asarray(carry), np.asarray(ref_carry))
+
+
+def test_a_step_that_changes_its_carry_is_named_at_trace_time():
+    def widen(carry, x):
+        return {"w": carry["w"].astype(jnp.float16), "n": carry["n"] + 1}, None
+
+    with pytest.raises(TypeError, match=r"step 0 changed carry leaf \['w'\] from float32\[3\] to float16\[3\]"):
+        jax.jit(lambda c: jbps.scan(widen, c, length=2))({"w": jnp.zeros(3), "n": jnp.int32(0)})
+
+    def drop(carry, x):
+        return {"w": carry["w"]}, None
+
+    with pytest.raises(TypeError, match=r"returned a carry without leaf \['n'\]"):
+        jax.jit(lambda c: jbps.scan(drop, c, length=2))({"w": jnp.zeros(3), "n": jnp.int32(0)})
+
+
+@pytest.mark.parametrize(
+    "xs,length,message",
+    [
+        ({"a": jnp.zeros((3, 2)), "b": jnp.zeros((4,))}, None, "differ in their leading axis"),
+        (jnp.zeros((3,)), 4, "length=4 but xs has 3 steps"),
+        (None, None, "give length= when xs has no leaves"),
+        (jnp.float32(1), None, "is a scalar"),
+        (None, 0, "length must be a positive int"),
+    ],
+)
+def test_bad_steps_or_length_get_one_clear_line(xs, length, message):
+    with pytest.raises(ValueError, match=message):
+        jbps.scan(_step, jnp.float32(0), xs, length=length)
