@@ -239,6 +239,8 @@ def run(args) -> dict:
             bound = max(doc["compute"]["median_s"], case["comm"]["median_s"])
             case["buckets_over_bound"] = case["buckets"]["median_s"] / bound
             case["one_call_over_bound"] = case["one call"]["median_s"] / bound
+            if args.scan:
+                case["scan_over_bound"] = case[f"scan {args.scan}"]["median_s"] / bound
             # The machine's own bound: the CPU time of the step alone and of the psum
             # alone, both on these cores, can overlap no better than all cores busy.
             cores = doc["compute"]["cpu"]["cores"]
@@ -298,7 +300,9 @@ def format_table(doc: dict) -> str:
     for k, case in doc["cases"].items():
         row = f"{k:<2} " + "  ".join(f"{ms(case[name]['median_s']):>16}" for name in names)
         row += (
-            f"  {case['buckets_over_bound']:.2f} (target <= {TARGET:.2f}; one call: {case['one_call_over_bound']:.2f})"
+            f"  {case['buckets_over_bound']:.2f} (target <= {TARGET:.2f}; one call: {case['one_call_over_bound']:.2f}"
+            + (f"; scan: {case['scan_over_bound']:.2f}" if "scan_over_bound" in case else "")
+            + ")"
         )
         if "gloo" in doc:
             row += f"  {case['gloo_over_buckets']:.2f}"

@@ -29,12 +29,18 @@ def scan(
     """lax.scan(step, init, xs, length), its steps unrolled in one program and
     overlapped: on XLA:CPU with one device a worker, each update waits for its
     own sums only, and the next step's forward pass runs on the layers whose
-    sums are back. Returns (the last carry, the steps' y stacked).
+    sums are back while the later layers' still travel (with priority=
+    jbps.forward_order(params), the first layers' come back first). Returns
+    (the last carry, the steps' y stacked), as lax.scan.
 
     Use it inside jax.jit (outside, it jits itself, as lax.scan does), with
-    the psum in `step` itself: a psum under a nested jit, grad or shard_map
-    in the step is summed as in one step (its buckets joined: correct, not
-    overlapped with the next step). Compile time grows with `length`.
+    the psum in `step` itself (jbps.psum, jbps.optax.distributed): a psum
+    under a nested jit, grad or shard_map in the step is summed as in a
+    program of one step (its buckets joined: the same sums, no overlap with
+    the next step). With several devices a worker, and on the GPU, every psum
+    joins its buckets too. Each step's starting carry and its gradients stay
+    in memory to the program's end (about `length` x (carry + gradients)),
+    and compile time grows with `length`: a few steps (2-8) are enough.
     """
     n = _length(xs, length)
     if not any(isinstance(v, core.Tracer) for v in jax.tree_util.tree_leaves((init, xs))):

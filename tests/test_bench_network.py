@@ -107,10 +107,15 @@ def test_overlap_bench_times_every_case():
         "1",
         "--bucket-bytes",
         "64K",
+        "--scan",
+        "2",
     )
     case = doc["cases"]["0"]
-    for name in ("comm", "one call", "buckets", "buckets 64 KiB"):
+    for name in ("comm", "one call", "buckets", "buckets 64 KiB", "scan 2"):
         assert case[name]["median_s"] > 0, name
+    assert case["scan_over_bound"] == pytest.approx(
+        case["scan 2"]["median_s"] / max(doc["compute"]["median_s"], case["comm"]["median_s"])
+    )
     assert doc["one_process"]["median_s"] > 0 and doc["compute"]["median_s"] > 0 and doc["gloo"]["median_s"] > 0
     assert doc["describe"] == "an MLP of 3 x 256² float32" and doc["grad_bytes"] == 3 * (256 * 256 + 256) * 4
     for result in (doc["one_process"], doc["gloo"], case["buckets"]):
