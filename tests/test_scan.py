@@ -37,6 +37,15 @@ def test_scanned_steps_train_as_plain_optax_on_every_batch(mode, devices):
     assert len({r["checksum"] for r in reports}) == 1, reports
 
 
+@pytest.mark.parametrize("compression", ["bf16", "onebit"])
+def test_scanned_steps_with_compression_train_as_one_program_a_step(compression):
+    reports = _run("jit", 1, "--steps", "3", "--programs", "2", "--compression", compression)
+    for r in reports:
+        assert r["max_error"] < 1e-5, r
+        assert r["loss_error"] < 1e-5, r
+    assert len({r["checksum"] for r in reports}) == 1, reports
+
+
 def test_the_next_steps_forward_pass_runs_before_the_last_sums_are_back(tmp_path):
     # A last layer of 32 x 131072 (16 MiB of float32) in chunks of 16 KiB: its
     # sums, the lowest priority, come back 100-200 ms after the small first

@@ -50,6 +50,44 @@ def loss_fn(params, x, mark=None):
     return jnp.mean(h**2)
 
 
+def plain_optax(args, params, rank, size, devices):
+    """The mean gradient over every worker's and device's batch, plain optax."""
+    tx = optax.adam(1e-2)
+    state = tx.init(params)
+    losses = []
+    grad = jax.jit(jax.value_and_grad(loss_fn))
+    for s in range(args.programs * args.steps):
+        results = [grad(params, batch(s, w, d, args.batch)) for w in range(size) for d in range(devices)]
+        losses.append(float(results[rank * devices][0]))
+        mean = jax.tree_util.tree_map(lambda *g: sum(g) / len(g), *[g for _, g in results])
+        updates, state = tx.update(mean, state, params)
+        params = optax.apply_updates(params, updates)
+    return params, losses
+
+
+def one_step_programs(args, make_tx, params, rank):
+    """The same steps with jbps, one jitted program a step (jit mode). The k-th
+    step of a program has psums of its own (grads@k), and with error feedback
+    its own residuals on the servers: step s here uses ref@(s % steps)'s."""
+
+    def make_step(tx):
+        def step(carry, x):
+            params, state = carry
+            loss, grads = jax.value_and_grad(loss_fn)(params, x)
+            updates, state = tx.update(grads, state, params)
+            return (optax.apply_updates(params, updates), state), loss
+
+        return jax.jit(step)
+
+    txs = [make_tx("ref" if k == 0 else f"ref@{k}") for k in range(args.steps)]
+    steps = [make_step(tx) for tx in txs]
+    carry, losses = (params, txs[0].init(params)), []
+    for s in range(args.programs * args.steps):
+        carry, loss = steps[s % args.steps](carry, batch(s, rank, 0, args.batch))
+        losses.append(float(loss))
+    return carry[0], losses
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--mode", choices=("jit", "pmap"), default="jit")
@@ -58,21 +96,27 @@ def main():
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--last-width", type=int, default=32)
     p.add_argument("--marks", action="store_true")
+    p.add_argument("--compression", choices=("bf16", "onebit"))
     args = p.parse_args()
 
     jbps.init()
     rank, size = jbps.rank(), jbps.size()
     devices = jax.local_device_count() if args.mode == "pmap" else 1
     params = init_params(args.last_width)
+
     # The first layers first: their sums travel ahead of the last layer's.
-    tx = jbps.optax.distributed(
-        optax.adam(1e-2),
-        average=True,
-        axis_name="i" if args.mode == "pmap" else None,
-        priority=jbps.forward_order(params),
-        bucket_bytes=4096,
-        name="grads",
-    )
+    def make_tx(name):
+        return jbps.optax.distributed(
+            optax.adam(1e-2),
+            average=True,
+            axis_name="i" if args.mode == "pmap" else None,
+            priority=jbps.forward_order(params),
+            bucket_bytes=4096,
+            name=name,
+            compression=args.compression,
+        )
+
+    tx = make_tx("grads")
     marks = []
 
     def mark(_):
@@ -94,30 +138,25 @@ def main():
         carry = jax.tree_util.tree_map(lambda v: np.stack([v] * devices), carry)
     else:
         run = jax.jit(program)
+    pending = []
     for prog in range(args.programs):
         steps = range(prog * args.steps, (prog + 1) * args.steps)
         xs = np.stack([np.stack([batch(s, rank, d, args.batch) for d in range(devices)]) for s in steps])
         if args.mode == "pmap":
             carry, ys = run(*carry, np.swapaxes(xs, 0, 1))  # devices first
+            # Several devices: wait for each program (jax < 0.12's CPU runtime can
+            # deadlock multi-device programs dispatched back to back: docs/guide/loops.md).
             losses += list(np.asarray(ys)[0])
         else:
-            carry, ys = run(*carry, xs[:, 0])
-            losses += list(np.asarray(ys))
+            carry, ys = run(*carry, xs[:, 0])  # dispatched back to back, read at the end
+            pending.append(ys)
+    losses += [float(v) for ys in pending for v in np.asarray(ys)]
     final = jax.tree_util.tree_map(lambda v: np.asarray(v)[0] if args.mode == "pmap" else np.asarray(v), carry[0])
 
-    # The reference: the mean gradient over every worker's and device's batch, plain optax.
-    ref_tx = optax.adam(1e-2)
-    ref_params, ref_state = init_params(args.last_width), None
-    ref_state = ref_tx.init(ref_params)
-    ref_losses = []
-    grad = jax.jit(jax.value_and_grad(loss_fn))
-    for s in range(args.programs * args.steps):
-        results = [grad(ref_params, batch(s, w, d, args.batch)) for w in range(size) for d in range(devices)]
-        mine = [loss for (loss, _), (w, d) in zip(results, [(w, d) for w in range(size) for d in range(devices)])]
-        ref_losses.append(float(mine[rank * devices]))
-        mean = jax.tree_util.tree_map(lambda *g: sum(g) / len(g), *[g for _, g in results])
-        updates, ref_state = ref_tx.update(mean, ref_state, ref_params)
-        ref_params = optax.apply_updates(ref_params, updates)
+    if args.compression:
+        ref_params, ref_losses = one_step_programs(args, make_tx, init_params(args.last_width), rank)
+    else:
+        ref_params, ref_losses = plain_optax(args, init_params(args.last_width), rank, size, devices)
     max_error = max(
         float(np.max(np.abs(a - np.asarray(b))))
         for a, b in zip(jax.tree_util.tree_leaves(final), jax.tree_util.tree_leaves(ref_params))
