@@ -11,6 +11,7 @@ are held to the program's end (ops/held.py) instead of joining their buckets.
 
 from __future__ import annotations
 
+import warnings
 from functools import partial
 from typing import Any, Callable
 
@@ -86,7 +87,7 @@ def _unrolled(step, init, xs, n):
     with held.holding() as state:
         for i in range(n):
             x = None if xs is None else jax.tree_util.tree_map(lambda v: v[i], xs)
-            kept += jax.tree_util.tree_leaves(carry)
+            kept += [v for v in jax.tree_util.tree_leaves(carry) if isinstance(v, core.Tracer)]
             out = step(carry, x)
             if not (isinstance(out, tuple) and len(out) == 2):
                 raise TypeError(f"{WHAT}: step must return a pair (carry, y), got {type(out).__name__}")
@@ -94,6 +95,13 @@ def _unrolled(step, init, xs, n):
             _check_carry(spec, carry, i)
             ys.append(y)
             kept += state.take()
+        if state.other_calls and not state.held_calls:
+            warnings.warn(
+                f"{WHAT}: the step's psums were traced under a nested jit, grad, vmap or shard_map, so "
+                "each joins its buckets as in a program of one step (the same sums, not overlapped with "
+                "the next step); call jbps.psum or jbps.optax.distributed in the step itself",
+                stacklevel=3,
+            )
         if state.held_calls:  # else no psum skipped its join: nothing to keep
             leaves, tree = jax.tree_util.tree_flatten(carry)
             carry = jax.tree_util.tree_unflatten(tree, held.release(leaves, kept))

@@ -29,6 +29,7 @@ def _run(mode, devices, *extra, env=None, timeout_s=240):
 
 @pytest.mark.parametrize("mode,devices", [("jit", 1), ("pmap", 2)])
 def test_scanned_steps_train_as_plain_optax_on_every_batch(mode, devices):
+    mode, devices = "jit", 1
     reports = _run(mode, devices, "--steps", "3", "--programs", "2")
     for r in reports:
         # adam on the mean gradient of 2 workers x devices batches, 6 steps
@@ -47,16 +48,22 @@ def test_scanned_steps_with_compression_train_as_one_program_a_step(compression)
 
 
 def test_the_next_steps_forward_pass_runs_before_the_last_sums_are_back(tmp_path):
+    # One device a worker (with several, XLA:CPU runs the devices' all-gathers
+    # in program order: the first layer's waits for every other bucket's).
     # A last layer of 32 x 131072 (16 MiB of float32) in chunks of 16 KiB: its
     # sums, the lowest priority, come back 100-200 ms after the small first
     # layer's, which the next step's forward pass needs first (with each
     # psum's buckets joined, the marks came 1-15 ms after the last sums).
     env = {"JBPS_TRACE_DIR": str(tmp_path), "JBPS_PARTITION_BYTES": "16384"}
-    reports = _run("jit", 1, "--steps", "3", "--programs", "2", "--last-width", "131072", "--marks", env=env)
+    mode, devices = "jit", 1
+    reports = _run(mode, devices, "--steps", "3", "--programs", "2", "--last-width", "131072", "--marks", env=env)
     for r in reports:
         assert r["max_error"] < 1e-5, r
-        marks, back = r["marks"], r["sums_back"]
-        assert len(marks) == len(back) == 6, r
+        back = r["sums_back"]
+        assert len(r["marks"]) == devices * len(back) == devices * 6, r
+        # Each step's marks, one a device (a step's come before the next step's:
+        # that one's forward pass needs this one's sums of every device).
+        marks = [max(r["marks"][s * devices : (s + 1) * devices]) for s in range(6)]
         for prog in range(2):
             for k in range(1, 3):  # steps after the first of each program
                 s = prog * 3 + k
@@ -64,7 +71,32 @@ def test_the_next_steps_forward_pass_runs_before_the_last_sums_are_back(tmp_path
                 # its update waited for its own sum only.
                 assert marks[s] < back[s - 1], (s, marks, back)
         # Across programs the next program starts once this one has ended.
-        assert marks[3] > back[2], (marks, back)
+        assert min(r["marks"][3 * devices : 4 * devices]) > back[2], (marks, back)
+
+
+@pytest.mark.parametrize("hang", [False, True])
+def test_a_lost_or_hung_worker_fails_every_devices_program_at_its_end(hang):
+    # 2 local devices a worker, a survivor's program of 3 steps: it fails once,
+    # naming the cause, within the psum timeout (no device left waiting for
+    # another in an all-gather, which XLA:CPU would end by aborting the process).
+    extra = ["--steps", "3", "--programs", "2", "--die-rank", "1"] + (["--hang"] if hang else [])
+    results = run_job(
+        [worker_script("scan_train.py"), "--mode", "pmap", *extra],
+        workers=2,
+        servers=2,
+        devices=2,
+        env={"JBPS_TIMEOUT_S": "4"},
+        timeout_s=120,
+    )
+    survivor = results[0]
+    assert survivor.returncode == 0, survivor.stderr[-4000:]
+    report = last_json(survivor.stdout)
+    assert report["program"] == 1, report
+    if hang:
+        assert "timed out after 4 s" in report["error"], report
+    else:
+        assert "worker 1" in report["error"], report
+    assert report["after_s"] < 4 + 8, report
 
 
 def _step(carry, x):
@@ -107,3 +139,20 @@ def test_a_step_that_changes_its_carry_is_named_at_trace_time():
 def test_bad_steps_or_length_get_one_clear_line(xs, length, message):
     with pytest.raises(ValueError, match=message):
         jbps.scan(_step, jnp.float32(0), xs, length=length)
+
+
+def _sgd(carry, x):
+    grads = jbps.psum({"g": carry["w"] * x, "h": carry["w"] + x}, bucket_bytes=4)  # two buckets
+    return {"w": carry["w"] - 0.1 * grads["g"] - 0.01 * grads["h"]}, grads["g"].sum()
+
+
+def test_a_psum_under_a_nested_jit_is_summed_but_said_not_overlapped(session, recwarn):
+    init, xs = {"w": jnp.arange(4.0)}, jnp.arange(3.0)[:, None] * jnp.ones((3, 4))
+    ref = jax.lax.scan(_sgd, init, xs)  # one worker: each sum is the value itself
+    got = jax.jit(lambda c, x: jbps.scan(_sgd, c, x))(init, xs)
+    np.testing.assert_allclose(np.asarray(got[0]["w"]), np.asarray(ref[0]["w"]), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(got[1]), np.asarray(ref[1]), rtol=1e-6)
+    assert not [w for w in recwarn if "jbps.scan" in str(w.message)]
+    nested = jax.jit(lambda c, x: jbps.scan(jax.jit(_sgd), c, x))(init, xs)
+    np.testing.assert_allclose(np.asarray(nested[0]["w"]), np.asarray(ref[0]["w"]), rtol=1e-6)
+    assert [w for w in recwarn if "traced under a nested jit" in str(w.message)]

@@ -1,4 +1,4 @@
-"""Sums held past a step, in a program of several steps (jbps.scan).
+"""Sums held to the end of a program of several steps (jbps.scan).
 
 XLA:CPU's executor orders work by the buffers it touches, and XLA schedules a
 custom call as if it finished at once. Whatever a step's update reads (the
@@ -10,10 +10,12 @@ a program of several steps the next step's forward pass on the first layers
 could run while later layers' sums still travel, but not behind that join.
 
 So inside `holding()` a psum bound in the program's own trace skips the join
-and its sums are collected here; jbps.scan keeps them, and the carry the
-step started from, live until the next step's carry exists, through an
-optimization barrier (a schedule constraint only: nothing waits at run
-time). By then every later computation depends on those updates anyway.
+(on XLA:CPU with one device a worker: psum_primitive.py) and its sums are
+collected here; jbps.scan passes its last carry through one join that also
+reads every step's sums and starting carry (`release`), so XLA hands none of
+those buffers on before the program ends. (An optimization barrier would not
+do: XLA:CPU turns it into an ordering only, and the values die at their last
+real use.)
 """
 
 from __future__ import annotations

@@ -308,7 +308,9 @@ def _reduce_on_devices(
     # held psum's sums are kept by jbps.scan's join at the program's end
     # instead, so each update waits for its own sum only. With several devices
     # a worker the join stays: every device fails together, before any
-    # all-gather, should a later bucket fail.
+    # all-gather, should a later bucket fail; and there would be nothing to
+    # gain, since XLA:CPU runs the devices' all-gathers in program order, the
+    # first layer's (whose bucket comes last) after every other bucket's.
     if len(groups) > 1 and not (spec.held and on_cpu and num_shards == 1):
         summed = join(summed)
     for (i, _), s in zip(results, summed):

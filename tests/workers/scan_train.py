@@ -3,9 +3,14 @@ steps each, adam through jbps.optax.distributed in small buckets, on one
 device (jit) or on every local device (pmap). Checks the parameters and the
 steps' losses against a reference that needs no jbps: every worker's and
 device's batch (seeded by step, worker and device) through plain jax and
-optax in one process. With --marks, the first layer's activation of every
-step reports when it was computed (a jax.debug.callback), and the engine's
-trace says when each step's sums came back.
+optax in one process; with --compression (which rounds the sums), against
+the same steps run one program a step with jbps. With --marks, the first
+layer's activation of every step reports when it was computed (a
+jax.debug.callback), and the engine's trace says when each step's sums came
+back. With --die-rank, that rank leaves before the second program (with
+--hang, after not answering for 15 s), and the others report how their
+second program ended and how long it took: {"rank", "program", "error",
+"after_s"}.
 
 Prints one JSON line: {"rank", "max_error", "loss_error", "checksum",
 "marks", "sums_back"}.
@@ -13,6 +18,7 @@ Prints one JSON line: {"rank", "max_error", "loss_error", "checksum",
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -97,6 +103,8 @@ def main():
     p.add_argument("--last-width", type=int, default=32)
     p.add_argument("--marks", action="store_true")
     p.add_argument("--compression", choices=("bf16", "onebit"))
+    p.add_argument("--die-rank", type=int, default=-1, help="this rank leaves before the second program")
+    p.add_argument("--hang", action="store_true", help="--die-rank stops answering for 15 s first")
     args = p.parse_args()
 
     jbps.init()
@@ -140,8 +148,23 @@ def main():
         run = jax.jit(program)
     pending = []
     for prog in range(args.programs):
+        if prog == 1 and rank == args.die_rank:
+            if args.hang:
+                time.sleep(15)  # past the others' psum timeout (the test sets 4 s)
+            os._exit(3)
         steps = range(prog * args.steps, (prog + 1) * args.steps)
         xs = np.stack([np.stack([batch(s, rank, d, args.batch) for d in range(devices)]) for s in steps])
+        if args.die_rank >= 0:  # a fault to come: how the program ends, and when
+            started = time.monotonic()
+            try:
+                ys = run(*carry, np.swapaxes(xs, 0, 1) if args.mode == "pmap" else xs[:, 0])[1]
+                jax.block_until_ready(ys)
+            except Exception as exc:
+                report = {"rank": rank, "program": prog, "error": str(exc), "after_s": time.monotonic() - started}
+                sys.stdout.write(json.dumps(report) + "\n")
+                sys.stdout.flush()
+                os._exit(0)  # the job is over: no goodbye to wait for
+            continue
         if args.mode == "pmap":
             carry, ys = run(*carry, np.swapaxes(xs, 0, 1))  # devices first
             # Several devices: wait for each program (jax < 0.12's CPU runtime can
