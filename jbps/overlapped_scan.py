@@ -89,7 +89,7 @@ def _unrolled(step, init, xs, n):
             x = None if xs is None else jax.tree_util.tree_map(lambda v: v[i], xs)
             kept += [v for v in jax.tree_util.tree_leaves(carry) if isinstance(v, core.Tracer)]
             out = step(carry, x)
-            if not (isinstance(out, tuple) and len(out) == 2):
+            if not (isinstance(out, (tuple, list)) and len(out) == 2):
                 raise TypeError(f"{WHAT}: step must return a pair (carry, y), got {type(out).__name__}")
             carry, y = out
             _check_carry(spec, carry, i)
