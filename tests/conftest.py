@@ -168,6 +168,7 @@ FILE_MARKERS = {
     "test_binding.py": "cluster",
     "test_buckets.py": "cluster",
     "test_scan.py": "cluster",
+    "test_scan_faults_and_compression.py": "cluster",
     "test_build_sources.py": "packaging",
     "test_checkout.py": "packaging",
     "test_checkpoints.py": "cluster",
