@@ -162,7 +162,6 @@ def main(argv=None):
     if args.mode == "jbps" and args.scan:  # a timed run is a program of args.scan steps
         times = [t / args.scan for t in times]
         cpu = {**cpu, "busy_core_s": cpu["busy_core_s"] / args.scan}
-        report["scan"] = args.scan
     # The step of median time, to draw (an odd count has one).
     middle = sorted(range(len(times)), key=times.__getitem__)[len(times) // 2]
     report.update(rank=rank, median_s=float(np.median(times)), times_s=times, median_step_us=spans[middle])

@@ -45,17 +45,13 @@ def scan(
     """
     n = _length(xs, length)
     if not any(isinstance(v, core.Tracer) for v in jax.tree_util.tree_leaves((init, xs))):
-        return _jitted(step, n)(init, xs)
+        return _jitted(step, init, xs, n)
     return _unrolled(step, init, xs, n)
 
 
-@partial(jax.jit, static_argnums=(0, 1))
-def _run(step, n, init, xs):
+@partial(jax.jit, static_argnums=(0, 3))
+def _jitted(step, init, xs, n):
     return _unrolled(step, init, xs, n)
-
-
-def _jitted(step, n):
-    return partial(_run, step, n)
 
 
 def _length(xs, length) -> int:

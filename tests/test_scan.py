@@ -72,7 +72,6 @@ def _step(carry, x):
 
 def test_scan_outside_jit_matches_lax_scan():
     xs = jnp.arange(5.0)
-    assert jbps.scan(_step, jnp.float32(1), xs)[0] == jax.lax.scan(_step, jnp.float32(1), xs)[0]
     carry, ys = jbps.scan(_step, jnp.float32(1), xs)
     ref_carry, ref_ys = jax.lax.scan(_step, jnp.float32(1), xs)
     np.testing.assert_allclose(np.asarray(ys), np.asarray(ref_ys))

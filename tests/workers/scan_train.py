@@ -71,22 +71,24 @@ def plain_optax(args, params, rank, size, devices):
     return params, losses
 
 
+def make_step(tx, mark=None):
+    """One training step, (params, optimizer state) -> (the next, its loss)."""
+
+    def step(carry, x):
+        params, state = carry
+        loss, grads = jax.value_and_grad(loss_fn)(params, x, mark)
+        updates, state = tx.update(grads, state, params)
+        return (optax.apply_updates(params, updates), state), loss
+
+    return step
+
+
 def one_step_programs(args, make_tx, params, rank):
     """The same steps with jbps, one jitted program a step (jit mode). The k-th
     step of a program has psums of its own (grads@k), and with error feedback
     its own residuals on the servers: step s here uses ref@(s % steps)'s."""
-
-    def make_step(tx):
-        def step(carry, x):
-            params, state = carry
-            loss, grads = jax.value_and_grad(loss_fn)(params, x)
-            updates, state = tx.update(grads, state, params)
-            return (optax.apply_updates(params, updates), state), loss
-
-        return jax.jit(step)
-
     txs = [make_tx("ref" if k == 0 else f"ref@{k}") for k in range(args.steps)]
-    steps = [make_step(tx) for tx in txs]
+    steps = [jax.jit(make_step(tx)) for tx in txs]
     carry, losses = (params, txs[0].init(params)), []
     for s in range(args.programs * args.steps):
         carry, loss = steps[s % args.steps](carry, batch(s, rank, 0, args.batch))
@@ -130,11 +132,7 @@ def main():
     def mark(_):
         marks.append(time.time() * 1e6)
 
-    def step(carry, x):
-        params, state = carry
-        loss, grads = jax.value_and_grad(loss_fn)(params, x, mark if args.marks else None)
-        updates, state = tx.update(grads, state, params)
-        return (optax.apply_updates(params, updates), state), loss
+    step = make_step(tx, mark if args.marks else None)
 
     def program(params, state, xs):
         return jbps.scan(step, (params, state), xs)
