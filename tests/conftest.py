@@ -379,6 +379,20 @@ JAX_FREE = {
 }
 
 
+# pyproject.toml's addopts run the suite as `-n auto --dist loadfile`: each test file on one of
+# this many pytest-xdist workers at a time. Most files start jobs of several processes that wait on
+# sockets, timeouts and emulated links: one file at a time kept 2 cores 57% busy (test_launch,
+# test_elastic and test_checkpoints, 2026-12-01), two took the whole suite from 1259 s to 846 s. Two
+# also on larger machines: the tests' waits are sized for a loaded 2-core machine, not for more jobs
+# at once than that. `pytest -n N` chooses.
+TEST_FILES_AT_ONCE = 2
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: without it, one file at a time
+def pytest_xdist_auto_num_workers(config):
+    return min(TEST_FILES_AT_ONCE, os.cpu_count() or 1)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         name = os.path.basename(str(item.fspath))

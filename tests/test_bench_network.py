@@ -17,26 +17,35 @@ pytestmark = needs_emulated_hosts
 
 
 def _run(module, *argv, timeout=600, env=None):
-    return subprocess.run(
+    """The bench's run (returncode, stdout, stderr), checked to have removed
+    every namespace it made: those named after its PID (the emulated cluster's
+    run id), so that another test's cluster, running at the same time, is not counted."""
+    with subprocess.Popen(
         [sys.executable, "-m", module, *argv],
         env=env or job_free_env(),
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=timeout,
-    )
+    ) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            raise
+    assert _namespaces_of(proc.pid) == set()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-def _namespaces():
+def _namespaces_of(pid):
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30).stdout
-    return {line.split()[0] for line in out.splitlines() if line.startswith("jbps-")}
+    return {line.split()[0] for line in out.splitlines() if line.startswith(f"jbps-{pid}-")}
 
 
 def _run_json(module, *argv, env=None):
-    """The bench's --json document; it must have removed every namespace it made."""
-    before = _namespaces()
+    """The bench's --json document."""
     proc = _run(module, *argv, "--json", env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert _namespaces() == before
     return json.loads(proc.stdout)
 
 
@@ -138,10 +147,8 @@ def test_a_rate_changed_mid_run_reaches_the_links_and_the_table():
     # Worker 0 pauses before timed call 2 until the bench has changed the CPU host's link
     # (a lost handshake fails the job after its timeout); every call is reported.
     argv = ["--workers", "2", "--cpu-hosts", "1", "--size", "2M", "--rate", "400M", "--iters", "4", "--warmup", "1"]
-    before = _namespaces()
     proc = _run("benchmarks.network", *argv, "--change", "s0=100M@2", "--skip-peers", "-v")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert _namespaces() == before
     assert "host 2's link set to 100 Mbit/s before timed call 2" in proc.stderr, proc.stderr[-3000:]
     assert "Host 2's link changed to 100 Mbit/s before timed call 2" in proc.stdout, proc.stdout
     follow = [line for line in proc.stdout.splitlines() if "calls after the rate change" in line]
@@ -188,9 +195,7 @@ def test_the_tcp_floor_bench_moves_the_bytes_both_ways_no_faster_than_the_cap():
     ],
 )
 def test_bad_input_is_one_line_naming_it(module, argv, needle):
-    before = _namespaces()
     proc = _run(module, *argv, timeout=120)
     assert proc.returncode == 2, proc.stderr[-2000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert needle in last and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    assert _namespaces() == before
