@@ -33,7 +33,7 @@ def _run(module, *argv, timeout=600, env=None):
             proc.kill()
             proc.communicate()
             raise
-    assert _namespaces_of(proc.pid) == set()
+    assert _namespaces_of(proc.pid) == set(), err[-3000:]
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
