@@ -30,7 +30,6 @@ def _run(mode, devices, *extra, env=None, timeout_s=240):
 
 @pytest.mark.parametrize("mode,devices", [("jit", 1), ("pmap", 2)])
 def test_scanned_steps_train_as_plain_optax_on_every_batch(mode, devices):
-    mode, devices = "jit", 1
     reports = _run(mode, devices, "--steps", "3", "--programs", "2")
     for r in reports:
         # adam on the mean gradient of 2 workers x devices batches, 6 steps
