@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from conftest import job_free_env, needs_emulated_hosts
+from conftest import REPO, job_free_env, needs_emulated_hosts
+from test_launch import run
 
 from jbps.runtime import FFI_TARGET
 
@@ -20,19 +21,7 @@ def _run(module, *argv, timeout=600, env=None):
     """The bench's run (returncode, stdout, stderr), checked to have removed
     every namespace it made: those named after its PID (the emulated cluster's
     run id), so that another test's cluster, running at the same time, is not counted."""
-    with subprocess.Popen(
-        [sys.executable, "-m", module, *argv],
-        env=env or job_free_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    ) as proc:
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-            raise
+    proc, out, err = run([sys.executable, "-m", module, *argv], env or job_free_env(), timeout=timeout, cwd=REPO)
     assert _namespaces_of(proc.pid) == set(), err[-3000:]
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
