@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
 import time
 
 from jbps.procs import terminate
+from leftovers import processes_with
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "srun", "sinfo")
 NODE = "jbpsnode"
@@ -84,7 +86,9 @@ class SlurmCluster:
                     slurmd_port=_free_port(),
                 )
             )
-        self.env = {**os.environ, "SLURM_CONF": self.conf}
+        # The daemons' marker: slurmd's step daemons (slurmstepd) inherit it, and detach from slurmd.
+        self.marker = f"slurm-cluster-{os.path.basename(self.dir)}"
+        self.env = {**os.environ, "SLURM_CONF": self.conf, "JBPS_TEST_MARKER": self.marker}
 
     def _start(self, argv: list[str], log: str) -> None:
         out = open(os.path.join(self.dir, log), "w")
@@ -166,4 +170,9 @@ class SlurmCluster:
 
     def __exit__(self, *exc) -> None:
         terminate(list(reversed(self.procs)), grace_s=5)
+        for pid in processes_with(self.marker):  # a step daemon still waiting on its ended slurmd
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         shutil.rmtree(self.dir, ignore_errors=True)
