@@ -16,7 +16,7 @@ import time
 import jax
 import pytest
 
-from conftest import job_free_env, worker_script
+from conftest import REPO, job_free_env, worker_script
 from leftovers import assert_nothing_left
 from jbps.cpu_loop_deadlock import _version as jax_version
 from jbps.errors import JbpsError
@@ -236,6 +236,26 @@ def test_jbps_run_starts_a_failed_worker_again_and_it_rejoins(tmp_path):
         # one's fresh process included.
         assert caches[0][0] and all(c[0] == caches[0][0] for c in caches), caches
         assert all(hits > 0 for _, hits in caches) and not os.path.exists(caches[0][0]), caches
+    finally:
+        assert_nothing_left({"JBPS_TEST_MARKER": marker})
+
+
+def test_the_join_bench_times_a_join_that_includes_the_new_generations_whole_step():
+    """benchmarks.elastic_join: a worker kills itself and joins again; from the
+    survivors' regrouping commit to their next, the new generation's step runs
+    whole (its 0.3 s of computation is not skipped by the regroup)."""
+    marker = os.urandom(8).hex()
+    env = job_free_env(JAX_PLATFORMS="cpu", JBPS_TEST_MARKER=marker)
+    argv = [sys.executable, "-m", "benchmarks.elastic_join", "--runs", "1", "--steps", "16"]
+    proc = subprocess.run(
+        [*argv, "--work-seconds", "0.3", "--json"], env=env, capture_output=True, text=True, timeout=240, cwd=REPO
+    )
+    try:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        (run,) = json.loads(proc.stdout)["runs"]
+        assert 0.3 <= run["step_s"] < 3, run
+        assert run["join_s"] >= 0.3 and run["broadcast_s"] >= 0, run
+        assert run["over_s"] == pytest.approx(run["join_s"] - run["broadcast_s"] - run["step_s"]), run
     finally:
         assert_nothing_left({"JBPS_TEST_MARKER": marker})
 

@@ -49,7 +49,13 @@ def first_to_claim(path):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--step-seconds", type=float, default=0.1)
+    p.add_argument("--step-seconds", type=float, default=0.1, help="a sleep after each commit")
+    p.add_argument(
+        "--work-seconds",
+        type=float,
+        default=0.0,
+        help="a sleep inside each step, before its commit: a step's computation, which a regroup does not skip",
+    )
     p.add_argument("--die-at", type=int, default=None)
     p.add_argument("--die-file", default=None)
     p.add_argument("--commit-every", type=int, default=1)
@@ -59,6 +65,11 @@ def main():
         "--back-to-back",
         action="store_true",
         help="dispatch steps without waiting for them: their sums are checked at the next commit",
+    )
+    p.add_argument(
+        "--print-regroups",
+        action="store_true",
+        help='print {"regrouped_at": step, "at"} when a commit is saved and the generation regroups',
     )
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # each generation's timings
@@ -106,6 +117,7 @@ def main():
             else:
                 check(state.step, n, total, out)
                 state.w = np.asarray(state.w) + np.asarray(out)[0] / np.float32(total)
+            time.sleep(args.work_seconds)
             sizes = np.array(state.sizes)
             sizes[state.step] = total
             state.sizes = sizes
@@ -114,7 +126,13 @@ def main():
                 for pending in unchecked:
                     check(*pending)
                 unchecked.clear()
-                state.commit()
+                try:
+                    state.commit()
+                except Exception as exc:  # saved, then a regroup (or the job's fault): when, for the join's time
+                    if args.print_regroups and type(exc).__name__ == "_Regroup":
+                        print(json.dumps({"regrouped_at": state.step, "at": time.time()}))
+                        sys.stdout.flush()
+                    raise
                 servers = len(jbps.config().servers)
                 link = jbps.runtime.link_bytes_per_s()  # as measured, or reused from an earlier generation
                 line = {"step": state.step, "size": n, "rank": r, "servers": servers, "link": link, "at": time.time()}

@@ -1,0 +1,112 @@
+"""An elastic job's join, timed: how long after the regroup for a joining
+worker the survivors commit their next step, against the state's broadcast
+plus one step (the aim of an elastic join).
+
+`jbps run -n N --min-workers N-1 --max-workers N` runs the elastic test worker
+(tests/workers/elastic_train.py, which checks every sum against numpy); one
+worker kills itself at step 5 and `jbps run` starts it again, and it joins at
+the others' next commit. A step is a psum and a sleep of --work-seconds before
+its commit (the step's computation: a regroup does not skip it). Per run:
+
+- step: the median time between two commits of the full job;
+- join: from the commit at which the survivors regrouped (saved, then the new
+  generation) to their next commit, which the newcomer's first step (traced
+  and, from jax's compilation cache, compiled) ends;
+- broadcast: the state's broadcast in the new generation (rank 0's log);
+- over: join - (broadcast + step), what the regroup and the new generation's
+  first trace of the step add.
+
+    python -m benchmarks.elastic_join [--runs 3] [--workers 3] [--local-devices 2]
+        [--work-seconds 0.1] [--steps 30] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from jbps.procs import terminate
+
+WORKER = Path(__file__).resolve().parent.parent / "tests" / "workers" / "elastic_train.py"
+DIE_AT = 5
+
+
+def run_once(args, die_file: str) -> dict:
+    cmd = [
+        *(sys.executable, "-m", "jbps", "run"),
+        *("-n", str(args.workers), "--min-workers", str(args.workers - 1), "--max-workers", str(args.workers)),
+        *("--local-devices", str(args.local_devices), sys.executable, str(WORKER)),
+        *("--steps", str(args.steps), "--step-seconds", "0", "--work-seconds", str(args.work_seconds)),
+        *("--die-at", str(DIE_AT), "--die-file", die_file, "--print-regroups"),
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=args.timeout_s)
+    except subprocess.TimeoutExpired:
+        terminate([proc], grace_s=5, what="the elastic job")  # jbps run and every worker it started
+        raise SystemExit(f"elastic_join: the job took over {args.timeout_s:g} s (--timeout-s)")
+    if proc.returncode != 0:
+        raise SystemExit(f"elastic_join: the job failed (exit {proc.returncode}):\n{stderr[-3000:]}")
+    by_worker: dict[str, list[dict]] = {}
+    for line in stdout.splitlines():
+        head, _, body = line.partition("] ")
+        if head.startswith("[worker ") and body.startswith("{"):
+            by_worker.setdefault(head, []).append(json.loads(body))
+    # A survivor: a worker that regrouped for the join (the newcomer never did).
+    lines = next((v for v in by_worker.values() if any("regrouped_at" in d for d in v)), None)
+    if lines is None:
+        raise SystemExit(f"elastic_join: no worker regrouped for a join:\n{stdout[-3000:]}")
+    commits = [d for d in lines if "size" in d]
+    full = max(d["size"] for d in commits)
+    step = statistics.median(b["at"] - a["at"] for a, b in zip(commits, commits[1:]) if a["size"] == b["size"] == full)
+    regrouped = next(d for d in lines if "regrouped_at" in d)
+    after = next(d for d in commits if d["at"] > regrouped["at"])
+    broadcast = re.findall(r"generation \d+, %d workers, rank 0: .* state from rank 0 in ([0-9.]+) s" % full, stderr)
+    row = {"step_s": step, "join_s": after["at"] - regrouped["at"], "broadcast_s": float(broadcast[-1])}
+    row["over_s"] = row["join_s"] - row["broadcast_s"] - step
+    return row
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.elastic_join", description=__doc__.split("\n\n")[0])
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--workers", type=int, default=3, help="the full job's workers (one leaves and joins again)")
+    p.add_argument("--local-devices", type=int, default=2)
+    p.add_argument("--work-seconds", type=float, default=0.1, help="each step's computation (a sleep)")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--timeout-s", type=float, default=300, help="a run's bound")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    if args.workers < 2 or args.steps < 2 * DIE_AT + 6:
+        p.error(f"--workers must be at least 2 and --steps at least {2 * DIE_AT + 6}")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="jbps-elastic-join-") as tmp:
+        for i in range(args.runs):
+            rows.append(run_once(args, os.path.join(tmp, f"die-{i}")))
+            r = rows[-1]
+            print(
+                f"run {i + 1}: step {r['step_s']:.3f} s, join {r['join_s']:.3f} s, broadcast {r['broadcast_s']:.2f} s,"
+                f" over broadcast + step {r['over_s']:+.3f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+    if args.json:
+        print(json.dumps({"runs": rows}))
+        return
+    print("| run | step | join (regroup -> next commit) | broadcast | join - (broadcast + step) |")
+    print("|---|---|---|---|---|")
+    for i, r in enumerate(rows):
+        print(
+            f"| {i + 1} | {r['step_s']:.3f} s | {r['join_s']:.3f} s | {r['broadcast_s']:.2f} s | {r['over_s']:+.3f} s |"
+        )
+
+
+if __name__ == "__main__":
+    main()
