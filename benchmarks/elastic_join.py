@@ -14,10 +14,14 @@ its commit (the step's computation: a regroup does not skip it). Per run:
   and, from jax's compilation cache, compiled) ends;
 - broadcast: the state's broadcast in the new generation (rank 0's log);
 - over: join - (broadcast + step), what the regroup and the new generation's
-  first trace of the step add.
+  first trace of the step add;
+- loss: from the kill (right after the dying worker's commit) to the
+  survivors' next commit: their failed psum, the regroup without it, and the
+  step again (traced again for the new size), against the aim of two steps
+  (the link's liveness bound does not come into a kill, whose connections close).
 
     python -m benchmarks.elastic_join [--runs 3] [--workers 3] [--local-devices 2]
-        [--work-seconds 0.1] [--steps 30] [--json]
+        [--work-seconds 0.1] [--steps 40] [--json]
 """
 
 from __future__ import annotations
@@ -62,7 +66,10 @@ def run_once(args, die_file: str) -> dict:
     # A survivor: a worker that regrouped for the join (the newcomer never did).
     lines = next((v for v in by_worker.values() if any("regrouped_at" in d for d in v)), None)
     if lines is None:
-        raise SystemExit(f"elastic_join: no worker regrouped for a join:\n{stdout[-3000:]}")
+        raise SystemExit(
+            f"elastic_join: no worker regrouped for a join (the restarted worker came after the last of --steps):\n"
+            f"{stdout[-3000:]}"
+        )
     commits = [d for d in lines if "size" in d]
     full = max(d["size"] for d in commits)
     step = statistics.median(b["at"] - a["at"] for a, b in zip(commits, commits[1:]) if a["size"] == b["size"] == full)
@@ -71,6 +78,17 @@ def run_once(args, die_file: str) -> dict:
     broadcast = re.findall(r"generation \d+, %d workers, rank 0: .* state from rank 0 in ([0-9.]+) s" % full, stderr)
     row = {"step_s": step, "join_s": after["at"] - regrouped["at"], "broadcast_s": float(broadcast[-1])}
     row["over_s"] = row["join_s"] - row["broadcast_s"] - step
+    # The loss before it: one worker killed itself right after its commit of step DIE_AT (it
+    # never committed the step after); the survivors redo that step without it.
+    killed = [
+        d["at"]
+        for v in by_worker.values()
+        for d in v
+        if d.get("step") == DIE_AT and not any(e.get("step") == DIE_AT + 1 for e in v)
+    ]
+    if len(killed) != 1:
+        raise SystemExit(f"elastic_join: no worker ended at step {DIE_AT}:\n{stdout[-3000:]}")
+    row["loss_s"] = next(d["at"] for d in commits if d["step"] == DIE_AT + 1) - killed[0]
     return row
 
 
@@ -80,7 +98,9 @@ def main(argv=None) -> None:
     p.add_argument("--workers", type=int, default=3, help="the full job's workers (one leaves and joins again)")
     p.add_argument("--local-devices", type=int, default=2)
     p.add_argument("--work-seconds", type=float, default=0.1, help="each step's computation (a sleep)")
-    p.add_argument("--steps", type=int, default=30)
+    p.add_argument(
+        "--steps", type=int, default=40, help="steps of the job (the restarted worker must join before they end)"
+    )
     p.add_argument("--timeout-s", type=float, default=300, help="a run's bound")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
@@ -92,19 +112,22 @@ def main(argv=None) -> None:
             rows.append(run_once(args, os.path.join(tmp, f"die-{i}")))
             r = rows[-1]
             print(
-                f"run {i + 1}: step {r['step_s']:.3f} s, join {r['join_s']:.3f} s, broadcast {r['broadcast_s']:.2f} s,"
-                f" over broadcast + step {r['over_s']:+.3f} s",
+                f"run {i + 1}: step {r['step_s']:.3f} s, loss {r['loss_s']:.3f} s, join {r['join_s']:.3f} s,"
+                f" broadcast {r['broadcast_s']:.2f} s, over broadcast + step {r['over_s']:+.3f} s",
                 file=sys.stderr,
                 flush=True,
             )
     if args.json:
         print(json.dumps({"runs": rows}))
         return
-    print("| run | step | join (regroup -> next commit) | broadcast | join - (broadcast + step) |")
-    print("|---|---|---|---|---|")
+    print(
+        "| run | step | loss (kill -> next commit) | join (regroup -> next commit) | broadcast | join - (broadcast + step) |"
+    )
+    print("|---|---|---|---|---|---|")
     for i, r in enumerate(rows):
         print(
-            f"| {i + 1} | {r['step_s']:.3f} s | {r['join_s']:.3f} s | {r['broadcast_s']:.2f} s | {r['over_s']:+.3f} s |"
+            f"| {i + 1} | {r['step_s']:.3f} s | {r['loss_s']:.3f} s | {r['join_s']:.3f} s | {r['broadcast_s']:.2f} s"
+            f" | {r['over_s']:+.3f} s |"
         )
 
 
