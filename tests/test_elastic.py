@@ -249,7 +249,12 @@ def test_the_join_bench_times_a_join_that_includes_the_new_generations_whole_ste
     env = job_free_env(JAX_PLATFORMS="cpu", JBPS_TEST_MARKER=marker)
     argv = [sys.executable, "-m", "benchmarks.elastic_join", "--runs", "1", "--steps", "30"]
     proc = subprocess.run(
-        [*argv, "--work-seconds", "0.3", "--json"], env=env, capture_output=True, text=True, timeout=240, cwd=REPO
+        [*argv, "--work-seconds", "0.3", "--timeout-s", "180", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=REPO,
     )
     try:
         assert proc.returncode == 0, proc.stderr[-3000:]
