@@ -15,13 +15,16 @@ its commit (the step's computation: a regroup does not skip it). Per run:
 - broadcast: the state's broadcast in the new generation (rank 0's log);
 - over: join - (broadcast + step), what the regroup and the new generation's
   first trace of the step add;
+- next step: the survivors' step after that (with --placed-state, where the
+  step adds to a state leaf through a pmap, it shows a newcomer compiling its
+  second step again);
 - loss: from the kill (right after the dying worker's commit) to the
   survivors' next commit: their failed psum, the regroup without it, and the
   step again (traced again for the new size), against the aim of two steps
   (the link's liveness bound does not come into a kill, whose connections close).
 
     python -m benchmarks.elastic_join [--runs 3] [--workers 3] [--local-devices 2]
-        [--work-seconds 0.1] [--steps 40] [--json]
+        [--work-seconds 0.1] [--steps 40] [--placed-state] [--json]
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ def run_once(args, die_file: str) -> dict:
         *("--local-devices", str(args.local_devices), sys.executable, str(WORKER)),
         *("--steps", str(args.steps), "--step-seconds", "0", "--work-seconds", str(args.work_seconds)),
         *("--die-at", str(DIE_AT), "--die-file", die_file, "--print-regroups"),
+        *(["--placed-state"] if args.placed_state else []),
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -77,6 +81,9 @@ def run_once(args, die_file: str) -> dict:
     after = next(d for d in commits if d["at"] > regrouped["at"])
     broadcast = re.findall(r"generation \d+, %d workers, rank 0: .* state from rank 0 in ([0-9.]+) s" % full, stderr)
     row = {"step_s": step, "join_s": after["at"] - regrouped["at"], "broadcast_s": float(broadcast[-1])}
+    # The step after: where a newcomer that compiled its first step for inputs placed otherwise
+    # than its outputs compiles again, the others wait for it.
+    row["next_step_s"] = next(d["at"] for d in commits if d["at"] > after["at"]) - after["at"]
     row["over_s"] = row["join_s"] - row["broadcast_s"] - step
     # The loss before it: one worker killed itself right after its commit of step DIE_AT (it
     # never committed the step after); the survivors redo that step without it.
@@ -101,6 +108,11 @@ def main(argv=None) -> None:
     p.add_argument(
         "--steps", type=int, default=40, help="steps of the job (the restarted worker must join before they end)"
     )
+    p.add_argument(
+        "--placed-state",
+        action="store_true",
+        help="the worker's state also holds a leaf a pmap adds each step's sums to (from the host at first)",
+    )
     p.add_argument("--timeout-s", type=float, default=300, help="a run's bound")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
@@ -113,6 +125,7 @@ def main(argv=None) -> None:
             r = rows[-1]
             print(
                 f"run {i + 1}: step {r['step_s']:.3f} s, loss {r['loss_s']:.3f} s, join {r['join_s']:.3f} s,"
+                f" next step {r['next_step_s']:.3f} s,"
                 f" broadcast {r['broadcast_s']:.2f} s, over broadcast + step {r['over_s']:+.3f} s",
                 file=sys.stderr,
                 flush=True,
@@ -121,12 +134,14 @@ def main(argv=None) -> None:
         print(json.dumps({"runs": rows}))
         return
     print(
-        "| run | step | loss (kill -> next commit) | join (regroup -> next commit) | broadcast | join - (broadcast + step) |"
+        "| run | step | loss (kill -> next commit) | join (regroup -> next commit) | next step | broadcast"
+        " | join - (broadcast + step) |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for i, r in enumerate(rows):
         print(
-            f"| {i + 1} | {r['step_s']:.3f} s | {r['loss_s']:.3f} s | {r['join_s']:.3f} s | {r['broadcast_s']:.2f} s"
+            f"| {i + 1} | {r['step_s']:.3f} s | {r['loss_s']:.3f} s | {r['join_s']:.3f} s | {r['next_step_s']:.3f} s"
+            f" | {r['broadcast_s']:.2f} s"
             f" | {r['over_s']:+.3f} s |"
         )
 

@@ -29,6 +29,7 @@ needs to go on from a commit: it is what survives a regroup.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import threading
 import time
@@ -37,7 +38,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from . import link_rate, runtime
+from . import link_rate, runtime, sharding_words
 from .host_broadcast import broadcast_arrays, broadcast_bytes
 from .partition.priority import INT64_MAX
 from .config import Config
@@ -94,19 +95,27 @@ class State:
         object.__setattr__(self, "_committed", saved)
         object.__setattr__(self, "_placements", placements)
 
-    def _placed(self, name: str, value: Any) -> Any:
+    def _placed(self, name: str, value: Any, roots: list | None = None) -> Any:
         """value (host arrays, the layout of name's) with each leaf placed as
-        name's leaf was at the last commit. A step compiles for its inputs'
-        placement: from host arrays, a pmap's or a sharded jit's first step of a
-        generation would compile one program and the next another, for the
-        step's own outputs, on every worker at every membership change."""
+        name's leaf was at the last commit, or where this worker has no such
+        placement (a newcomer: its values came from the host), as the root's
+        was (`roots`: sharding_words of each leaf). A step compiles for its
+        inputs' placement: from host arrays, a pmap's or a sharded jit's first
+        step of a generation would compile one program and the next another,
+        for the step's own outputs, and the others would wait at that second step."""
         leaves, treedef = jax.tree_util.tree_flatten(value)
-        shardings = self._placements.get(name)
-        if shardings is None or len(shardings) != len(leaves):
+        own = self._placements.get(name) or [None] * len(leaves)
+        roots = roots if roots is not None and len(roots) == len(leaves) else [None] * len(leaves)
+        if len(own) != len(leaves):
             return value
+        shardings = [s if s is not None else sharding_words.from_words(r) for s, r in zip(own, roots)]
         return jax.tree_util.tree_unflatten(
             treedef, [leaf if s is None else jax.device_put(leaf, s) for leaf, s in zip(leaves, shardings)]
         )
+
+    def _placement_words(self) -> dict:
+        """Each value's leaves' placements at the last commit, as sharding_words."""
+        return {name: [sharding_words.to_words(s) for s in shardings] for name, shardings in self._placements.items()}
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name not in self._names:
@@ -173,16 +182,19 @@ class State:
                 lines.append(f"{name}{jax.tree_util.keystr(path)}: {np.shape(leaf)} {dtype}")
         return lines
 
-    def _check_like_root(self, root: int) -> None:
+    def _check_like_root(self, root: int) -> dict:
         """JbpsError naming the first leaf where this worker's state differs
         from the root's (a worker joining with another model), before any of
-        its values is broadcast."""
-        mine = "\n".join(self.layout()).encode()
+        its values is broadcast. Returns the root's placements (each value's
+        leaves' sharding_words), which come with its layout."""
+        layout = "\n".join(self.layout())
+        mine = (layout + "\0" + json.dumps(self._placement_words())).encode()
         size = int.from_bytes(
             broadcast_bytes(len(mine).to_bytes(4, "little"), root, "jbps.elastic.layout_size"), "little"
         )
-        theirs = broadcast_bytes(mine[:size].ljust(size, b"\0"), root, "jbps.elastic.layout").decode(errors="replace")
-        if theirs != mine.decode():
+        received = broadcast_bytes(mine[:size].ljust(size, b"\0"), root, "jbps.elastic.layout").decode(errors="replace")
+        theirs, _, placements = received.partition("\0")
+        if theirs != layout:
             ours, root_lines = self.layout(), theirs.split("\n")
             at = next((i for i, (a, b) in enumerate(zip(ours, root_lines)) if a != b), min(len(ours), len(root_lines)))
             here = ours[at] if at < len(ours) else "nothing"
@@ -191,13 +203,17 @@ class State:
                 f"jbps.elastic: this worker's state differs from the job's: it has {here} where rank {root} has "
                 f"{there} (a worker joining with another model is refused; the job goes on without it)"
             )
+        try:
+            return json.loads(placements)
+        except ValueError:  # a root of an older jbps sends its layout alone
+            return {}
 
     def sync(self, root: int = 0) -> None:
         """Every worker takes the root's values (at the start of a generation),
         after checking that every worker's state has the root's layout. Host
         psums outside XLA (host_broadcast.py): nothing to compile while the
         others wait."""
-        self._check_like_root(root)
+        roots = self._check_like_root(root)
         values = self.values()
         plain = {n: type(v) for n, v in values.items() if isinstance(v, _PLAIN)}
         leaves, treedef = jax.tree_util.tree_flatten({n: np.asarray(v) if n in plain else v for n, v in values.items()})
@@ -205,7 +221,8 @@ class State:
         arrays = [np.asarray(x, jax.dtypes.canonicalize_dtype(np.result_type(x))) for x in leaves]
         tree = jax.tree_util.tree_unflatten(treedef, broadcast_arrays(arrays, root, "jbps.elastic.sync"))
         for name, value in tree.items():
-            object.__setattr__(self, name, plain[name](value.item()) if name in plain else self._placed(name, value))
+            placed = plain[name](value.item()) if name in plain else self._placed(name, value, roots.get(name))
+            object.__setattr__(self, name, placed)
         self._save()
 
 

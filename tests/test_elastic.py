@@ -14,7 +14,9 @@ import threading
 import time
 
 import jax
+import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
 from conftest import REPO, job_free_env, worker_script
 from leftovers import assert_nothing_left
@@ -372,8 +374,6 @@ def test_elastic_run_names_a_bad_setting_when_the_function_is_decorated():
 
 
 def test_a_state_names_its_values_and_refuses_others():
-    import numpy as np
-
     import jbps.elastic
 
     state = jbps.elastic.State(params={"w": np.ones(3, np.float32)}, step=0)
@@ -387,12 +387,49 @@ def test_a_state_names_its_values_and_refuses_others():
         jbps.elastic.State()
 
 
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda devices: jax.sharding.NamedSharding(jax.sharding.Mesh(np.array(devices), ("i",)), P("i")),
+        lambda devices: jax.sharding.NamedSharding(
+            jax.sharding.Mesh(np.array(devices[::-1]).reshape(2, -1), ("a", "b")), P(None, ("b", "a")), memory_kind=None
+        ),
+        lambda devices: jax.sharding.NamedSharding(jax.sharding.Mesh(np.array(devices[:2]), ("x",)), P()),
+    ],
+    ids=["pmap-like", "2d-reversed", "replicated-on-two"],
+)
+def test_sharding_words_rebuild_a_mesh_sharding_on_this_processs_devices(make):
+    import json
+
+    from jbps import sharding_words
+
+    sharding = make(jax.local_devices())
+    words = json.loads(json.dumps(sharding_words.to_words(sharding)))  # as the root's travel
+    rebuilt = sharding_words.from_words(words)
+    assert rebuilt == sharding, (words, rebuilt)
+    x = jax.device_put(
+        np.arange(8 * len(jax.local_devices()), dtype=np.float32).reshape(len(jax.local_devices()), -1), sharding
+    )
+    assert jax.device_put(np.asarray(x), rebuilt).sharding == x.sharding
+
+
+def test_sharding_words_leave_what_has_no_such_form_on_the_host():
+    from jbps import sharding_words
+
+    assert sharding_words.to_words(jax.numpy.ones(3).sharding) is None  # one device: placed from the host
+    assert sharding_words.to_words(None) is None
+    devices = len(jax.local_devices())
+    assert sharding_words.from_words([["i"], [devices + 1], list(range(devices + 1)), ["i"], [], None]) is None
+    assert sharding_words.from_words([["i"], [1], [0], ["i"], ["NoSuchAxisType"], None]) is None
+    assert sharding_words.from_words(["not", "words"]) is None
+    assert sharding_words.from_words(None) is None
+
+
 def test_a_synced_state_keeps_its_arrays_placement_so_a_sharded_step_does_not_compile_again(session):
     # A generation starts from State.sync: the root's values, each placed as this worker's leaf was
     # at its last commit. From host arrays a sharded step compiles a second program (for inputs not
     # placed as its outputs are) at every membership change; jax's compile events count it.
-    import numpy as np
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from jax.sharding import Mesh, NamedSharding
 
     import jbps.elastic
     from jbps.data_parallel import shard_map
@@ -432,6 +469,31 @@ def test_a_synced_state_keeps_its_arrays_placement_so_a_sharded_step_does_not_co
     finally:
         counting.clear()
     np.testing.assert_array_equal(np.asarray(out), np.asarray(w) + np.asarray(x).mean() * 4)
+
+
+def test_a_newcomer_places_its_state_as_the_root_does_so_its_second_step_does_not_compile_again(job_factory):
+    # A pmap adds each step's sums to a state leaf that starts on the host. A newcomer takes rank
+    # 0's values and, having no commit of its own, rank 0's placement: the step it compiles first
+    # serves its later steps too (from host arrays its second step would compile another program,
+    # for the first one's outputs, and the others would wait for it). jax's compile events count it.
+    job = job_factory(1, 1, 2)
+    args = ["--steps", "24", "--step-seconds", "0.1", "--placed-state"]
+    job.start(0, *args)
+    job.wait_for_step(0, 3)
+    newcomer = job.start(1, *args)
+    codes = job.finish()
+    assert codes == [0, 0], [job.stderr(n) for n in range(2)]
+    results = [final(job, n) for n in (0, newcomer)]
+    for result in results:
+        assert result["exact"] and result["acc_exact"], result
+    joined = [line for line in job.lines(newcomer) if "step" in line]
+    assert len(joined) >= 3 and {line["size"] for line in joined} == {2}, joined
+    # Every program the newcomer runs was compiled by its first commit.
+    assert [line["compiles"] for line in joined] == [joined[0]["compiles"]] * len(joined), joined
+    # The same on rank 0 in the generation the newcomer joined (its first, from host arrays, compiled
+    # its second step again, as any job's first steps do).
+    commits = [line for line in job.lines(0) if line.get("size") == 2]
+    assert len(commits) >= 3 and [c["compiles"] for c in commits] == [commits[0]["compiles"]] * len(commits), commits
 
 
 def test_a_worker_joining_with_another_model_is_refused_naming_the_leaf_and_the_job_goes_on(job_factory):

@@ -12,11 +12,13 @@ With --back-to-back the steps are dispatched without waiting for them (as a
 training loop does), and their sums are checked at the next commit.
 
 Prints one JSON line per commit (every --commit-every steps) ({"step", "size", "rank", "servers",
-"link", "at", "rates", "replans", "timeout"}) and a last
-one: {"done", "w", "expected", "sizes", "cache_dir", "cache_hits", "lowered_before_training"}
-(jax's persistent compilation cache: its directory, and the programs it gave instead of a
-compile; the programs jax lowered before the training function first ran: jbps.elastic's warm-up). --die-at STEP kills this process
-(SIGKILL) before that step, once per --die-file (created first).
+"link", "at", "rates", "replans", "timeout", "compiles"}: the programs jax compiled so far) and a
+last one: {"done", "w", "expected", "exact", "acc_exact", "sizes", "cache_dir", "cache_hits",
+"lowered_before_training"} (acc_exact: with --placed-state, whether each device's running total
+equals numpy's; jax's persistent compilation cache: its directory, and the programs it gave
+instead of a compile; the programs jax lowered before the training function first ran:
+jbps.elastic's warm-up). --die-at STEP kills this process (SIGKILL) before that step, once per
+--die-file (created first).
 """
 
 import argparse
@@ -71,6 +73,12 @@ def main():
         action="store_true",
         help='print {"regrouped_at": step, "at"} when a commit is saved and the generation regroups',
     )
+    p.add_argument(
+        "--placed-state",
+        action="store_true",
+        help="the state also holds acc, each device's running total of its sums, which a pmap adds to "
+        "(a step whose input is a state leaf; from the host at first); commits count jax's compiles",
+    )
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # each generation's timings
     cache_hits = []  # programs jax's persistent compilation cache gave instead of a compile
@@ -81,6 +89,10 @@ def main():
     jax.monitoring.register_event_duration_secs_listener(
         lambda event, *_, **__: lowered.append(event) if event.endswith("jaxpr_to_mlir_module_duration") else None
     )
+    compiled = []  # programs jax compiled (or took from its persistent cache) in this process
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, *_, **__: compiled.append(event) if event.endswith("backend_compile_duration") else None
+    )
     lowered_before_training = []  # how many when the training function first ran (before its first step)
     k = jax.local_device_count()
 
@@ -90,7 +102,11 @@ def main():
         x = jnp.ones((args.width,), jnp.float32) * (offset + d + 1.0) * (step + 1.0)
         return jbps.psum(x, "i")
 
-    state = jbps.elastic.State(w=np.zeros((args.width,), np.float32), sizes=np.zeros((args.steps,), np.int32), step=0)
+    accumulate = jax.pmap(lambda acc, out: acc + out, axis_name="i")
+    extra = {"acc": np.zeros((k, args.width), np.float32)} if args.placed_state else {}
+    state = jbps.elastic.State(
+        w=np.zeros((args.width,), np.float32), sizes=np.zeros((args.steps,), np.int32), step=0, **extra
+    )
 
     def check(step, n, total, out):
         want = np.float32((step + 1) * total * (total + 1) / 2)
@@ -117,6 +133,8 @@ def main():
             else:
                 check(state.step, n, total, out)
                 state.w = np.asarray(state.w) + np.asarray(out)[0] / np.float32(total)
+            if args.placed_state:
+                state.acc = accumulate(state.acc, out)
             time.sleep(args.work_seconds)
             sizes = np.array(state.sizes)
             sizes[state.step] = total
@@ -136,6 +154,7 @@ def main():
                 servers = len(jbps.config().servers)
                 link = jbps.runtime.link_bytes_per_s()  # as measured, or reused from an earlier generation
                 line = {"step": state.step, "size": n, "rank": r, "servers": servers, "link": link, "at": time.time()}
+                line["compiles"] = len(compiled)
                 line["timeout"] = jbps.config().timeout_s
                 # Each server host's rate the generation started from, and the rate follower's splits so far.
                 rates = jbps.runtime.server_rates()
@@ -152,6 +171,8 @@ def main():
     for s, total in enumerate(np.asarray(state.sizes)):
         expected = expected + np.float32((s + 1) * int(total) * (int(total) + 1) / 2) / np.float32(total)
     w = np.asarray(state.w)
+    sums = [np.float32((s + 1) * int(total) * (int(total) + 1) / 2) for s, total in enumerate(np.asarray(state.sizes))]
+    acc_exact = None if not args.placed_state else bool(np.all(np.asarray(state.acc) == np.sum(sums, dtype=np.float32)))
     print(
         json.dumps(
             {
@@ -159,6 +180,7 @@ def main():
                 "w": float(w[0]),
                 "expected": float(expected[0]),
                 "exact": bool(np.array_equal(w, expected)),
+                "acc_exact": acc_exact,
                 "sizes": np.asarray(state.sizes).tolist(),
                 "cache_dir": os.environ.get("JAX_COMPILATION_CACHE_DIR"),
                 "cache_hits": len(cache_hits),
