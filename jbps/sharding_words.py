@@ -23,6 +23,13 @@ import numpy as np
 def to_words(sharding: Any) -> list | None:
     """JSON-able words for a NamedSharding over this process's local devices;
     None for anything else (the host, one device, another kind of sharding)."""
+    try:
+        return _words(sharding)
+    except Exception:  # noqa: BLE001  a mesh this jax describes otherwise: the newcomer places from the host
+        return None
+
+
+def _words(sharding: Any) -> list | None:
     if not isinstance(sharding, jax.sharding.NamedSharding):
         return None
     mesh = sharding.mesh
@@ -63,5 +70,5 @@ def from_words(words: list | None) -> Any:
         mesh = jax.sharding.Mesh(grid.reshape(shape), tuple(names), **kwargs)
         entries = (tuple(e) if isinstance(e, list) else e for e in spec)
         return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*entries), memory_kind=memory_kind)
-    except (ValueError, TypeError, KeyError, AttributeError):  # words of another jax: place from the host
+    except Exception:  # noqa: BLE001  words this jax cannot rebuild: placed from the host, as before
         return None
