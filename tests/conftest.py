@@ -355,9 +355,12 @@ ENGINE_ONLY = (
 
 # Tests of other files that depend on the jax version: jbps.elastic's state
 # (a pytree of arrays on 2 devices per worker, committed, restored and
-# broadcast to a worker that rejoins).
+# broadcast to a worker that rejoins), and a newcomer's placement of it (jax's
+# sharding classes, described and rebuilt).
 ELASTIC_ON_EVERY_JAX = (
     "tests/test_elastic.py::test_a_killed_worker_leaves_the_others_training_and_a_restarted_one_rejoins",
+    "tests/test_elastic.py::test_a_newcomer_places",
+    "tests/test_elastic.py::test_sharding_words",
 )
 
 
