@@ -188,14 +188,16 @@ class State:
         its values is broadcast. Returns the root's placements (each value's
         leaves' sharding_words), which come with its layout."""
         layout = "\n".join(self.layout())
-        mine = (layout + "\0" + json.dumps(self._placement_words())).encode()
+        # Only the root's placements are read: the others send their layout alone.
+        placements = json.dumps(self._placement_words()) if runtime.rank() == root else ""
+        mine = (layout + "\0" + placements).encode()
         size = int.from_bytes(
             broadcast_bytes(len(mine).to_bytes(4, "little"), root, "jbps.elastic.layout_size"), "little"
         )
         received = broadcast_bytes(mine[:size].ljust(size, b"\0"), root, "jbps.elastic.layout").decode(errors="replace")
         theirs, _, placements = received.partition("\0")
         if theirs != layout:
-            ours, root_lines = self.layout(), theirs.split("\n")
+            ours, root_lines = layout.split("\n"), theirs.split("\n")
             at = next((i for i, (a, b) in enumerate(zip(ours, root_lines)) if a != b), min(len(ours), len(root_lines)))
             here = ours[at] if at < len(ours) else "nothing"
             there = root_lines[at] if at < len(root_lines) else "nothing"

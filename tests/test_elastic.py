@@ -20,6 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 from conftest import REPO, job_free_env, worker_script
 from leftovers import assert_nothing_left
+from test_launch import run as launched
 from jbps.cpu_loop_deadlock import _version as jax_version
 from jbps.errors import JbpsError
 from jbps.procs import terminate
@@ -250,17 +251,11 @@ def test_the_join_bench_times_a_join_that_includes_the_new_generations_whole_ste
     marker = os.urandom(8).hex()
     env = job_free_env(JAX_PLATFORMS="cpu", JBPS_TEST_MARKER=marker)
     argv = [sys.executable, "-m", "benchmarks.elastic_join", "--runs", "1", "--steps", "30"]
-    proc = subprocess.run(
-        [*argv, "--work-seconds", "0.3", "--timeout-s", "180", "--json"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=REPO,
-    )
     try:
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        (run,) = json.loads(proc.stdout)["runs"]
+        # test_launch's run: its own session, the group ended after it, a timeout failing the test.
+        proc, out, err = launched([*argv, "--work-seconds", "0.3", "--timeout-s", "180", "--json"], env, 240, REPO)
+        assert proc.returncode == 0, err[-3000:]
+        (run,) = json.loads(out)["runs"]
         assert 0.3 <= run["step_s"] < 3, run
         assert run["join_s"] >= 0.3 and run["broadcast_s"] >= 0, run
         assert run["loss_s"] >= 0.3, run  # the survivors redo the step after the kill, whole

@@ -86,13 +86,15 @@ def main():
         lambda event, **_: cache_hits.append(event) if event == "/jax/compilation_cache/cache_hits" else None
     )
     lowered = []  # programs jax lowered to MLIR in this process
-    jax.monitoring.register_event_duration_secs_listener(
-        lambda event, *_, **__: lowered.append(event) if event.endswith("jaxpr_to_mlir_module_duration") else None
-    )
     compiled = []  # programs jax compiled (or took from its persistent cache) in this process
-    jax.monitoring.register_event_duration_secs_listener(
-        lambda event, *_, **__: compiled.append(event) if event.endswith("backend_compile_duration") else None
-    )
+    counted = {"jaxpr_to_mlir_module_duration": lowered, "backend_compile_duration": compiled}
+
+    def count(event, *_, **__):
+        kept = counted.get(event.rsplit("/", 1)[-1])
+        if kept is not None:
+            kept.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(count)
     lowered_before_training = []  # how many when the training function first ran (before its first step)
     k = jax.local_device_count()
 
