@@ -744,7 +744,12 @@ def test_jbps_run_places_elastic_workers_on_the_hosts_a_discovery_script_names(t
         caches = {
             w: (d.pop("cache_dir"), d.pop("cache_hits"), d.pop("lowered_before_training")) for w, d in done.items()
         }
-        assert 3 in done and caches[3][1] > 0, caches
+        assert 3 in done, caches
+        # Its generation compiles what an earlier one did only where it holds the rank the dead
+        # worker held (which worker claims --die-at's file is a race; the other order is new programs).
+        dead = next(w for w in (1, 2) if w not in done)
+        if [line["rank"] for line in lines(dead) if "rank" in line][-1:] == [lines(3)[0]["rank"]]:
+            assert caches[3][1] > 0, caches
         assert len({c[0] for c in caches.values()}) == 1 and caches[3][0].startswith("/tmp/jbps-compile-cache-"), caches
         assert not os.path.exists(caches[3][0]), caches
         done = list(done.values())
