@@ -245,6 +245,25 @@ def run(func: Callable | None = None, **settings: Any) -> Callable:
     return _elastic(func, settings) if func is not None else lambda f: _elastic(f, settings)
 
 
+def _runs_the_check() -> bool:
+    return jax.local_device_count() >= 2 and jax.default_backend() == "cpu"
+
+
+_CHECK: list = []  # [(the check's psum, compiled; its input)]
+_CHECK_LOCK = threading.Lock()
+
+
+def _the_check() -> tuple[Callable, np.ndarray]:
+    """A psum over the local devices, compiled once (jax's caches, cleared at
+    each generation, would not keep it), and its input: what
+    _check_runtime_recovers runs."""
+    with _CHECK_LOCK:
+        if not _CHECK:
+            zeros = np.zeros((jax.local_device_count(),), np.float32)
+            _CHECK.append((jax.pmap(lambda x: jax.lax.psum(x, "i"), axis_name="i").lower(zeros).compile(), zeros))
+        return _CHECK[0]
+
+
 def _check_runtime_recovers(fault: str) -> None:
     """Raises, saying why, where this process's XLA runtime cannot run the
     next generation's steps. Some jax versions' CPU runtime (0.5.0: yes;
@@ -252,11 +271,11 @@ def _check_runtime_recovers(fault: str) -> None:
     computation with collectives across the local devices (as a psum over
     several local devices has): the worker's next step would fail with the
     lost generation's error. A psum of zeros over the local devices shows it."""
-    if jax.local_device_count() < 2 or jax.default_backend() != "cpu":
+    if not _runs_the_check():
         return
-    zeros = np.zeros((jax.local_device_count(),), np.float32)
     try:
-        jax.block_until_ready(jax.pmap(lambda x: jax.lax.psum(x, "i"), axis_name="i")(zeros))
+        compiled, zeros = _the_check()
+        jax.block_until_ready(compiled(zeros))
     except Exception as exc:  # XLA's runtime error, whatever its type in this jax
         raise JbpsError(
             f"jbps.elastic: after the fault ({fault}) jax {jax.__version__}'s CPU runtime fails every computation "
@@ -269,13 +288,15 @@ def _check_runtime_recovers(fault: str) -> None:
 _WARM_UP_BOUND_S = 30.0
 
 
-def _warm_up() -> None:
+def _warm_up(traced: threading.Event) -> None:
     """A fresh process's first trace pays once for jax's tracing and lowering
     machinery and for importing jbps's ops, and in a worker that joins a
     running job that first step holds every member's (about 20 ms of a 0.2 s
     join on 2 cores: docs/guide/elastic.md). Run in a thread while the process
     registers and waits for its first generation: traces and lowers (no
-    compile) a psum over the local devices, as a step's pmap or shard_map does."""
+    compile) a psum over the local devices, as a step's pmap or shard_map does,
+    and sets `traced`. Then compiles the check a loss runs (_the_check: about
+    30 ms of each loss on 2 cores otherwise), which nothing waits for."""
     try:
         from .ops import psum  # noqa: F401  (imported on a step's first psum otherwise)
 
@@ -283,6 +304,12 @@ def _warm_up() -> None:
         jax.pmap(lambda x: jax.lax.psum(x * 2.0 + 1.0, "i"), axis_name="i").lower(np.zeros((n, 8), np.float32))
     except Exception as exc:  # only time is at stake: the step traces as it would have
         log.debug("jbps.elastic: warming up the tracing failed: %s", exc)
+    traced.set()
+    try:
+        if _runs_the_check():
+            _the_check()
+    except Exception as exc:  # only time is at stake: a loss compiles it then
+        log.debug("jbps.elastic: compiling the runtime check failed: %s", exc)
 
 
 def _elastic(func: Callable, settings: dict) -> Callable:
@@ -299,15 +326,15 @@ def _elastic(func: Callable, settings: dict) -> Callable:
         if runtime.is_initialized():
             raise JbpsError("jbps.elastic.run starts the job itself: do not call jbps.init() before it")
         requested = Config.resolve(settings, caller="jbps.elastic.run")
-        warming = threading.Thread(target=_warm_up, name="jbps-warm-up", daemon=True)
-        warming.start()  # while this process registers and waits for its first generation
+        traced = threading.Event()  # while this process registers and waits for its first generation
+        threading.Thread(target=_warm_up, args=(traced,), name="jbps-warm-up", daemon=True).start()
         membership = Membership(requested)
         failed_starts = 0
         try:
             while True:
                 left = time.monotonic()
                 config, hosted, job = membership.join()
-                warming.join(_WARM_UP_BOUND_S)  # at once after the first generation
+                traced.wait(_WARM_UP_BOUND_S)  # at once after the first generation
                 joined = time.monotonic()
                 jax.clear_caches()  # plans, sizes and keys of the last generation are baked into its programs
                 try:
