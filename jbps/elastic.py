@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import sys
 import threading
 import time
 from typing import Any, Callable
@@ -219,13 +220,44 @@ class State:
         values = self.values()
         plain = {n: type(v) for n, v in values.items() if isinstance(v, _PLAIN)}
         leaves, treedef = jax.tree_util.tree_flatten({n: np.asarray(v) if n in plain else v for n, v in values.items()})
+        own = treedef.flatten_up_to({n: False if n in plain else _own_leaves(v) for n, v in values.items()})
         # In the dtypes jax holds them in (the layout the check compared): the same bytes on every worker.
-        arrays = [np.asarray(x, jax.dtypes.canonicalize_dtype(np.result_type(x))) for x in leaves]
-        tree = jax.tree_util.tree_unflatten(treedef, broadcast_arrays(arrays, root, "jbps.elastic.sync"))
+        shared = [i for i, mine in enumerate(own) if not mine]
+        arrays = [np.asarray(leaves[i], jax.dtypes.canonicalize_dtype(np.result_type(leaves[i]))) for i in shared]
+        for i, taken in zip(shared, broadcast_arrays(arrays, root, "jbps.elastic.sync")):
+            leaves[i] = taken
+        tree = jax.tree_util.tree_unflatten(treedef, leaves)
         for name, value in tree.items():
             placed = plain[name](value.item()) if name in plain else self._placed(name, value, roots.get(name))
             object.__setattr__(self, name, placed)
         self._save()
+
+
+def _own_leaves(value: Any) -> Any:
+    """value's tree with True at the leaves each worker keeps its own of at a
+    generation's start, False at those it takes from the root: the residuals
+    of error feedback (jbps.optax's FeedbackState, onebit_adam's state) are
+    what this worker's own encodings have not sent yet, so a survivor goes on
+    with its own and a newcomer with those it brought (zeros, from init); the
+    root's would count its unsent part once per worker and drop the others'."""
+    kinds = tuple(
+        getattr(sys.modules[module], kind)
+        for module, kind in (("jbps.optax", "FeedbackState"), ("jbps.onebit_adam", "OneBitAdamState"))
+        if module in sys.modules  # neither can be in a state before its module is imported
+    )
+
+    def mark(node: Any) -> Any:
+        if not isinstance(node, kinds):
+            return False
+        fields = node._asdict()
+        return type(node)(
+            **{
+                name: jax.tree_util.tree_map(lambda _: True, field) if name == "residuals" else _own_leaves(field)
+                for name, field in fields.items()
+            }
+        )
+
+    return jax.tree_util.tree_map(mark, value, is_leaf=lambda node: isinstance(node, kinds))
 
 
 # Settings each generation's membership decides: not the worker's to give.

@@ -232,6 +232,7 @@ SLOW = (
     "tests/test_elastic.py::test_jbps_run_starts",
     "tests/test_elastic.py::test_the_join_bench",
     "tests/test_elastic.py::test_a_newcomer_places",
+    "tests/test_elastic.py::test_error_feedback_residuals",
     "tests/test_elastic.py::test_an_elastic_worker_and",
     "tests/test_elastic.py::test_a_stranger",
     "tests/test_elastic.py::test_a_worker_joining",

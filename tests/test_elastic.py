@@ -29,6 +29,7 @@ from jbps.scheduler import rendezvous
 from jbps.scheduler.rendezvous import Scheduler
 
 TRAIN = worker_script("elastic_train.py")
+FEEDBACK = worker_script("elastic_feedback.py")
 SECRET = "elastic-test-secret-0123456789"
 # Whether this jax's CPU runtime runs multi-device computations again after one failed (a
 # lost worker's step): jax 0.5.0 does not (every later one fails with that error); 0.10.2
@@ -74,7 +75,7 @@ class Job:
         finally:
             self.scheduler.close()
 
-    def start(self, worker_id, *args):
+    def start(self, worker_id, *args, script=TRAIN):
         n = len(self.procs)
         env = env_for(
             self.scheduler.address, worker_id, self.devices, marker=self.marker, JBPS_TIMEOUT_S=str(self.timeout_s)
@@ -82,7 +83,7 @@ class Job:
         out = open(self.tmp_path / f"worker{n}.out", "w")
         err = open(self.tmp_path / f"worker{n}.err", "w")
         proc = subprocess.Popen(
-            [sys.executable, TRAIN, *args], env=env, stdout=out, stderr=err, start_new_session=True, cwd="/"
+            [sys.executable, script, *args], env=env, stdout=out, stderr=err, start_new_session=True, cwd="/"
         )
         self.procs.append(proc)
         return n
@@ -489,6 +490,49 @@ def test_a_newcomer_places_its_state_as_the_root_does_so_its_second_step_does_no
     # its second step again, as any job's first steps do).
     commits = [line for line in job.lines(0) if line.get("size") == 2]
     assert len(commits) >= 3 and [c["compiles"] for c in commits] == [commits[0]["compiles"]] * len(commits), commits
+
+
+def test_error_feedback_residuals_stay_each_workers_own_across_a_loss_and_a_join(job_factory):
+    # jbps.optax.distributed(adam, compression="onebit"): each worker's residuals are what its own
+    # encodings have not sent yet. At a generation's start every worker takes rank 0's values but
+    # keeps its own residuals (rank 0's would be counted once per worker and the others' dropped):
+    # a survivor goes on with those of the commit it rolled back to, a newcomer with its own zeros.
+    job = job_factory(3, 2, 3, devices=1)
+    args = ["--steps", "30", "--step-seconds", "0.1"]
+    for i in range(3):
+        extra = ["--die-at", "6", "--die-file", str(job.tmp_path / "die")] if i == 2 else []
+        job.start(i, *args, *extra, script=FEEDBACK)
+    job.wait_for_step(0, 9)
+    newcomer = job.start(2, *args, script=FEEDBACK)
+    codes = job.finish()
+    assert codes == [0, 0, -signal.SIGKILL, 0], [job.stderr(n) for n in range(4)]
+    workers = (0, 1, newcomer)
+    done = [[line for line in job.lines(n) if line.get("done")] for n in workers]
+    assert all(done), [job.stderr(n) for n in workers]
+    assert len({d[-1]["params"] for d in done}) == 1, done  # the same sums applied everywhere
+    starts = {n: [line for line in job.lines(n) if "start" in line] for n in workers}
+    assert [s["size"] for s in starts[0]] == [3, 2, 3], starts[0]
+    checked = 0
+    for n in workers:
+        lines = job.lines(n)
+        first_start = next(at for at, line in enumerate(lines) if "start" in line)
+        for at, line in enumerate(lines):
+            if "start" not in line or line["start"] == 0:
+                continue
+            # Rank 0 of the same generation (its start line has the same step and size).
+            root = [s for m in workers for s in starts[m] if s["rank"] == 0 and s["start"] == line["start"]]
+            assert len(root) == 1, (line, starts)
+            if n == newcomer and at == first_start:
+                assert line["residuals_abs"] == 0.0, line
+                assert root[0]["residuals_abs"] > 0.0, root
+                checked += 1
+                continue
+            saved = [s for s in lines[:at] if s.get("saving") == line["start"]]
+            assert saved and line["residuals"] == saved[-1]["residuals"], (n, line, saved)
+            if line["rank"] != 0:
+                assert line["residuals"] != root[0]["residuals"], (line, root)
+                checked += 1
+    assert checked >= 3, checked  # worker 1 after the loss and the join, and the newcomer
 
 
 def test_a_worker_joining_with_another_model_is_refused_naming_the_leaf_and_the_job_goes_on(job_factory):
