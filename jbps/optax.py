@@ -141,8 +141,9 @@ class FeedbackState(NamedTuple):
     this worker's encodings have not sent yet (float32, the leaf's shape;
     None for leaves that travel as they are: integers and leaves of fewer
     than 1024 values). It lives on the device and checkpoints with the rest
-    (orbax, flax's msgpack); restored, it resumes the feedback exactly (the
-    servers' residuals start from zero in a new job). switch_compression
+    (orbax, flax's msgpack); restored on the worker that saved it, it resumes
+    the feedback exactly (the servers' residuals start from zero in a new job;
+    docs/guide/checkpoints.md: the other workers' residuals). switch_compression
     converts it to and from tx's own state."""
 
     residuals: Any
