@@ -213,7 +213,8 @@ class State:
 
     def sync(self, root: int = 0) -> None:
         """Every worker takes the root's values (at the start of a generation),
-        after checking that every worker's state has the root's layout. Host
+        but for its own error-feedback residuals (_own_leaves), after checking
+        that every worker's state has the root's layout. Host
         psums outside XLA (host_broadcast.py): nothing to compile while the
         others wait."""
         roots = self._check_like_root(root)
