@@ -1,6 +1,7 @@
 """Shared fixtures. In-process tests get 4 host devices and a real summation
 server running on threads of the test process (real sockets on loopback)."""
 
+import fcntl
 import json
 import os
 import re
@@ -62,11 +63,25 @@ MNIST_ELASTIC_EPOCHS = 24
 
 
 @pytest.fixture(scope="session")
-def mnist_elastic_clean_accuracy():
+def mnist_elastic_clean_accuracy(tmp_path_factory, worker_id):
     """examples/mnist_elastic.py's test accuracy after MNIST_ELASTIC_EPOCHS with 3
     workers of one device and no fault (`jbps run`): the reference the elastic
     tests with faults end within 0.01 of (test_examples, test_multihost), run
-    once per session."""
+    once per session: with pytest-xdist, once for all its workers (the first
+    to need it runs it, under a lock in the run's own temporary directory, and
+    keeps the result there for the others)."""
+    if worker_id == "master":  # no xdist: this process is the whole session
+        return _mnist_elastic_clean_accuracy()
+    shared = tmp_path_factory.getbasetemp().parent  # this run's, shared by its xdist workers
+    with open(shared / "mnist_elastic_clean.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # held at most as long as the run (its timeout) by another worker
+        kept = shared / "mnist_elastic_clean.json"
+        if not kept.exists():
+            kept.write_text(json.dumps(_mnist_elastic_clean_accuracy()))
+        return json.loads(kept.read_text())
+
+
+def _mnist_elastic_clean_accuracy() -> float:
     from leftovers import assert_nothing_left
     from test_examples import CHECKOUT, mnist_elastic_argv
     from test_launch import base_env, run

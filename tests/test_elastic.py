@@ -139,7 +139,7 @@ def final(job, n):
 def test_a_killed_worker_leaves_the_others_training_and_a_restarted_one_rejoins_with_every_sum_exact(job_factory):
     job = job_factory(3, 2, 3)
     # The psum timeout given to jbps.elastic.run, over the job's JBPS_TIMEOUT_S (60 s).
-    steps = ["--steps", "60", "--step-seconds", "0.15", "--timeout-s", "45"]
+    steps = ["--steps", "60", "--step-seconds", "0.15", "--timeout-s", "45", "--hold-at", "50", "--hold-for", "3"]
     for i in range(3):
         job.start(i, *steps)
     job.wait_for_step(2, 5)
@@ -190,6 +190,7 @@ def test_a_worker_lost_while_steps_are_dispatched_back_to_back_leaves_the_others
     # others' steps in flight; they roll back, go on, and take a restarted worker back.
     job = job_factory(3, 2, 3)
     steps = ["--steps", "400", "--step-seconds", "0.02", "--commit-every", "4", "--back-to-back"]
+    steps += ["--hold-at", "300", "--hold-for", "3"]  # the restarted worker joins by then
     for i in range(2):
         job.start(i, *steps)
     job.start(2, *steps, "--die-at", "40", "--die-file", str(tmp_path / "died"))
@@ -222,7 +223,7 @@ def test_jbps_run_starts_a_failed_worker_again_and_it_rejoins(tmp_path):
     die = tmp_path / "died"
     argv = [sys.executable, "-m", "jbps", "run", "-n", "3", "--min-workers", "2", "--max-workers", "3"]
     argv += ["--local-devices", "2", sys.executable, TRAIN, "--steps", "40", "--step-seconds", "0.1"]
-    argv += ["--die-at", "5", "--die-file", str(die)]
+    argv += ["--die-at", "5", "--die-file", str(die), "--hold-at", "30", "--hold-for", "3"]
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=240, cwd="/")
     try:
         assert proc.returncode == 0, proc.stderr[-3000:]
@@ -473,7 +474,7 @@ def test_a_newcomer_places_its_state_as_the_root_does_so_its_second_step_does_no
     # serves its later steps too (from host arrays its second step would compile another program,
     # for the first one's outputs, and the others would wait for it). jax's compile events count it.
     job = job_factory(1, 1, 2)
-    args = ["--steps", "24", "--step-seconds", "0.1", "--placed-state"]
+    args = ["--steps", "24", "--step-seconds", "0.1", "--placed-state", "--hold-at", "12", "--hold-for", "2"]
     job.start(0, *args)
     job.wait_for_step(0, 3)
     newcomer = job.start(1, *args)
@@ -498,7 +499,7 @@ def test_error_feedback_residuals_stay_each_workers_own_across_a_loss_and_a_join
     # keeps its own residuals (rank 0's would be counted once per worker and the others' dropped):
     # a survivor goes on with those of the commit it rolled back to, a newcomer with its own zeros.
     job = job_factory(3, 2, 3, devices=1)
-    args = ["--steps", "30", "--step-seconds", "0.1"]
+    args = ["--steps", "30", "--step-seconds", "0.1", "--hold-at", "20", "--hold-for", "3"]
     for i in range(3):
         extra = ["--die-at", "6", "--die-file", str(job.tmp_path / "die")] if i == 2 else []
         job.start(i, *args, *extra, script=FEEDBACK)
@@ -553,7 +554,7 @@ def test_a_newcomer_waits_for_a_commit_further_off_than_the_timeout_and_nobody_i
     # Commits every 120 steps of ~0.05 s (6 s or more apart), JBPS_TIMEOUT_S 4: the newcomer waits
     # longer than the timeout for the others' next commit, told by the scheduler that the job goes on.
     job = job_factory(2, 2, 3, timeout_s=4.0)
-    args = ["--steps", "360", "--step-seconds", "0.05", "--commit-every", "120"]
+    args = ["--steps", "360", "--step-seconds", "0.05", "--commit-every", "120", "--hold-at", "240", "--hold-for", "3"]
     for i in range(2):
         job.start(i, *args)
     job.wait_for_step(0, 120)

@@ -28,6 +28,7 @@ import optax
 import jbps
 import jbps.elastic
 import jbps.optax
+from elastic_hold import add_arguments as add_hold_arguments, hold
 
 
 def digest(tree):
@@ -44,6 +45,7 @@ def main():
     p.add_argument("--compression", default="onebit")
     p.add_argument("--die-at", type=int)
     p.add_argument("--die-file")
+    add_hold_arguments(p)
     args = p.parse_args()
 
     rng = np.random.default_rng(0)
@@ -90,6 +92,7 @@ def main():
             state.commit()
             line = {"step": state.step, "rank": rank, "size": size, "params": digest(state.params), **residuals()}
             print(json.dumps(line), flush=True)
+            hold(state, args)
 
     train(state)
     print(json.dumps({"done": True, "params": digest(state.params)}), flush=True)

@@ -18,7 +18,8 @@ last one: {"done", "w", "expected", "exact", "acc_exact", "sizes", "cache_dir", 
 equals numpy's; jax's persistent compilation cache: its directory, and the programs it gave
 instead of a compile; the programs jax lowered before the training function first ran:
 jbps.elastic's warm-up). --die-at STEP kills this process (SIGKILL) before that step, once per
---die-file (created first).
+--die-file (created first). --hold-at STEP --hold-for SIZE: that step's commit waits until the
+job has SIZE workers (tests/workers/elastic_hold.py).
 """
 
 import argparse
@@ -37,6 +38,7 @@ import numpy as np
 import jbps
 import jbps.elastic
 import jbps.runtime
+from elastic_hold import add_arguments as add_hold_arguments, hold
 
 
 def first_to_claim(path):
@@ -79,6 +81,7 @@ def main():
         help="the state also holds acc, each device's running total of its sums, which a pmap adds to "
         "(a step whose input is a state leaf; from the host at first); commits count jax's compiles",
     )
+    add_hold_arguments(p)
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # each generation's timings
     cache_hits = []  # programs jax's persistent compilation cache gave instead of a compile
@@ -166,6 +169,7 @@ def main():
                 )
                 print(json.dumps(line))
                 sys.stdout.flush()
+                hold(state, args)
             time.sleep(args.step_seconds)
 
     train(state)
