@@ -705,6 +705,7 @@ def test_jbps_run_places_elastic_workers_on_the_hosts_a_discovery_script_names(t
         argv += ["--scheduler-address", net.hosts[0].address, "--blacklist-cooldown-range", "1", "10", "-v", "--"]
         argv += [sys.executable, worker_script("elastic_train.py"), "--steps", "100", "--step-seconds", "0.2"]
         argv += ["--die-at", "50", "--die-file", str(tmp_path / "died")]
+        argv += ["--hold-at", "90", "--hold-for", "2"]  # the restarted worker joins by then, however slowly it starts
         env = job_free_env(
             JAX_PLATFORMS="cpu", JBPS_TIMEOUT_S="15", XLA_FLAGS="--xla_force_host_platform_device_count=1"
         )
