@@ -52,6 +52,8 @@ def run_once(args, die_file: str) -> dict:
         *("--local-devices", str(args.local_devices), sys.executable, str(WORKER)),
         *("--steps", str(args.steps), "--step-seconds", "0", "--work-seconds", str(args.work_seconds)),
         *("--die-at", str(DIE_AT), "--die-file", die_file, "--print-regroups"),
+        # A restart slower than the steps left (a loaded machine) is waited for, near the end.
+        *("--hold-at", str(args.steps - 3), "--hold-for", str(args.workers)),
         *(["--placed-state"] if args.placed_state else []),
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -106,7 +108,10 @@ def main(argv=None) -> None:
     p.add_argument("--local-devices", type=int, default=2)
     p.add_argument("--work-seconds", type=float, default=0.1, help="each step's computation (a sleep)")
     p.add_argument(
-        "--steps", type=int, default=40, help="steps of the job (the restarted worker must join before they end)"
+        "--steps",
+        type=int,
+        default=40,
+        help="steps of the job (the restarted worker joins by the third-last, waited for there)",
     )
     p.add_argument(
         "--placed-state",

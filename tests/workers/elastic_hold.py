@@ -18,10 +18,12 @@ def add_arguments(parser):
     parser.add_argument("--hold-for", type=int, default=None, help="the workers --hold-at waits for")
 
 
-def hold(state, args):
+def hold(state, args, commit=None):
+    """commit: what commits the state (state.commit, or the worker's own around it)."""
+    commit = commit or state.commit
     if args.hold_at is None or state.step != args.hold_at:
         return
     deadline = time.monotonic() + HOLD_BOUND_S
     while jbps.size() < args.hold_for and time.monotonic() < deadline:
         time.sleep(0.05)
-        state.commit()
+        commit()

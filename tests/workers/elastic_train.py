@@ -120,6 +120,15 @@ def main():
             print(json.dumps({"wrong": step, "size": n, "got": float(out.ravel()[0]), "want": float(want)}))
             sys.exit(3)
 
+    def commit(state):
+        try:
+            state.commit()
+        except Exception as exc:  # saved, then a regroup (or the job's fault): when, for the join's time
+            if args.print_regroups and type(exc).__name__ == "_Regroup":
+                print(json.dumps({"regrouped_at": state.step, "at": time.time()}))
+                sys.stdout.flush()
+            raise
+
     @jbps.elastic.run(**({} if args.timeout_s is None else {"timeout_s": args.timeout_s}))
     def train(state):
         unchecked = []  # steps dispatched back to back, checked at the next commit
@@ -149,13 +158,7 @@ def main():
                 for pending in unchecked:
                     check(*pending)
                 unchecked.clear()
-                try:
-                    state.commit()
-                except Exception as exc:  # saved, then a regroup (or the job's fault): when, for the join's time
-                    if args.print_regroups and type(exc).__name__ == "_Regroup":
-                        print(json.dumps({"regrouped_at": state.step, "at": time.time()}))
-                        sys.stdout.flush()
-                    raise
+                commit(state)
                 servers = len(jbps.config().servers)
                 link = jbps.runtime.link_bytes_per_s()  # as measured, or reused from an earlier generation
                 line = {"step": state.step, "size": n, "rank": r, "servers": servers, "link": link, "at": time.time()}
@@ -169,7 +172,7 @@ def main():
                 )
                 print(json.dumps(line))
                 sys.stdout.flush()
-                hold(state, args)
+                hold(state, args, lambda: commit(state))
             time.sleep(args.step_seconds)
 
     train(state)
