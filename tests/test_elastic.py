@@ -317,7 +317,8 @@ def test_an_elastic_worker_and_a_plain_job_refuse_each_other_with_one_line(tmp_p
 
 def test_a_stranger_without_the_secret_is_refused_and_the_job_goes_on(job_factory):
     job = job_factory(1, 1, 2)
-    job.start(0, "--steps", "30", "--step-seconds", "0.1")
+    refused = job.tmp_path / "refused"  # the worker holds its step 5 until then, however slow the stranger
+    job.start(0, "--steps", "30", "--step-seconds", "0.1", "--hold-at", "5", "--hold-until", str(refused))
     job.wait_for_step(0, 2)
     stranger = env_for(job.scheduler.address, 1, marker=job.marker, JBPS_TIMEOUT_S="10")
     stranger["JBPS_JOB_SECRET"] = "not-the-secret-of-this-job"
@@ -326,6 +327,7 @@ def test_a_stranger_without_the_secret_is_refused_and_the_job_goes_on(job_factor
     )
     assert proc.returncode != 0
     assert "its proof of the job secret is wrong" in proc.stderr
+    refused.touch()
     assert job.finish() == [0]
     result = final(job, 0)
     assert result["exact"] and set(result["sizes"]) == {2}  # one worker, 2 devices, never regrouped
@@ -538,16 +540,132 @@ def test_error_feedback_residuals_stay_each_workers_own_across_a_loss_and_a_join
 
 def test_a_worker_joining_with_another_model_is_refused_naming_the_leaf_and_the_job_goes_on(job_factory):
     job = job_factory(2, 2, 3)
+    refused = job.tmp_path / "refused"  # the two hold their step 10 until then, however slow the joiner
     for i in range(2):
-        job.start(i, "--steps", "40", "--step-seconds", "0.1")
+        job.start(i, "--steps", "40", "--step-seconds", "0.1", "--hold-at", "10", "--hold-until", str(refused))
     job.wait_for_step(0, 3)
     stranger = job.start(2, "--steps", "40", "--width", "999")
+    job.procs[stranger].wait(timeout=150)
+    refused.touch()
     codes = job.finish()
     assert codes[:2] == [0, 0] and codes[stranger] != 0
     assert "it has w: (999,) float32 where rank 0 has w: (1000,) float32" in job.stderr(stranger)
     results = [final(job, n) for n in range(2)]
     assert results[0] == results[1] and results[0]["exact"], results
     assert set(results[0]["sizes"]) == {4}  # 2 workers x 2 devices throughout: the bad joiner never summed
+
+
+class Members:
+    """Workers' sides of an elastic rendezvous (jbps/bootstrap/elastic.py's Membership, each with
+    the summation server it starts) against a real scheduler on a thread: its generations
+    without training, so a test can put a newcomer exactly where it wants it."""
+
+    def __init__(self, num_workers, min_workers, max_workers, timeout_s=10.0):
+        self.scheduler = ElasticScheduler(
+            num_workers, min_workers, max_workers, bind="127.0.0.1:0", timeout_s=timeout_s, secret=SECRET
+        )
+        self.timeout_s, self.error, self.members, self.servers = timeout_s, None, [], []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        try:
+            self.scheduler.run()
+        except JbpsError as exc:
+            self.error = str(exc)
+
+    def register(self, worker_id):
+        from jbps.bootstrap.elastic import Membership
+        from jbps.config import Config
+
+        env = env_for(self.scheduler.address, worker_id, marker="none", JBPS_TIMEOUT_S=str(self.timeout_s))
+        self.members.append(Membership(Config.resolve({}, environ=env, caller="test")))
+        return self.members[-1]
+
+    def join(self, *members):
+        """Each member's next generation (they join it together), as join() returns it."""
+        jobs = [None] * len(members)
+
+        def one(i):
+            _, hosted, jobs[i] = members[i].join()
+            self.servers += hosted
+
+        threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(members))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+        assert all(jobs), jobs
+        return jobs
+
+    def two_running_and_a_newcomer(self):
+        """Workers 0 and 1 in generation 1, then worker 2 registered: generation 1 is asked to regroup."""
+        first, second = self.register(0), self.register(1)
+        assert [j["generation"] for j in self.join(first, second)] == [1, 1]
+        late = self.register(2)
+        asked_to_regroup(second)
+        return first, second, late
+
+    def close(self):
+        for server in self.servers:
+            server.stop()
+        for m in self.members:
+            m.close()
+        self.thread.join(timeout=30)
+        self.scheduler.close()
+
+
+@pytest.fixture
+def members():
+    made = []
+    yield lambda *args: made.append(Members(*args)) or made[-1]
+    for job in made:
+        job.close()
+
+
+def asked_to_regroup(member, timeout=20):
+    deadline = time.monotonic() + timeout
+    while not member.asked_to_regroup():
+        assert time.monotonic() < deadline, "the running worker was not asked to regroup"
+        time.sleep(0.02)
+
+
+def test_a_newcomer_that_comes_as_the_job_finishes_is_told_it_is_over_and_never_trains_it_alone(members):
+    # Rank 0 has finished, rank 1 is finishing, and a newcomer registers: nobody is left to hand it
+    # the last commit, so it must not start a generation of its own (min 1 allows one) from its
+    # fresh state: the job is over.
+    job = members(2, 1, 3)
+    first, second, late = job.two_running_and_a_newcomer()
+    first.finish()
+    second.finish()
+    with pytest.raises(JbpsError, match="is over: its workers finished before this one could join them"):
+        late.join()
+    job.thread.join(timeout=30)
+    assert not job.thread.is_alive() and job.error is None, job.error
+    assert job.scheduler.finished == 2 and job.scheduler.generation == 1
+
+
+def test_a_newcomer_left_alone_by_a_generation_that_is_all_gone_gets_its_loss_not_a_fresh_start(members):
+    job = members(2, 1, 3)
+    first, second, late = job.two_running_and_a_newcomer()
+    first.close()  # both gone without finishing: their commit with them
+    second.close()
+    with pytest.raises(JbpsError, match="every worker of generation 1 is gone and none finished: the state"):
+        late.join()
+    job.thread.join(timeout=30)
+    assert "the state they committed is lost (1 newcomer(s) cannot start from it)" in job.error
+    assert job.scheduler.generation == 1
+
+
+def test_a_survivor_of_the_last_generation_goes_on_with_a_newcomer_after_another_finished(members):
+    # Rank 0 finished; rank 1 regrouped instead (its last step's psums failed, say): it holds the
+    # last commit, so it and the newcomer make the next generation, rank 1 first.
+    job = members(2, 1, 3)
+    first, second, late = job.two_running_and_a_newcomer()
+    first.finish()
+    second.leave_generation()
+    jobs = job.join(second, late)
+    assert [(j["generation"], j["rank"], j["num_workers"]) for j in jobs] == [(2, 0, 2), (2, 1, 2)]
 
 
 def test_a_newcomer_waits_for_a_commit_further_off_than_the_timeout_and_nobody_is_dropped(job_factory):

@@ -64,6 +64,11 @@ class Membership:
             # others' next commit, or for enough workers): a silent one is gone or cut off.
             self.reg.deadline = time.monotonic() + timeout + _SCHEDULER_GRACE_S
             job = self.reg.receive()
+            if job.get("end"):
+                raise JbpsError(
+                    f"the elastic job of the jbps scheduler at {self.reg.address} is over: its workers finished "
+                    "before this one could join them"
+                )
             if "generation" not in job:  # "waiting", or a regroup notice that crossed our own
                 continue
             server = start_colocated(f"{self.reg.local_host}:0", job["num_workers"], job["token"], "colocated", timeout)

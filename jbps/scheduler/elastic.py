@@ -23,7 +23,10 @@ scheduler hands out generations, and learns:
 
 A generation is assembled as soon as no member of the running one is still
 running (each has regrouped, finished or gone) and at least --min-workers
-workers wait. The first waits for --num-workers workers and --num-servers
+workers wait, one of them from the last generation. Without one, nobody holds
+the last commit: the job is over if a worker finished (a newcomer still waiting
+is told so), and its state is lost if none did (the job fails); a newcomer never
+starts the job again from its own fresh state. The first waits for --num-workers workers and --num-servers
 dedicated servers (or, after the timeout, for --min-workers workers). The
 survivors keep their order, so rank 0 of the next generation held the last
 commit; newcomers follow. When a newcomer (worker or server) waits and the
@@ -280,7 +283,12 @@ class ElasticScheduler(Scheduler):
             if len(waiting) >= self.num_workers and len(self.ready) - len(waiting) >= self.num_servers:
                 return True
             return now - self.started >= self.timeout_s and len(waiting) >= self.min_workers
-        return len(waiting) >= self.min_workers
+        # Only with a member of the last generation: its rank 0 broadcasts the last commit.
+        return len(waiting) >= self.min_workers and bool(self._holders())
+
+    def _holders(self) -> list[ElasticMember]:
+        """The waiting workers that were in the last generation: they hold its last commit."""
+        return [m for m in _workers(self.ready) if m.generation == self.generation > 0]
 
     def _step(self, now: float) -> None:
         """What the scheduler does between messages."""
@@ -366,9 +374,18 @@ class ElasticScheduler(Scheduler):
                 missing = f"{len(waiting)} of at least {self.min_workers} workers registered"
                 self._fail(assembly_timed_out(self.address, self.timeout_s, self.anyone_came, missing))
             self._step(now)
-            if self.generation > 0 and not _workers(self.ready + self.running):
+            if self.generation > 0 and not _workers(self.running) and not self._holders():
+                # Nobody holds the last commit: the job is over, or its state is lost. A newcomer
+                # would broadcast its own fresh state as rank 0 and train the job again from it.
+                late = len(_workers(self.ready))
                 if self.finished:
                     log.info("job done: %d workers finished, over %d generations", self.finished, self.generation)
+                    if late:
+                        log.warning("%d worker(s) that came to join are told the job is over", late)
                     self._end()
                     return
-                self._fail(f"jbps scheduler {self.address}: every worker is gone, none finished")
+                self._fail(
+                    f"jbps scheduler {self.address}: every worker of generation {self.generation} is gone and none "
+                    "finished: the state they committed is lost"
+                    + (f" ({late} newcomer(s) cannot start from it)" if late else "")
+                )
