@@ -390,6 +390,7 @@ def _elastic(func: Callable, settings: dict) -> Callable:
                 started = time.monotonic()
                 try:
                     state.sync(root=0)
+                    membership.holds_state = True  # the root's last commit, whatever this worker had
                     log.info(
                         "jbps.elastic: generation %d, %d workers, rank %d: assembled in %.2f s, engine started "
                         "in %.2f s (links %s), state from rank 0 in %.2f s",

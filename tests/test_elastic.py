@@ -25,7 +25,6 @@ from jbps.cpu_loop_deadlock import _version as jax_version
 from jbps.errors import JbpsError
 from jbps.procs import terminate
 from jbps.scheduler.elastic import ElasticScheduler
-from jbps.scheduler import rendezvous
 from jbps.scheduler.rendezvous import Scheduler
 
 TRAIN = worker_script("elastic_train.py")
@@ -270,49 +269,38 @@ def failing_quietly(run):
     def call():
         try:
             run()
-        except JbpsError:
-            pass  # the scheduler's own timeout
+        except (JbpsError, OSError, ValueError):
+            pass  # closed by the test: its socket (OSError) or its selector (ValueError)
 
     return call
 
 
-def test_an_elastic_worker_and_a_plain_job_refuse_each_other_with_one_line(tmp_path, monkeypatch):
-    # Neither member registers, so each scheduler waits for a first member: as long as its timeout here.
-    monkeypatch.setattr(rendezvous, "FIRST_MEMBER_S", 5.0)
-    plain = Scheduler(1, 1, bind="127.0.0.1:0", timeout_s=5.0, secret=SECRET)
-    waiting = threading.Thread(target=failing_quietly(plain.run), daemon=True)
+def refused_by(scheduler, argv):
+    """A member's run against `scheduler` (on a thread until the member is done, then closed)."""
+    waiting = threading.Thread(target=failing_quietly(scheduler.run), daemon=True)
     waiting.start()
     marker = os.urandom(8).hex()
-    proc = subprocess.run(
-        [sys.executable, TRAIN, "--steps", "2"],
-        env=env_for(plain.address, 0, marker=marker, JBPS_TIMEOUT_S="5"),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd="/",
-    )
-    waiting.join(timeout=20)  # its own timeout ends it: nobody it waits for came
-    plain.close()
+    try:
+        # The timeouts are long: a fresh process under load may take seconds to register.
+        env = env_for(scheduler.address, 0, marker=marker, JBPS_TIMEOUT_S="60")
+        return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, cwd="/")
+    finally:
+        scheduler.close()
+        waiting.join(timeout=20)
+        assert not waiting.is_alive()
+        assert_nothing_left({"JBPS_TEST_MARKER": marker})
+
+
+def test_an_elastic_worker_and_a_plain_job_refuse_each_other_with_one_line():
+    plain = Scheduler(1, 1, bind="127.0.0.1:0", timeout_s=60.0, secret=SECRET)
+    proc = refused_by(plain, [sys.executable, TRAIN, "--steps", "2"])
     assert proc.returncode != 0
     assert "runs a job that is not elastic: start it with --min-workers and --max-workers" in proc.stderr
 
-    elastic = ElasticScheduler(1, 1, 1, bind="127.0.0.1:0", timeout_s=5.0, secret=SECRET)
-    waiting = threading.Thread(target=failing_quietly(elastic.run), daemon=True)
-    waiting.start()
-    code = "import jbps; jbps.init()"
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        env=env_for(elastic.address, 0, marker=marker, JBPS_TIMEOUT_S="5"),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd="/",
-    )
-    waiting.join(timeout=20)
-    elastic.close()
+    elastic = ElasticScheduler(1, 1, 1, bind="127.0.0.1:0", timeout_s=60.0, secret=SECRET)
+    proc = refused_by(elastic, [sys.executable, "-c", "import jbps; jbps.init()"])
     assert proc.returncode != 0
     assert "this job is elastic: its workers train inside jbps.elastic.run" in proc.stderr
-    assert_nothing_left({"JBPS_TEST_MARKER": marker})
 
 
 def test_a_stranger_without_the_secret_is_refused_and_the_job_goes_on(job_factory):
@@ -655,6 +643,22 @@ def test_a_newcomer_left_alone_by_a_generation_that_is_all_gone_gets_its_loss_no
     job.thread.join(timeout=30)
     assert "the state they committed is lost (1 newcomer(s) cannot start from it)" in job.error
     assert job.scheduler.generation == 1
+
+
+def test_a_newcomer_whose_first_state_broadcast_failed_is_never_the_root_of_the_next_generation(members):
+    # Generation 2 takes a newcomer in; its state broadcast fails (rank 0 lost on the way), so the
+    # newcomer regroups with the fresh state it was made with. With the two who trained gone, it
+    # must not be the root of a generation of its own (min 1 allows one).
+    job = members(2, 1, 3)
+    first, second, late = job.two_running_and_a_newcomer()
+    first.leave_generation()
+    second.leave_generation()
+    assert [j["rank"] for j in job.join(first, second, late)] == [0, 1, 2]
+    late.leave_generation()  # no State.sync: holds_state stays False
+    first.close()
+    second.close()
+    with pytest.raises(JbpsError, match="every worker of generation 2 is gone and none finished: the state"):
+        late.join()
 
 
 def test_a_survivor_of_the_last_generation_goes_on_with_a_newcomer_after_another_finished(members):

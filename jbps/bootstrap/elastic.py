@@ -3,7 +3,8 @@
 One connection to the scheduler for the process's life. For each generation
 the worker learns its rank, the worker count and the token, starts its
 summation server, says where it listens, and learns every server's address.
-Between generations it says "regroup"; at its end, "done". A dedicated server
+Between generations it says "regroup" (and whether it holds the job's state);
+at its end, "done". A dedicated server
 (`python -m jbps.server`) does the same with a fresh server per generation
 (serve_generations), until the scheduler says the job is over.
 """
@@ -53,6 +54,11 @@ class Membership:
             )
         self.generation = 0
         self.regroup_asked = False
+        # Whether this worker's state is the job's: it took a generation's state from its root
+        # (State.sync), or was in the first generation, whose root's own state starts the job.
+        # A worker that regroups without it (its first generation's broadcast failed) cannot be
+        # the next generation's root: its state is the fresh one it was made with.
+        self.holds_state = False
 
     def join(self) -> tuple[Config, list, dict]:
         """Waits for the next generation (bounded) and starts this worker's
@@ -90,6 +96,7 @@ class Membership:
             server.stop()
             raise
         self.generation, self.regroup_asked = job["generation"], False
+        self.holds_state = self.holds_state or job["generation"] == 1
         # The links' rates an earlier generation on these hosts measured, if the scheduler has them.
         return config, [server], dict(job, rates=reply.get("rates"))
 
@@ -108,7 +115,7 @@ class Membership:
         return self.regroup_asked
 
     def leave_generation(self) -> None:
-        self.reg.send({"regroup": True})
+        self.reg.send({"regroup": True, "holds": self.holds_state})
 
     def finish(self) -> None:
         try:

@@ -13,7 +13,8 @@ scheduler hands out generations, and learns:
 
 - "regroup": the member left its generation (a worker at a commit, or after its
   psums failed; a server once its workers have left or one was lost) and waits
-  for the next;
+  for the next; a worker says whether it holds the job's state (it took a
+  generation's state from its root, or was in the first generation);
 - "done": a worker's training returned;
 - "rates": rank 0's word on the links' rates its generation measured, which
   a later generation whose servers are all on hosts measured before reuses
@@ -23,12 +24,13 @@ scheduler hands out generations, and learns:
 
 A generation is assembled as soon as no member of the running one is still
 running (each has regrouped, finished or gone) and at least --min-workers
-workers wait, one of them from the last generation. Without one, nobody holds
-the last commit: the job is over if a worker finished (a newcomer still waiting
-is told so), and its state is lost if none did (the job fails); a newcomer never
-starts the job again from its own fresh state. The first waits for --num-workers workers and --num-servers
-dedicated servers (or, after the timeout, for --min-workers workers). The
-survivors keep their order, so rank 0 of the next generation held the last
+workers wait, one of them from the last generation holding its state. Without
+one, nobody holds the last commit: the job is over if a worker finished (a
+newcomer still waiting is told so), and its state is lost if none did (the job
+fails); a newcomer never starts the job again from its own fresh state. The
+first waits for --num-workers workers and --num-servers dedicated servers (or,
+after the timeout, for --min-workers workers). The survivors keep their order,
+those holding the state first, so rank 0 of the next generation holds the last
 commit; newcomers follow. When a newcomer (worker or server) waits and the
 running generation has room, its workers are told to regroup, which they do
 together at their next commit (jbps/elastic.py).
@@ -75,6 +77,7 @@ class ElasticMember(Member):
     told_to_regroup: bool = False
     waiting_since: float = 0.0
     told_waiting: float = 0.0  # when it was last told the job goes on without it for now
+    holds: bool = False  # a worker that regrouped holding the job's state (jbps/bootstrap/elastic.py)
 
 
 def _host(address: str) -> str:
@@ -179,6 +182,7 @@ class ElasticScheduler(Scheduler):
         elif message.get("rates") and m in self.running and m.rank == 0 and m.generation == self.generation:
             self._keep_rates(message["rates"])
         elif message.get("regroup") and m in self.running:
+            m.holds = message.get("holds") is True
             self.running.remove(m)
             self.ready.append(m)
             m.waiting_since = time.monotonic()
@@ -214,8 +218,11 @@ class ElasticScheduler(Scheduler):
         return {"link": known["link"], "servers": servers}
 
     def _order(self, members: list[ElasticMember]) -> list[ElasticMember]:
-        """The last generation's survivors in their order (rank 0 held the last commit), then newcomers."""
-        survivors = sorted((m for m in members if m.generation == self.generation > 0), key=lambda m: m.rank)
+        """The last generation's survivors in their order, those holding its state first (rank 0
+        holds the last commit), then newcomers."""
+        survivors = sorted(
+            (m for m in members if m.generation == self.generation > 0), key=lambda m: (not m.holds, m.rank)
+        )
         newcomers = [m for m in members if m not in survivors]
         newcomers.sort(key=lambda m: (m.worker_id is None, m.worker_id if m.worker_id is not None else 0))
         return survivors + newcomers
@@ -287,8 +294,9 @@ class ElasticScheduler(Scheduler):
         return len(waiting) >= self.min_workers and bool(self._holders())
 
     def _holders(self) -> list[ElasticMember]:
-        """The waiting workers that were in the last generation: they hold its last commit."""
-        return [m for m in _workers(self.ready) if m.generation == self.generation > 0]
+        """The waiting workers of the last generation that hold its last commit (not a newcomer
+        to it whose state broadcast failed: its state is the fresh one it was made with)."""
+        return [m for m in _workers(self.ready) if m.generation == self.generation > 0 and m.holds]
 
     def _step(self, now: float) -> None:
         """What the scheduler does between messages."""
