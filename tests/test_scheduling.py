@@ -72,7 +72,7 @@ def pull_order(trace_dir, rank):
 @pytest.mark.parametrize("reverse", [False, True])
 def test_trace_shows_priority_order(tmp_path, reverse):
     # Leaf [0] is 2 chunks, leaf [2] 32 chunks; a window of 2 chunks makes
-    # the dispatch order visible in when each chunk's sum arrives.
+    # the dispatch order visible in when each chunk is sent.
     results = run_job(
         [worker_script("priority_tree.py")] + (["--reverse"] if reverse else []),
         workers=2,
@@ -89,13 +89,16 @@ def test_trace_shows_priority_order(tmp_path, reverse):
         for ch in first + last:
             assert ch.queued <= ch.sent_start <= ch.acked <= ch.sum_arrived <= ch.pulled
             assert ch.nbytes == 16384
-        first_done = max(ch.pulled for ch in first)
-        later = sum(ch.pulled > first_done for ch in last) / len(last)
+        # When the engine's sender took each chunk: its choice by priority, with the 2 chunks'
+        # window gating it. When the sums came back depends on the servers' threads too, which
+        # a loaded machine deschedules (a CI run saw half the last leaf's sums back first).
+        first_sent = max(ch.sent_start for ch in first)
+        later = sum(ch.sent_start > first_sent for ch in last) / len(last)
         if reverse:
-            assert later < 0.5, f"reversed priority: {later:.0%} of the last leaf finished after the first"
+            assert later < 0.5, f"reversed priority: {later:.0%} of the last leaf was sent after the first"
             assert {ch.priority for ch in first} == {0} and {ch.priority for ch in last} == {2}
         else:
-            assert later > 0.5, f"default priority: only {later:.0%} of the last leaf finished after the first"
+            assert later > 0.5, f"default priority: only {later:.0%} of the last leaf was sent after the first"
             assert {ch.priority for ch in first} == {0} and {ch.priority for ch in last} == {-2}
 
 
