@@ -543,30 +543,20 @@ def test_a_worker_joining_with_another_model_is_refused_naming_the_leaf_and_the_
     assert set(results[0]["sizes"]) == {4}  # 2 workers x 2 devices throughout: the bad joiner never summed
 
 
-class Members:
+class Members(Job):
     """Workers' sides of an elastic rendezvous (jbps/bootstrap/elastic.py's Membership, each with
     the summation server it starts) against a real scheduler on a thread: its generations
     without training, so a test can put a newcomer exactly where it wants it."""
 
     def __init__(self, num_workers, min_workers, max_workers, timeout_s=10.0):
-        self.scheduler = ElasticScheduler(
-            num_workers, min_workers, max_workers, bind="127.0.0.1:0", timeout_s=timeout_s, secret=SECRET
-        )
-        self.timeout_s, self.error, self.members, self.servers = timeout_s, None, [], []
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self):
-        try:
-            self.scheduler.run()
-        except JbpsError as exc:
-            self.error = str(exc)
+        super().__init__(None, num_workers, min_workers, max_workers, timeout_s=timeout_s)
+        self.members, self.servers = [], []
 
     def register(self, worker_id):
         from jbps.bootstrap.elastic import Membership
         from jbps.config import Config
 
-        env = env_for(self.scheduler.address, worker_id, marker="none", JBPS_TIMEOUT_S=str(self.timeout_s))
+        env = env_for(self.scheduler.address, worker_id, marker=self.marker, JBPS_TIMEOUT_S=str(self.timeout_s))
         self.members.append(Membership(Config.resolve({}, environ=env, caller="test")))
         return self.members[-1]
 
@@ -599,8 +589,8 @@ class Members:
             server.stop()
         for m in self.members:
             m.close()
-        self.thread.join(timeout=30)
-        self.scheduler.close()
+        self.thread.join(timeout=30)  # the scheduler ends once its members are gone
+        super().close()
 
 
 @pytest.fixture

@@ -220,9 +220,7 @@ class ElasticScheduler(Scheduler):
     def _order(self, members: list[ElasticMember]) -> list[ElasticMember]:
         """The last generation's survivors in their order, those holding its state first (rank 0
         holds the last commit), then newcomers."""
-        survivors = sorted(
-            (m for m in members if m.generation == self.generation > 0), key=lambda m: (not m.holds, m.rank)
-        )
+        survivors = sorted(self._of_last_generation(members), key=lambda m: (not m.holds, m.rank))
         newcomers = [m for m in members if m not in survivors]
         newcomers.sort(key=lambda m: (m.worker_id is None, m.worker_id if m.worker_id is not None else 0))
         return survivors + newcomers
@@ -296,7 +294,10 @@ class ElasticScheduler(Scheduler):
     def _holders(self) -> list[ElasticMember]:
         """The waiting workers of the last generation that hold its last commit (not a newcomer
         to it whose state broadcast failed: its state is the fresh one it was made with)."""
-        return [m for m in _workers(self.ready) if m.generation == self.generation > 0 and m.holds]
+        return [m for m in self._of_last_generation(_workers(self.ready)) if m.holds]
+
+    def _of_last_generation(self, members: list[ElasticMember]) -> list[ElasticMember]:
+        return [m for m in members if m.generation == self.generation > 0]
 
     def _step(self, now: float) -> None:
         """What the scheduler does between messages."""
@@ -318,7 +319,7 @@ class ElasticScheduler(Scheduler):
         # A newcomer waits for the running generation's next commit, however far off; a member
         # that left the running generation (its psums failed, or its workers left) waits for the
         # others only as long as a psum may take: one still running then is hung or cut off.
-        regrouped = [m.waiting_since for m in self.ready if m.generation == self.generation > 0]
+        regrouped = [m.waiting_since for m in self._of_last_generation(self.ready)]
         if self.running and regrouped and now - min(regrouped) > self.timeout_s:
             for m in list(self.running):
                 self._drop(m, f"said nothing for {self.timeout_s:g} s after the others regrouped: dropped")

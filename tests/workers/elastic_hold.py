@@ -30,9 +30,9 @@ def _held(args) -> bool:
 
 def hold(state, args, commit=None):
     """commit: what commits the state (state.commit, or the worker's own around it)."""
-    commit = commit or state.commit
     if args.hold_at is None or state.step != args.hold_at:
         return
+    commit = commit or state.commit
     deadline = time.monotonic() + HOLD_BOUND_S
     while _held(args) and time.monotonic() < deadline:
         time.sleep(0.05)
