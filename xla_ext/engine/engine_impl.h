@@ -123,6 +123,7 @@ struct Call {
   int io_refs = 1;  // the base reference, dropped on success or failure
   bool base_released = false;
   size_t remaining = 0;
+  size_t dispatched = 0;  // chunks out of the priority queue, guarded by Engine::Impl::mu
   std::string error;
   // A call with a tree check: a tensor's error that says the workers' trees
   // differ waits for the check's own error, which names both workers'
@@ -443,6 +444,7 @@ struct Engine::Impl {
   // The receiver's handling of a round's answer (engine_link.cc).
   ChunkPtr TakeAnswered(ServerConn* sc, const Frame& f);
   bool OnError(ServerConn* sc, const Frame& f, std::string* why);
+  void OnAbort(ServerConn* sc, const std::string& msg);
   void OnStall(ServerConn* sc, const Frame& f);
   bool OnSum(ServerConn* sc, const Frame& f, FrameReader* reader, std::string* why);
   void AttachShm(ServerConn* sc);

@@ -158,7 +158,7 @@ void Engine::Impl::RecvLoop(ServerConn* sc) {
         FailLost(lost);
         break;
       }
-      case MsgType::kAbort: SetFault(f.text, /*said_by_server=*/true); break;
+      case MsgType::kAbort: OnAbort(sc, f.text); break;
       case MsgType::kError: ok = OnError(sc, f, &why); break;
       case MsgType::kStall: OnStall(sc, f); break;
       case MsgType::kSum:
@@ -199,6 +199,29 @@ ChunkPtr Engine::Impl::TakeAnswered(ServerConn* sc, const Frame& f) {
   }
   FailLost(lost);
   return ch;
+}
+
+// kAbort: the server ended the job (a worker was lost) and closes the
+// connection. Every later call fails, and so does each call that still needs
+// a sum from this server or has chunks not yet pushed (no round of theirs can
+// be complete). A call whose other sums are on their way goes on: a round
+// every worker pushed was summed, and its server sends the sum ahead of its
+// own abort, so a step the lost worker finished does not fail here because
+// another server's news came first.
+void Engine::Impl::OnAbort(ServerConn* sc, const std::string& msg) {
+  std::vector<CallPtr> victims;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (stopping || !fault.empty()) return;
+    fault = msg;
+    std::unordered_set<const Call*> needs_this_server;
+    for (auto& kv : pending)
+      if (kv.second->server == sc->index && !kv.second->tree) needs_this_server.insert(kv.second->call.get());
+    for (auto& kv : active)
+      if (needs_this_server.count(kv.second.get()) || kv.second->dispatched < kv.second->total_chunks)
+        victims.push_back(kv.second);
+  }
+  for (auto& c : victims) FailCall(c, msg);
 }
 
 // kError: fails the call it names (a tree check's error names the leaf, so a
@@ -359,6 +382,14 @@ void Engine::Impl::ConnFailed(ServerConn* sc, const std::string& why) {
   }
   // A job without one of its servers cannot sum: fail everything, now and later.
   SetFault(msg);
+  // Where the job had failed already (a server's abort spares the calls other
+  // servers may still answer), this server's calls fail with that first cause.
+  std::string first;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    first = fault;
+  }
+  for (auto& c : victims) FailCall(c, first.empty() ? msg : first);
 }
 
 }  // namespace jbps

@@ -23,6 +23,7 @@ std::vector<Engine::Impl::Lost> Engine::Impl::DispatchLocked(bool wake_senders) 
       continue;
     }
     queue.Take();
+    ++ch->call->dispatched;
     pending[RoundKey{ch->key, ch->round}] = ch;
     if (sc->unacked.empty()) sc->unacked_since_ns = SteadyNs();
     sc->unacked.push_back(ch);
