@@ -207,13 +207,13 @@ ChunkPtr Engine::Impl::TakeAnswered(ServerConn* sc, const Frame& f) {
 // be complete). A call whose other sums are on their way goes on: a round
 // every worker pushed was summed, and its server sends the sum ahead of its
 // own abort, so a step the lost worker finished does not fail here because
-// another server's news came first.
+// another server's news came first. Each server's abort fails its own calls.
 void Engine::Impl::OnAbort(ServerConn* sc, const std::string& msg) {
   std::vector<CallPtr> victims;
   {
     std::lock_guard<std::mutex> lock(mu);
-    if (stopping || !fault.empty()) return;
-    fault = msg;
+    if (stopping) return;
+    if (fault.empty()) fault = msg;
     std::unordered_set<const Call*> needs_this_server;
     for (auto& kv : pending)
       if (kv.second->server == sc->index && !kv.second->tree) needs_this_server.insert(kv.second->call.get());
