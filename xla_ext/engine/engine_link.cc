@@ -202,24 +202,25 @@ ChunkPtr Engine::Impl::TakeAnswered(ServerConn* sc, const Frame& f) {
 }
 
 // kAbort: the server ended the job (a worker was lost) and closes the
-// connection. Every later call fails, and so does each call that still needs
-// a sum from this server or has chunks not yet pushed (no round of theirs can
-// be complete). A call whose other sums are on their way goes on: a round
-// every worker pushed was summed, and its server sends the sum ahead of its
-// own abort, so a step the lost worker finished does not fail here because
-// another server's news came first. Each server's abort fails its own calls.
+// connection. Every later call fails. The pending ones go on only if all of
+// them were summed: none waits on this server (which sends a sum ahead of its
+// abort) or has chunks not yet pushed, so the others' sums are on their way
+// (a round every worker pushed was summed, and each server sends its sums
+// before its own abort). Then a step the lost worker finished completes here
+// too, whichever server's news comes first. Otherwise all of them fail, as
+// one: separate psums of a step must not part, one handed back and one failed
+// (docs/limitations.md: a device could be left in the first's all-gather).
 void Engine::Impl::OnAbort(ServerConn* sc, const std::string& msg) {
   std::vector<CallPtr> victims;
   {
     std::lock_guard<std::mutex> lock(mu);
     if (stopping) return;
     if (fault.empty()) fault = msg;
-    std::unordered_set<const Call*> needs_this_server;
-    for (auto& kv : pending)
-      if (kv.second->server == sc->index && !kv.second->tree) needs_this_server.insert(kv.second->call.get());
-    for (auto& kv : active)
-      if (needs_this_server.count(kv.second.get()) || kv.second->dispatched < kv.second->total_chunks)
-        victims.push_back(kv.second);
+    bool all_summed = true;
+    for (auto& kv : pending) all_summed = all_summed && (kv.second->server != sc->index || kv.second->tree);
+    for (auto& kv : active) all_summed = all_summed && kv.second->dispatched == kv.second->total_chunks;
+    if (!all_summed)
+      for (auto& kv : active) victims.push_back(kv.second);
   }
   for (auto& c : victims) FailCall(c, msg);
 }
