@@ -243,6 +243,7 @@ struct ServerConn {
   bool sending = false;  // a thread is writing chunks taken from sendq (one at a time keeps their order)
   bool bye = false;
   bool failed = false;
+  bool aborted = false;  // the server ended the job (kAbort): its connection's close is no news
   // The tree descriptions this connection has sent, as the server keeps them
   // (kMaxDescribedTrees): a tree check of one of these sends its digest alone.
   std::unordered_set<uint64_t> described_trees;

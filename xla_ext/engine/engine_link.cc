@@ -216,6 +216,7 @@ void Engine::Impl::OnAbort(ServerConn* sc, const std::string& msg) {
     std::lock_guard<std::mutex> lock(mu);
     if (stopping) return;
     if (fault.empty()) fault = msg;
+    sc->aborted = true;
     bool all_summed = true;
     for (auto& kv : pending) all_summed = all_summed && (kv.second->server != sc->index || kv.second->tree);
     for (auto& kv : active) all_summed = all_summed && kv.second->dispatched == kv.second->total_chunks;
@@ -383,12 +384,16 @@ void Engine::Impl::ConnFailed(ServerConn* sc, const std::string& why) {
   }
   // A job without one of its servers cannot sum: fail everything, now and later.
   SetFault(msg);
-  // Where the job had failed already (a server's abort spares the calls other
-  // servers may still answer), this server's calls fail with that first cause.
+  // Where the job had failed already, at an abort that spared the pending
+  // calls (all summed, OnAbort), they fail now with that first cause, all of
+  // them as one; unless this is the aborting server's own close, which can
+  // take nothing they still wait for.
   std::string first;
   {
     std::lock_guard<std::mutex> lock(mu);
     first = fault;
+    if (!sc->aborted)
+      for (auto& kv : active) victims.push_back(kv.second);
   }
   for (auto& c : victims) FailCall(c, first.empty() ? msg : first);
 }
