@@ -208,18 +208,25 @@ void Engine::Impl::Record(const Chunk& ch, double pulled) {
   }
 }
 
+// The job cannot go on: every pending call fails, and every later one, with
+// its first cause (what later ones say adds nothing). It can be set already
+// by an abort that spared the pending calls (OnAbort), which fail here then.
 void Engine::Impl::SetFault(const std::string& msg, bool said_by_server) {
   std::vector<CallPtr> victims;
+  std::string cause;
+  bool first;
   {
     std::lock_guard<std::mutex> lock(mu);
-    if (stopping || !fault.empty()) return;
-    fault = msg;
+    if (stopping) return;
+    first = fault.empty();
+    if (first) fault = msg;
+    cause = fault;
     for (auto& kv : active) victims.push_back(kv.second);
   }
   // A server that ends the job says why itself, and every psum here fails
   // with it: this worker says it only when it alone saw it (a lost server).
-  if (!said_by_server) LogWarning("%s", msg.c_str());
-  for (auto& c : victims) FailCall(c, msg);
+  if (first && !said_by_server) LogWarning("%s", msg.c_str());
+  for (auto& c : victims) FailCall(c, cause);
 }
 
 }  // namespace jbps

@@ -211,19 +211,19 @@ ChunkPtr Engine::Impl::TakeAnswered(ServerConn* sc, const Frame& f) {
 // one: separate psums of a step must not part, one handed back and one failed
 // (docs/limitations.md: a device could be left in the first's all-gather).
 void Engine::Impl::OnAbort(ServerConn* sc, const std::string& msg) {
-  std::vector<CallPtr> victims;
   {
     std::lock_guard<std::mutex> lock(mu);
     if (stopping) return;
-    if (fault.empty()) fault = msg;
     sc->aborted = true;
     bool all_summed = true;
     for (auto& kv : pending) all_summed = all_summed && (kv.second->server != sc->index || kv.second->tree);
     for (auto& kv : active) all_summed = all_summed && kv.second->dispatched == kv.second->total_chunks;
-    if (!all_summed)
-      for (auto& kv : active) victims.push_back(kv.second);
+    if (all_summed) {
+      if (fault.empty()) fault = msg;
+      return;
+    }
   }
-  for (auto& c : victims) FailCall(c, msg);
+  SetFault(msg, /*said_by_server=*/true);
 }
 
 // kError: fails the call it names (a tree check's error names the leaf, so a
@@ -360,13 +360,14 @@ void Engine::Impl::AttachShm(ServerConn* sc) {
 
 void Engine::Impl::ConnFailed(ServerConn* sc, const std::string& why) {
   std::vector<CallPtr> victims;
-  bool quiet;
+  bool quiet, aborted;
   {
     std::lock_guard<std::mutex> lock(mu);
     if (sc->failed) return;
     sc->failed = true;
     sc->slot_cv.notify_all();
     quiet = stopping;
+    aborted = sc->aborted;
     queue.GiveBack(static_cast<int>(sc->unacked.size()));
     sc->unacked.clear();
     for (auto& ch : sc->sendq) victims.push_back(ch->call);
@@ -378,24 +379,14 @@ void Engine::Impl::ConnFailed(ServerConn* sc, const std::string& why) {
   }
   ShutdownFd(sc->fd);  // wakes this connection's other thread
   const std::string msg = "jbps: lost summation server " + sc->addr.ToString() + ": " + why;
-  if (quiet) {
+  // The aborting server's own close: its calls failed at its abort, or were
+  // summed (OnAbort).
+  if (quiet || aborted) {
     for (auto& c : victims) FailCall(c, msg);
     return;
   }
   // A job without one of its servers cannot sum: fail everything, now and later.
   SetFault(msg);
-  // Where the job had failed already, at an abort that spared the pending
-  // calls (all summed, OnAbort), they fail now with that first cause, all of
-  // them as one; unless this is the aborting server's own close, which can
-  // take nothing they still wait for.
-  std::string first;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    first = fault;
-    if (!sc->aborted)
-      for (auto& kv : active) victims.push_back(kv.second);
-  }
-  for (auto& c : victims) FailCall(c, first.empty() ? msg : first);
 }
 
 }  // namespace jbps
