@@ -202,14 +202,14 @@ ChunkPtr Engine::Impl::TakeAnswered(ServerConn* sc, const Frame& f) {
 }
 
 // kAbort: the server ended the job (a worker was lost) and closes the
-// connection. Every later call fails. The pending ones go on only if all of
-// them were summed: none waits on this server (which sends a sum ahead of its
-// abort) or has chunks not yet pushed, so the others' sums are on their way
-// (a round every worker pushed was summed, and each server sends its sums
-// before its own abort). Then a step the lost worker finished completes here
-// too, whichever server's news comes first. Otherwise all of them fail, as
-// one: separate psums of a step must not part, one handed back and one failed
-// (docs/limitations.md: a device could be left in the first's all-gather).
+// connection. Every later call fails. The pending ones go on only if none
+// waits on this server (which sends its sums ahead of its abort) and none
+// has chunks not yet pushed: what they wait for is on other servers, whose
+// own news decides (a sum, or an abort that finds them waiting there). So a
+// step the lost worker finished completes here too, whichever server's news
+// comes first. Otherwise all of them fail, as one: separate psums of a step
+// must not part, one handed back and one failed (docs/limitations.md: a
+// device could be left in the first's all-gather).
 void Engine::Impl::OnAbort(ServerConn* sc, const std::string& msg) {
   {
     std::lock_guard<std::mutex> lock(mu);
