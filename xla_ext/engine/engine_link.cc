@@ -370,14 +370,10 @@ void Engine::Impl::ConnFailed(ServerConn* sc, const std::string& why) {
     aborted = sc->aborted;
     queue.GiveBack(static_cast<int>(sc->unacked.size()));
     sc->unacked.clear();
-    // After its abort spared the pending calls (OnAbort), a spared call's tree
-    // check may still wait here (answered only when the trees differ): no
-    // reason to fail the call, whose sums are on their way from the others.
-    for (auto& ch : sc->sendq)
-      if (!(aborted && ch->tree)) victims.push_back(ch->call);
+    for (auto& ch : sc->sendq) victims.push_back(ch->call);
     sc->sendq.clear();
     for (auto& kv : pending)
-      if (kv.second->server == sc->index && !(aborted && kv.second->tree)) victims.push_back(kv.second->call);
+      if (kv.second->server == sc->index) victims.push_back(kv.second->call);
     sc->send_cv.notify_all();
     for (const Lost& l : DispatchLocked()) victims.push_back(l.call);  // its credits go to the others
   }
@@ -388,8 +384,10 @@ void Engine::Impl::ConnFailed(ServerConn* sc, const std::string& why) {
     return;
   }
   // The aborting server's own close is no news: its abort failed every
-  // pending call, or spared them all, with nothing of theirs left here.
-  if (aborted && victims.empty()) return;
+  // pending call, or spared them all, when none had a chunk still to push or
+  // waiting here (a spared call's tree check may: it is answered only when
+  // the trees differ), and every later call fails at launch with its cause.
+  if (aborted) return;
   // A job without one of its servers cannot sum: fail everything, now and
   // later, with the job's first cause (an abort's, where one came first).
   SetFault(msg);
