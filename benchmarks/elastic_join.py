@@ -23,8 +23,14 @@ its commit (the step's computation: a regroup does not skip it). Per run:
   step again (traced again for the new size), against the aim of two steps
   (the link's liveness bound does not come into a kill, whose connections close).
 
+With --model resnet, transformer or mlp (--layers, --width, --batch as in
+step_models.py) each worker instead trains that model, one device a worker
+(benchmarks/elastic_model_worker.py): a real step, traced again in every new
+generation and compiled again for a size the job has not compiled before.
+
     python -m benchmarks.elastic_join [--runs 3] [--workers 3] [--local-devices 2]
         [--work-seconds 0.1] [--steps 40] [--placed-state] [--json]
+        [--model resnet --layers 2 --width 32 --batch 8]
 """
 
 from __future__ import annotations
@@ -41,7 +47,10 @@ from pathlib import Path
 
 from jbps.procs import terminate
 
-WORKER = Path(__file__).resolve().parent.parent / "tests" / "workers" / "elastic_train.py"
+from . import step_models
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKER = ROOT / "tests" / "workers" / "elastic_train.py"
 DIE_AT = 5
 
 
@@ -49,14 +58,25 @@ def run_once(args, die_file: str) -> dict:
     cmd = [
         *(sys.executable, "-m", "jbps", "run"),
         *("-n", str(args.workers), "--min-workers", str(args.workers - 1), "--max-workers", str(args.workers)),
-        *("--local-devices", str(args.local_devices), sys.executable, str(WORKER)),
-        *("--steps", str(args.steps), "--step-seconds", "0", "--work-seconds", str(args.work_seconds)),
-        *("--die-at", str(DIE_AT), "--die-file", die_file, "--print-regroups"),
+    ]
+    if args.model == "psum":
+        cmd += [
+            *("--local-devices", str(args.local_devices), sys.executable, str(WORKER)),
+            *("--step-seconds", "0", "--work-seconds", str(args.work_seconds)),
+            *(["--placed-state"] if args.placed_state else []),
+        ]
+    else:  # one device a worker: the model's step under jit
+        cmd += [sys.executable, "-m", "benchmarks.elastic_model_worker", "--model", args.model]
+        cmd += ["--layers", str(args.layers), "--width", str(args.width), "--batch", str(args.batch)]
+    cmd += [
+        *("--steps", str(args.steps), "--die-at", str(DIE_AT), "--die-file", die_file, "--print-regroups"),
         # A restart slower than the steps left (a loaded machine) is waited for, near the end.
         *("--hold-at", str(args.steps - 3), "--hold-for", str(args.workers)),
-        *(["--placed-state"] if args.placed_state else []),
     ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, env=env
+    )
     try:
         stdout, stderr = proc.communicate(timeout=args.timeout_s)
     except subprocess.TimeoutExpired:
@@ -87,17 +107,18 @@ def run_once(args, die_file: str) -> dict:
     # than its outputs compiles again, the others wait for it.
     row["next_step_s"] = next(d["at"] for d in commits if d["at"] > after["at"]) - after["at"]
     row["over_s"] = row["join_s"] - row["broadcast_s"] - step
+
     # The loss before it: one worker killed itself right after its commit of step DIE_AT (it
-    # never committed the step after); the survivors redo that step without it.
-    killed = [
-        d["at"]
-        for v in by_worker.values()
-        for d in v
-        if d.get("step") == DIE_AT and not any(e.get("step") == DIE_AT + 1 for e in v)
-    ]
+    # never committed the step after); the survivors redo that step without it. Their commit
+    # of it is the join's regroup where the restarted worker came back before it (a model's
+    # step, compiled again for the smaller job, can take longer than a process's start).
+    def commit_of(v: list[dict], step: int) -> float | None:
+        return next((d["at"] for d in v if step in (d.get("step"), d.get("regrouped_at"))), None)
+
+    killed = [commit_of(v, DIE_AT) for v in by_worker.values() if commit_of(v, DIE_AT) and not commit_of(v, DIE_AT + 1)]
     if len(killed) != 1:
         raise SystemExit(f"elastic_join: no worker ended at step {DIE_AT}:\n{stdout[-3000:]}")
-    row["loss_s"] = next(d["at"] for d in commits if d["step"] == DIE_AT + 1) - killed[0]
+    row["loss_s"] = commit_of(lines, DIE_AT + 1) - killed[0]
     return row
 
 
@@ -118,6 +139,16 @@ def main(argv=None) -> None:
         action="store_true",
         help="the worker's state also holds a leaf a pmap adds each step's sums to (from the host at first)",
     )
+    p.add_argument(
+        "--model",
+        choices=("psum",) + step_models.MODELS,
+        default="psum",
+        help="psum (default): the elastic test worker's step, a psum and --work-seconds; else that model's "
+        "training step (benchmarks/elastic_model_worker.py, one device a worker)",
+    )
+    p.add_argument("--layers", type=int, default=2, help="with --model: its layers or blocks (step_models.py)")
+    p.add_argument("--width", type=int, default=32, help="with --model: its width or channels")
+    p.add_argument("--batch", type=int, default=8, help="with --model: examples per worker per step")
     p.add_argument("--timeout-s", type=float, default=300, help="a run's bound")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)

@@ -265,6 +265,26 @@ def test_the_join_bench_times_a_join_that_includes_the_new_generations_whole_ste
         assert_nothing_left({"JBPS_TEST_MARKER": marker})
 
 
+def test_the_join_bench_times_a_models_training_step():
+    """benchmarks.elastic_join --model: the same loss and join with a model's
+    training step (benchmarks/elastic_model_worker.py: jbps.optax.distributed
+    inside jbps.elastic.run), a step a commit; the survivors' commit after the
+    kill is found whether or not the restarted worker came back before it."""
+    marker = os.urandom(8).hex()
+    env = job_free_env(JAX_PLATFORMS="cpu", JBPS_TEST_MARKER=marker)
+    argv = [sys.executable, "-m", "benchmarks.elastic_join", "--runs", "1", "--steps", "20", "--model", "mlp"]
+    try:
+        flags = ["--layers", "2", "--width", "64", "--batch", "8", "--timeout-s", "180", "--json"]
+        proc, out, err = launched([*argv, *flags], env, 240, REPO)
+        assert proc.returncode == 0, err[-3000:]
+        (run,) = json.loads(out)["runs"]
+        assert 0 < run["step_s"] < 3 and run["next_step_s"] > 0, run
+        assert run["join_s"] >= run["step_s"] and run["loss_s"] > 0, run
+        assert run["over_s"] == pytest.approx(run["join_s"] - run["broadcast_s"] - run["step_s"]), run
+    finally:
+        assert_nothing_left({"JBPS_TEST_MARKER": marker})
+
+
 def failing_quietly(run):
     def call():
         try:
