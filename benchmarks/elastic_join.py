@@ -126,8 +126,8 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.elastic_join", description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--workers", type=int, default=3, help="the full job's workers (one leaves and joins again)")
-    p.add_argument("--local-devices", type=int, default=2)
-    p.add_argument("--work-seconds", type=float, default=0.1, help="each step's computation (a sleep)")
+    p.add_argument("--local-devices", type=int, default=None, help="each worker's (default 2)")
+    p.add_argument("--work-seconds", type=float, default=None, help="each step's computation (a sleep; default 0.1)")
     p.add_argument(
         "--steps",
         type=int,
@@ -152,6 +152,13 @@ def main(argv=None) -> None:
     p.add_argument("--timeout-s", type=float, default=300, help="a run's bound")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
+    psum_only = {"--placed-state": args.placed_state, "--local-devices": args.local_devices}
+    psum_only["--work-seconds"] = args.work_seconds
+    given = [name for name, value in psum_only.items() if value not in (None, False)]
+    if args.model != "psum" and given:
+        p.error(f"{', '.join(given)}: the psum step's (--model psum), not a model's")
+    args.local_devices = 2 if args.local_devices is None else args.local_devices
+    args.work_seconds = 0.1 if args.work_seconds is None else args.work_seconds
     if args.workers < 2 or args.steps < 2 * DIE_AT + 6:
         p.error(f"--workers must be at least 2 and --steps at least {2 * DIE_AT + 6}")
     rows = []

@@ -182,6 +182,7 @@ def test_the_tcp_floor_bench_moves_the_bytes_both_ways_no_faster_than_the_cap():
         ("benchmarks.tcp_floor", ["--host-rate", "fast"], "fast"),
         ("benchmarks.tcp_floor", ["--peers", "0"], "--peers"),
         ("benchmarks.elastic_join", ["--workers", "1"], "--workers"),
+        ("benchmarks.elastic_join", ["--model", "resnet", "--placed-state"], "--placed-state"),
     ],
 )
 def test_bad_input_is_one_line_naming_it(module, argv, needle):
