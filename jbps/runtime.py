@@ -44,6 +44,7 @@ _spans_hosts = False
 _link_rate: float | None = None  # bytes/s of the busiest link, measured at init across hosts
 _server_rates: tuple[float, ...] | None = None  # bytes/s of each server's link, measured with it
 _nic_share = 1.0  # bytes the busiest NIC carries per byte of a psum (link_rate.busiest_nic_share)
+_outlives_membership = False  # programs_outlive_membership()
 _follower: replan.Follower | None = None  # re-plans the split as links change (replan.py)
 _ffi_registered = False
 _atexit_registered = False
@@ -114,6 +115,17 @@ def start_member(requested: Config, joined: tuple[Config, list], rates: dict | N
     return _start(requested, joined, rates)
 
 
+def programs_outlive_membership() -> bool:
+    """Whether this process's programs must not depend on the membership they
+    were traced in (an elastic job's: jbps.elastic.run). Then a psum's program
+    routes its chunks to no server (the engine deals them by the generation's
+    split, engine_set_dealt_split) and a mean divides by the worker count read
+    when it runs (jbps_workers), so that a later generation traces the same
+    program text, which jax's compilation cache then gives instead of a compile."""
+    config()
+    return _outlives_membership
+
+
 def measured_rates() -> dict | None:
     """The links' rates this job's start measured or was given (None when it
     measured none: on one host), in the form
@@ -125,7 +137,7 @@ def measured_rates() -> dict | None:
 
 def _start(requested: Config, joined: tuple[Config, list] | None = None, rates: dict | None = None) -> Session:
     global _config, _requested, _hosted, _fractions, _spans_hosts, _link_rate, _server_rates, _nic_share
-    global _atexit_registered, _follower
+    global _atexit_registered, _follower, _outlives_membership
     with _lock:
         if _config is not None:
             if requested != _requested:
@@ -213,6 +225,15 @@ def _start(requested: Config, joined: tuple[Config, list] | None = None, rates: 
                 config.num_workers,
                 config.timeout_s,
             )
+        _outlives_membership = joined is not None  # start_member's: an elastic generation
+        if _outlives_membership:
+            try:
+                _core.engine_set_dealt_split(list(_fractions))
+            except ValueError as exc:  # not for a split jbps computed: nothing left running
+                _core.engine_stop(f"its split was refused: {exc}")
+                for server in hosted:
+                    server.stop()
+                raise JbpsError(f"jbps.init() failed: {exc}") from None
         _config, _requested, _hosted = config, requested, hosted
         from . import cpu_loop_deadlock  # it imports jax
 

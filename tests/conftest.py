@@ -243,6 +243,7 @@ SLOW = (
     "tests/test_bench_latency.py::",
     "tests/test_bench_network.py::",
     "tests/test_elastic.py::test_a_killed_worker",
+    "tests/test_elastic.py::test_a_steps_program",
     "tests/test_elastic.py::test_too_few_workers",
     "tests/test_elastic.py::test_jbps_run_starts",
     "tests/test_elastic.py::test_the_join_bench",

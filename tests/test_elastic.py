@@ -183,6 +183,37 @@ def test_a_killed_worker_leaves_the_others_training_and_a_restarted_one_rejoins_
     assert "rolling back to the last commit and regrouping" in job.stderr(0)
 
 
+def lose_and_restart_worker_2(job, steps, die_at, tmp_path):
+    """Workers 0 and 1 train `steps`; worker 2 kills itself at step `die_at`
+    and is started again. The newcomer's index, and the 3 workers' last lines
+    once the job ended well: every sum exact (against numpy), the same state."""
+    for i in range(2):
+        job.start(i, *steps)
+    job.start(2, *steps, "--die-at", str(die_at), "--die-file", str(tmp_path / "died"))
+    job.procs[2].wait(timeout=120)  # it killed itself
+    newcomer = job.start(2, *steps)
+    codes = job.finish()
+    assert codes == [0, 0, -signal.SIGKILL, 0], [job.stderr(n) for n in range(4)]
+    assert job.error is None
+    results = [final(job, n) for n in (0, 1, newcomer)]
+    assert all(r == results[0] and r["exact"] for r in results), results
+    return newcomer, results
+
+
+def test_a_steps_program_is_the_same_text_for_every_membership_and_its_sums_and_means_stay_exact(job_factory, tmp_path):
+    # An elastic job's psum routes its chunks to no server (the engine deals them by each
+    # generation's split) and its mean divides by the worker count read as the program runs,
+    # so that after a loss or a join the step lowers to the program it was, which jax's
+    # compilation cache then gives instead of a compile. The worker checks every sum and mean
+    # against numpy and prints a digest of its step's program at every commit.
+    job = job_factory(3, 2, 3, devices=2 if RUNTIME_RECOVERS else 1)
+    steps = ["--steps", "40", "--step-seconds", "0.05", "--mean", "--hold-at", "34", "--hold-for", "3"]
+    newcomer, results = lose_and_restart_worker_2(job, steps, 5, tmp_path)
+    commits = [line for n in (0, 1, newcomer) for line in job.lines(n) if "program" in line]
+    assert {line["size"] for line in commits} == {2, 3}, commits
+    assert len({line["program"] for line in commits}) == 1, {(c["size"], c["program"]) for c in commits}
+
+
 def test_a_worker_lost_while_steps_are_dispatched_back_to_back_leaves_the_others_training(job_factory, tmp_path):
     # As a training loop runs: steps dispatched without waiting (each checked at the next commit,
     # every 4 steps), 2 local devices per worker. Worker 2 kills itself at step 40, with the
@@ -190,16 +221,7 @@ def test_a_worker_lost_while_steps_are_dispatched_back_to_back_leaves_the_others
     job = job_factory(3, 2, 3)
     steps = ["--steps", "400", "--step-seconds", "0.02", "--commit-every", "4", "--back-to-back"]
     steps += ["--hold-at", "300", "--hold-for", "3"]  # the restarted worker joins by then
-    for i in range(2):
-        job.start(i, *steps)
-    job.start(2, *steps, "--die-at", "40", "--die-file", str(tmp_path / "died"))
-    job.procs[2].wait(timeout=120)  # it killed itself at step 40
-    newcomer = job.start(2, *steps)
-    codes = job.finish()
-    assert codes == [0, 0, -signal.SIGKILL, 0], [job.stderr(n) for n in range(4)]
-    assert job.error is None
-    results = [final(job, n) for n in (0, 1, newcomer)]
-    assert all(r == results[0] and r["exact"] for r in results), results
+    _, results = lose_and_restart_worker_2(job, steps, 40, tmp_path)
     sizes = results[0]["sizes"]
     assert [s for i, s in enumerate(sizes) if i == 0 or sizes[i - 1] != s] == [6, 4, 6], sizes
 

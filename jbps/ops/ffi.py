@@ -86,6 +86,16 @@ def join(values: Sequence[jax.Array], keep: Sequence[jax.Array] = ()) -> list[ja
     return list(call(*values, *keep))
 
 
+def workers(baked: int) -> jax.Array:
+    """The job's worker count as the program runs (an int32 scalar): the
+    jbps_workers handler's on XLA:CPU, so that an elastic job's mean does not
+    bake its generation's size into the program (runtime.programs_outlive_membership);
+    on other platforms, which have no such handler, `baked`."""
+    runtime.register_ffi_targets()
+    call = jax.ffi.ffi_call("jbps_workers", jax.ShapeDtypeStruct((), np.int32))
+    return jax.lax.platform_dependent(cpu=lambda: call(), default=lambda: np.int32(baked))
+
+
 def encode_in_place(target: str, values: jax.Array, records: jax.ShapeDtypeStruct, *operands, **attributes):
     """(records, what they leave of `values`) from a codec's XLA:CPU encoder
     (xla_ext/ffi_codecs_cpu.cc), which writes what is left into the values'

@@ -18,7 +18,7 @@ from .. import runtime
 from ..partition import check_dtypes, resolve_priorities
 from ..partition.priority import Priority
 from . import compression as wire
-from . import lax_dtypes, onebit
+from . import ffi, lax_dtypes, onebit
 from .psum_primitive import PsumSpec, bind
 
 AxisName = Hashable
@@ -167,7 +167,8 @@ def _psum(tree, residuals, axis_name, *, average, name, priority, bucket_bytes, 
         out = wire.decompress(bind(wire.compress(leaves, compression), spec), leaves)
     out = [lax_dtypes.from_wire(x, dtype) for x, dtype in zip(out, dtypes)]
     if average:
-        out = [x / (count * runtime.size()) for x in out]
+        workers = ffi.workers(runtime.size()) if runtime.programs_outlive_membership() else runtime.size()
+        out = [x / (count * workers) for x in out]
     return jax.tree_util.tree_unflatten(treedef, out), new_residuals
 
 

@@ -494,6 +494,7 @@ def _push_pull_one(wire, members, call, priorities, slot, num_groups, stream=Non
     sub_paths = tuple(m.path for m in members)
     # What this worker sends: each group's devices share out one copy of every leaf.
     call_bytes = sum(math.prod(shape) * np.dtype(dtype).itemsize for shape, dtype in zip(shapes, dtypes)) * num_groups
+    outlives = runtime.programs_outlive_membership()
     plan = make_plan(
         call,
         sub_paths,
@@ -502,10 +503,12 @@ def _push_pull_one(wire, members, call, priorities, slot, num_groups, stream=Non
         wire.num_shards,
         num_groups=num_groups,
         partition_bytes=runtime.partition_bytes(call_bytes),
-        server_fractions=runtime.server_fractions(),
+        server_fractions=(1.0,) if outlives else runtime.server_fractions(),
         ramp=runtime.spans_hosts(),
         priorities=tuple(priorities[i] for i in idx),
     )
+    if outlives:  # routed to no server: the engine deals the chunks by its generation's split
+        plan = dataclasses.replace(plan, chunk_servers=(-1,) * len(plan.chunk_servers))
     described = [wire.described(i) for i in idx]
     tree = tree_description(call, sub_paths, [d[0] for d in described], [d[1] for d in described])
     leaves = list(range(len(members)))

@@ -24,6 +24,7 @@ job has SIZE workers (tests/workers/elastic_hold.py).
 
 import argparse
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -81,6 +82,13 @@ def main():
         help="the state also holds acc, each device's running total of its sums, which a pmap adds to "
         "(a step whose input is a state leaf; from the host at first); commits count jax's compiles",
     )
+    p.add_argument(
+        "--mean",
+        action="store_true",
+        help="each step also takes jbps.pmean of the same values (checked: the sum over the workers' "
+        "devices) and each commit prints a digest of the step's program text (the same for every "
+        "membership: its compile comes from jax's cache)",
+    )
     add_hold_arguments(p)
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # each generation's timings
@@ -105,6 +113,8 @@ def main():
     def contribute(step, offset):
         d = jax.lax.axis_index("i").astype(jnp.float32)
         x = jnp.ones((args.width,), jnp.float32) * (offset + d + 1.0) * (step + 1.0)
+        if args.mean:
+            return jbps.psum(x, "i"), jbps.pmean(x, "i", name="mean")
         return jbps.psum(x, "i")
 
     accumulate = jax.pmap(lambda acc, out: acc + out, axis_name="i")
@@ -140,7 +150,14 @@ def main():
             n, r = jbps.size(), jbps.rank()
             total = n * k
             steps = np.full((k,), state.step, np.float32)
-            out = contribute(steps, np.full((k,), r * k, np.float32))
+            offsets = np.full((k,), r * k, np.float32)
+            out = contribute(steps, offsets)
+            if args.mean:
+                out, mean = out
+                want = np.float32((state.step + 1) * total * (total + 1) / 2) / np.float32(total)
+                if not np.all(np.asarray(mean) == want):
+                    print(json.dumps({"wrong_mean": state.step, "size": n, "got": float(np.asarray(mean).ravel()[0])}))
+                    sys.exit(3)
             if args.back_to_back:
                 unchecked.append((state.step, n, total, out))
                 state.w = jnp.asarray(state.w) + out[0] / np.float32(total)
@@ -163,6 +180,9 @@ def main():
                 link = jbps.runtime.link_bytes_per_s()  # as measured, or reused from an earlier generation
                 line = {"step": state.step, "size": n, "rank": r, "servers": servers, "link": link, "at": time.time()}
                 line["compiles"] = len(compiled)
+                if args.mean:  # the step's program as this generation lowers it
+                    text = contribute.lower(steps, offsets).as_text()
+                    line["program"] = hashlib.sha256(text.encode()).hexdigest()[:16]
                 line["timeout"] = jbps.config().timeout_s
                 # Each server host's rate the generation started from, and the rate follower's splits so far.
                 rates = jbps.runtime.server_rates()

@@ -34,6 +34,8 @@ bool Engine::all_servers_local() const { return impl_->all_local.load(std::memor
 
 bool Engine::huge_pages() const { return impl_->huge_pages.load(std::memory_order_relaxed); }
 
+uint32_t Engine::num_workers() const { return impl_->num_workers.load(std::memory_order_relaxed); }
+
 bool Engine::running() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   return impl_->running;
@@ -163,6 +165,11 @@ bool Engine::Start(const EngineOptions& options, std::string* err) {
   }
   s.all_local = std::all_of(conns.begin(), conns.end(), [](const auto& c) { return c->transport->slots() > 0; });
   s.huge_pages = options.huge_pages;
+  s.num_workers = options.num_workers;
+  {
+    std::lock_guard<std::mutex> lock(s.dealt_mu);
+    s.dealt_fractions.clear();  // the last generation's
+  }
   s.conns = std::move(conns);
   s.roles = std::move(roles);
   {
@@ -295,6 +302,32 @@ void Engine::Impl::NextInLine(uint64_t line, uint32_t seen) {
   Launch(std::move(next), line, epoch);
 }
 
+bool Engine::SetDealtSplit(const std::vector<double>& fractions, std::string* err) {
+  Impl& s = *impl_;
+  size_t servers;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    servers = s.conns.size();
+  }
+  double total = 0;
+  for (double f : fractions) {
+    if (!(f >= 0)) {
+      *err = "a share is negative or not a number";
+      return false;
+    }
+    total += f;
+  }
+  if (fractions.size() != servers || !(total > 0)) {
+    *err = std::to_string(fractions.size()) + " shares (summing to " + std::to_string(total) + ") for " +
+           std::to_string(servers) + " servers";
+    return false;
+  }
+  std::lock_guard<std::mutex> lock(s.dealt_mu);
+  s.dealt_fractions.clear();
+  for (double f : fractions) s.dealt_fractions.push_back(f / total);
+  return true;
+}
+
 uint32_t Engine::SetRoutes(const std::vector<double>& fractions, std::string* err) {
   Impl& s = *impl_;
   std::vector<ServerConn*> conns;
@@ -365,6 +398,20 @@ void Engine::Impl::Launch(HeldCall held, uint64_t line, uint32_t epoch) {
   std::vector<ChunkPtr> chunks;
   const size_t partition = std::max<size_t>(call->spec.partition_bytes, 1);
   std::string bad_table = CheckChunkTable(call->spec);
+  if (bad_table.empty() && !call->spec.servers.empty() && call->spec.servers[0] < 0) {
+    // A program that routes to no server (an elastic job's): dealt by the
+    // generation's split (SetDealtSplit), as every worker of it does.
+    std::vector<double> fractions;
+    {
+      std::lock_guard<std::mutex> lock(s.dealt_mu);
+      fractions = s.dealt_fractions;
+    }
+    if (fractions.empty()) {
+      bad_table = "its program routes to no server, and this engine has no split to deal its chunks by";
+    } else {
+      call->spec.servers = DealChunks(call->spec, fractions);
+    }
+  }
   if (epoch > 0 && !call->spec.fixed_routes && bad_table.empty()) {
     std::vector<double> fractions;
     {

@@ -173,6 +173,8 @@ class Engine {
   bool all_servers_local() const;
   // options.huge_pages of the running engine.
   bool huge_pages() const;
+  // options.num_workers of the running engine (0 before Start).
+  uint32_t num_workers() const;
   // Why the job failed (a lost server, or a lost worker a server reported),
   // or empty. Set once; every pending and later call fails with it until Stop().
   std::string fault() const;
@@ -193,6 +195,12 @@ class Engine {
   // or shares that are not one finite, non-negative number per server).
   // Not while Stop runs: the caller orders them (jbps/replan.py's lock).
   uint32_t SetRoutes(const std::vector<double>& fractions, std::string* err);
+  // The split (a share per server) by which the chunks of a call whose
+  // program routes them to no server (server -1) are dealt: an elastic job's,
+  // whose programs must not depend on the membership they were traced in, so
+  // that a later generation's are the same and come from the compilation
+  // cache. False with *err unless one non-negative share per server, some > 0.
+  bool SetDealtSplit(const std::vector<double>& fractions, std::string* err);
   // Why `spec`'s chunk table cannot cut its operands (its counts, sizes and
   // routes must add up, and every chunk hold whole elements), or empty.
   static std::string CheckChunkTable(const CallSpec& spec);

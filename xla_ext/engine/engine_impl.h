@@ -384,6 +384,11 @@ struct Engine::Impl {
   std::atomic<bool> routes_can_change{false};
   std::mutex lines_mu;
   std::map<uint32_t, std::vector<double>> route_fractions;
+  // SetDealtSplit's shares, normalized (a lock of its own, never held while
+  // taking another); cleared at Start.
+  std::mutex dealt_mu;
+  std::vector<double> dealt_fractions;
+  std::atomic<uint32_t> num_workers{0};  // options.num_workers, for jbps_workers
   uint32_t routes_announced = 0;
   std::atomic<uint32_t> routes_used{0};
   std::unordered_map<uint64_t, Line> lines;

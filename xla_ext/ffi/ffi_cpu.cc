@@ -117,9 +117,21 @@ ffi::Error JoinCpu(ffi::RemainingArgs args, ffi::RemainingRets rets) {
   });
 }
 
+// jbps_workers: the running job's worker count (int32 scalar), read when the
+// program runs rather than baked in when it was traced: an elastic job's mean
+// divides by it, so that its programs are the same for every membership.
+ffi::Error WorkersCpu(ffi::Result<ffi::BufferR0<ffi::S32>> out) {
+  const uint32_t n = Engine::Get().num_workers();
+  if (n == 0) return ffi::Error(ffi::ErrorCode::kFailedPrecondition, "jbps: the engine is not running");
+  *out->typed_data() = static_cast<int32_t>(n);
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JbpsJoinCpu, JoinCpu, ffi::Ffi::Bind().RemainingArgs().RemainingRets());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JbpsWorkersCpu, WorkersCpu, ffi::Ffi::Bind().Ret<ffi::BufferR0<ffi::S32>>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     JbpsPsumCpu, PsumCpu, BindPsumAttrs(ffi::Ffi::Bind().Arg<ffi::Buffer<ffi::S32>>().RemainingArgs().RemainingRets()));

@@ -10,5 +10,7 @@ namespace jbps {
 extern "C" XLA_FFI_Error* JbpsPsumCpu(XLA_FFI_CallFrame* call_frame);
 // "jbps_join": releases the sums of a bucketed psum together (ffi_cpu.cc).
 extern "C" XLA_FFI_Error* JbpsJoinCpu(XLA_FFI_CallFrame* call_frame);
+// "jbps_workers": the running job's worker count, read when the program runs.
+extern "C" XLA_FFI_Error* JbpsWorkersCpu(XLA_FFI_CallFrame* call_frame);
 
 }  // namespace jbps

@@ -150,6 +150,7 @@ NB_MODULE(_core, m) {
     nb::dict d;
     d["jbps_psum"] = FfiCapsule(reinterpret_cast<void*>(jbps::JbpsPsumCpu));
     d["jbps_join"] = FfiCapsule(reinterpret_cast<void*>(jbps::JbpsJoinCpu));
+    d["jbps_workers"] = FfiCapsule(reinterpret_cast<void*>(jbps::JbpsWorkersCpu));
     d["jbps_topk_encode"] = FfiCapsule(reinterpret_cast<void*>(jbps::JbpsTopKEncodeCpu));
     d["jbps_topk_decode"] = FfiCapsule(reinterpret_cast<void*>(jbps::JbpsTopKDecodeCpu));
     d["jbps_topk_decode_into"] = FfiCapsule(reinterpret_cast<void*>(jbps::JbpsTopKDecodeIntoCpu));
@@ -217,6 +218,14 @@ NB_MODULE(_core, m) {
       nb::arg("servers"), nb::arg("rank"), nb::arg("num_workers"), nb::arg("token"), nb::arg("credit"),
       nb::arg("timeout_s"), nb::arg("trace") = false, nb::arg("shm") = true,
       nb::arg("shm_slot_bytes") = size_t{4} << 20, nb::arg("huge_pages") = true, nb::arg("routes_can_change") = false);
+
+  m.def(
+      "engine_set_dealt_split",
+      [](std::vector<double> fractions) {
+        std::string err;
+        if (!jbps::Engine::Get().SetDealtSplit(fractions, &err)) throw std::invalid_argument("jbps: the split: " + err);
+      },
+      nb::arg("fractions"));
 
   m.def(
       "engine_set_routes",
