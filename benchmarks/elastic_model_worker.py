@@ -30,17 +30,9 @@ import jbps.elastic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "workers"))
 from elastic_hold import add_arguments as add_hold_arguments, hold  # noqa: E402
+from elastic_train import first_to_claim  # noqa: E402
 
 from benchmarks import step_models  # noqa: E402
-
-
-def first_to_claim(path: str) -> bool:
-    """True in the one process that creates `path`."""
-    try:
-        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-        return True
-    except FileExistsError:
-        return False
 
 
 def main(argv=None) -> None:

@@ -183,14 +183,19 @@ def test_a_killed_worker_leaves_the_others_training_and_a_restarted_one_rejoins_
     assert "rolling back to the last commit and regrouping" in job.stderr(0)
 
 
-def lose_and_restart_worker_2(job, steps, die_at, tmp_path):
+def lose_and_restart_worker_2(job, steps, die_at, tmp_path, smaller_first=False):
     """Workers 0 and 1 train `steps`; worker 2 kills itself at step `die_at`
-    and is started again. The newcomer's index, and the 3 workers' last lines
-    once the job ended well: every sum exact (against numpy), the same state."""
+    and is started again (with smaller_first, once worker 0 committed a step
+    without it). The newcomer's index, and the 3 workers' last lines once the
+    job ended well: every sum exact (against numpy), the same state."""
     for i in range(2):
         job.start(i, *steps)
     job.start(2, *steps, "--die-at", str(die_at), "--die-file", str(tmp_path / "died"))
     job.procs[2].wait(timeout=120)  # it killed itself
+    deadline = time.monotonic() + 120
+    while smaller_first and not any(line.get("size") == 2 for line in job.lines(0)):
+        assert time.monotonic() < deadline and job.procs[0].poll() is None, job.stderr(0)
+        time.sleep(0.05)
     newcomer = job.start(2, *steps)
     codes = job.finish()
     assert codes == [0, 0, -signal.SIGKILL, 0], [job.stderr(n) for n in range(4)]
@@ -208,7 +213,7 @@ def test_a_steps_program_is_the_same_text_for_every_membership_and_its_sums_and_
     # against numpy and prints a digest of its step's program at every commit.
     job = job_factory(3, 2, 3, devices=2 if RUNTIME_RECOVERS else 1)
     steps = ["--steps", "40", "--step-seconds", "0.05", "--mean", "--hold-at", "34", "--hold-for", "3"]
-    newcomer, results = lose_and_restart_worker_2(job, steps, 5, tmp_path)
+    newcomer, results = lose_and_restart_worker_2(job, steps, 5, tmp_path, smaller_first=True)
     commits = [line for n in (0, 1, newcomer) for line in job.lines(n) if "program" in line]
     assert {line["size"] for line in commits} == {2, 3}, commits
     assert len({line["program"] for line in commits}) == 1, {(c["size"], c["program"]) for c in commits}

@@ -302,6 +302,34 @@ void Engine::Impl::NextInLine(uint64_t line, uint32_t seen) {
   Launch(std::move(next), line, epoch);
 }
 
+namespace {
+
+// `fractions` as shares of 1 into *out, or false with *err unless they are
+// one finite, non-negative number per server adding up to more than 0.
+bool Normalized(const std::vector<double>& fractions, size_t servers, std::vector<double>* out, std::string* err) {
+  if (fractions.size() != servers) {
+    *err = std::to_string(fractions.size()) + " shares for " + std::to_string(servers) + " servers";
+    return false;
+  }
+  double total = 0;
+  for (double f : fractions) {
+    if (!std::isfinite(f) || f < 0) {
+      *err = "a share that is not a finite, non-negative number: " + std::to_string(f);
+      return false;
+    }
+    total += f;
+  }
+  if (total <= 0) {
+    *err = "shares that add up to 0";
+    return false;
+  }
+  out->clear();
+  for (double f : fractions) out->push_back(f / total);
+  return true;
+}
+
+}  // namespace
+
 bool Engine::SetDealtSplit(const std::vector<double>& fractions, std::string* err) {
   Impl& s = *impl_;
   size_t servers;
@@ -309,22 +337,10 @@ bool Engine::SetDealtSplit(const std::vector<double>& fractions, std::string* er
     std::lock_guard<std::mutex> lock(s.mu);
     servers = s.conns.size();
   }
-  double total = 0;
-  for (double f : fractions) {
-    if (!(f >= 0)) {
-      *err = "a share is negative or not a number";
-      return false;
-    }
-    total += f;
-  }
-  if (fractions.size() != servers || !(total > 0)) {
-    *err = std::to_string(fractions.size()) + " shares (summing to " + std::to_string(total) + ") for " +
-           std::to_string(servers) + " servers";
-    return false;
-  }
+  std::vector<double> shares;
+  if (!Normalized(fractions, servers, &shares, err)) return false;
   std::lock_guard<std::mutex> lock(s.dealt_mu);
-  s.dealt_fractions.clear();
-  for (double f : fractions) s.dealt_fractions.push_back(f / total);
+  s.dealt_fractions = std::move(shares);
   return true;
 }
 
@@ -341,30 +357,15 @@ uint32_t Engine::SetRoutes(const std::vector<double>& fractions, std::string* er
       *err = "this job's routes cannot change (EngineOptions.routes_can_change)";
       return 0;
     }
-    if (fractions.size() != s.conns.size()) {
-      *err = std::to_string(fractions.size()) + " shares for " + std::to_string(s.conns.size()) + " servers";
-      return 0;
-    }
     for (auto& c : s.conns) conns.push_back(c.get());
   }
-  double total = 0;
-  for (double f : fractions) {
-    if (!std::isfinite(f) || f < 0) {
-      *err = "a share that is not a finite, non-negative number: " + std::to_string(f);
-      return 0;
-    }
-    total += f;
-  }
-  if (total <= 0) {
-    *err = "shares that add up to 0";
-    return 0;
-  }
+  std::vector<double> shares;
+  if (!Normalized(fractions, conns.size(), &shares, err)) return 0;
   uint32_t epoch;
   {
     std::lock_guard<std::mutex> lock(s.lines_mu);
     epoch = ++s.routes_announced;
-    std::vector<double>& kept = s.route_fractions[epoch];
-    for (double f : fractions) kept.push_back(f / total);
+    s.route_fractions[epoch] = std::move(shares);
     // Lines follow what the servers stamp, never beyond the last few epochs.
     while (s.route_fractions.size() > 64) s.route_fractions.erase(s.route_fractions.begin());
   }
