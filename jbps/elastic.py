@@ -18,8 +18,10 @@ they regroup without the lost worker and the function is called again. A new
 worker waits until the others' next commit, where they regroup with it. At the
 start of every generation the state is broadcast from rank 0, which held the
 last commit, so a newcomer starts from it. Each generation is a new job (new
-token, plan and split for its size), so no sum mixes two memberships; jax's
-caches are cleared so that the step is traced afresh for it.
+token, plan and split for its size), so no sum mixes two memberships. After a
+loss the survivors keep the programs they traced where none depends on what
+changed (_keep_programs); otherwise, and at a join, jax's caches are cleared
+and the step is traced afresh.
 
 Every worker commits at the same points of its loop (commit agrees, by a small
 psum, on whether to regroup). What the state holds must be what the function
@@ -288,7 +290,7 @@ _CHECK_LOCK = threading.Lock()
 
 def _the_check() -> tuple[Callable, np.ndarray]:
     """A psum over the local devices, compiled once (jax's caches, cleared at
-    each generation, would not keep it), and its input: what
+    a generation's start, would not keep it), and its input: what
     _check_runtime_recovers runs."""
     with _CHECK_LOCK:
         if not _CHECK:
@@ -345,6 +347,27 @@ def _warm_up(traced: threading.Event) -> None:
         log.debug("jbps.elastic: compiling the runtime check failed: %s", exc)
 
 
+def _keep_programs(generation: int) -> bool:
+    """Whether every member of this generation keeps the programs it traced
+    before (jax's caches and the psums' names): only where each one's still
+    hold (runtime.programs_token) and all traced the same, as after a loss
+    where nothing a program took from the membership changed. Else every
+    member forgets them (a newcomer has none), so all trace the step afresh
+    and name its psums alike. One host psum: each member's token in its row."""
+    config = runtime.config()
+    tokens = np.zeros((config.num_workers, 4), np.int32)
+    tokens[config.worker_rank] = np.frombuffer(runtime.programs_token(), np.int32)
+    flat = tokens.reshape(-1)
+    link_rate.psum_host(
+        "jbps.elastic.programs", flat, runtime.server_fractions(), link_rate.backstop_s(config.timeout_s)
+    )
+    tokens = flat.reshape(tokens.shape)
+    kept = bool(tokens[0].any() and (tokens == tokens[0]).all())
+    if not kept:
+        runtime.forget_programs(generation)
+    return kept
+
+
 def _elastic(func: Callable, settings: dict) -> Callable:
     """run's wrapper of func, its settings checked."""
 
@@ -369,7 +392,6 @@ def _elastic(func: Callable, settings: dict) -> Callable:
                 config, hosted, job = membership.join()
                 traced.wait(_WARM_UP_BOUND_S)  # at once after the first generation
                 joined = time.monotonic()
-                jax.clear_caches()  # plans, sizes and keys of the last generation are baked into its programs
                 try:
                     runtime.start_member(requested, (config, hosted), job["rates"])
                 except JbpsError as exc:
@@ -391,16 +413,19 @@ def _elastic(func: Callable, settings: dict) -> Callable:
                 try:
                     state.sync(root=0)
                     membership.holds_state = True  # the root's last commit, whatever this worker had
+                    synced = time.monotonic()
+                    kept = _keep_programs(job["generation"])
                     log.info(
                         "jbps.elastic: generation %d, %d workers, rank %d: assembled in %.2f s, engine started "
-                        "in %.2f s (links %s), state from rank 0 in %.2f s",
+                        "in %.2f s (links %s), state from rank 0 in %.2f s, programs %s",
                         job["generation"],
                         job["num_workers"],
                         job["rank"],
                         joined - left,
                         started - joined,
                         "measured before" if job["rates"] is not None else "probed" if measured else "not probed",
-                        time.monotonic() - started,
+                        synced - started,
+                        "kept" if kept else "forgotten (traced again)",
                     )
                     result = func(state, *args, **kwargs)
                 except _Regroup:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import hashlib
 import itertools
 import sys
 import threading
@@ -49,6 +50,13 @@ _follower: replan.Follower | None = None  # re-plans the split as links change (
 _ffi_registered = False
 _atexit_registered = False
 _names = itertools.count()
+_names_lock = threading.Lock()
+# What this process's traced programs assume of the membership, so that an elastic job keeps
+# them across a generation where it still holds (programs_token; forget_programs clears them).
+_names_given = 0  # psums named by next_auto_name since the programs were last forgotten
+_traced_reads: dict[str, int] = {}  # rank(), size(), ... as read while jax traced
+_programs_epoch: int | None = None  # the generation that last forgot them; None: none did
+_programs_plan: tuple | None = None  # _plan_inputs() of that generation
 
 
 class Session:
@@ -109,9 +117,8 @@ def start_member(requested: Config, joined: tuple[Config, list], rates: dict | N
     member of the new generation traces its psums afresh. `rates`: the links'
     rates an earlier generation on the same hosts measured ({"link": bytes/s,
     "servers": bytes/s per server or None}), the same on every member, which
-    then skip the link probe."""
-    global _names
-    _names = itertools.count()
+    then skip the link probe. Psum names go on from the last generation's
+    (forget_programs restarts them, with jax's caches)."""
     return _start(requested, joined, rates)
 
 
@@ -360,23 +367,87 @@ def config_for_psum() -> Config:
 
 def rank() -> int:
     """This worker process's rank, 0 .. size()-1."""
-    return config().worker_rank
+    return note_traced_read("rank", config().worker_rank)
 
 
 def size() -> int:
     """Number of worker processes in the job."""
-    return config().num_workers
+    return note_traced_read("size", config().num_workers)
 
 
 def local_rank() -> int:
     """This worker's rank among the worker processes on its host."""
-    return config().local_rank
+    return note_traced_read("local_rank", config().local_rank)
 
 
 def local_size() -> int:
     """Number of worker processes on this host (as in Horovod; the local
     devices a worker reduces over are jax.local_device_count())."""
-    return config().local_size
+    return note_traced_read("local_size", config().local_size)
+
+
+def _membership_values() -> dict[str, int]:
+    c = config()
+    return {"rank": c.worker_rank, "size": c.num_workers, "local_rank": c.local_rank, "local_size": c.local_size}
+
+
+def _tracing() -> bool:
+    """Whether jax is tracing a function in this thread (True where this jax
+    cannot tell: a read then counts as baked in)."""
+    core = sys.modules.get("jax._src.core")
+    if core is None:  # jax not imported: nothing traces
+        return False
+    clean = getattr(core, "trace_state_clean", None)
+    return True if clean is None else not clean()
+
+
+def note_traced_read(what: str, value: int) -> int:
+    """value, remembered as what `what` was when a program read it while
+    jax traced it: a program that baked it in holds only while it stays."""
+    if what not in _traced_reads and _tracing():
+        _traced_reads[what] = value
+    return value
+
+
+def _plan_inputs() -> tuple:
+    """What a psum's lowering takes from the generation besides its name:
+    across hosts, the chunk and bucket sizes follow the active servers, the
+    link's rate and the busiest NIC's share (defaults.py); on one host nothing."""
+    if not _spans_hosts:
+        return (False,)
+    return (True, defaults.active_servers(_fractions), _link_rate, _nic_share)
+
+
+def programs_token() -> bytes:
+    """16 bytes that are equal on the members of an elastic generation whose
+    programs (traced since the same generation forgot them, with as many
+    psums named) all still hold for it; zeros where this process's do not:
+    none were kept, a value a trace read (rank, size, ...) changed, or the
+    plan's inputs did (elastic.py forgets them unless every member's token is
+    the same)."""
+    config()
+    now = _membership_values()
+    if (
+        _programs_epoch is None
+        or _plan_inputs() != _programs_plan
+        or any(now[what] != value for what, value in _traced_reads.items())
+    ):
+        return bytes(16)
+    return hashlib.blake2b(f"{_programs_epoch}:{_names_given}".encode(), digest_size=16).digest()
+
+
+def forget_programs(generation: int) -> None:
+    """Clears jax's caches and restarts the psums' names, so that every
+    member traces its programs afresh for this elastic generation."""
+    import jax
+
+    global _names, _names_given, _programs_epoch, _programs_plan
+    config()
+    jax.clear_caches()
+    with _names_lock:
+        _names, _names_given = itertools.count(), 0
+    _traced_reads.clear()
+    _programs_epoch, _programs_plan = generation, _plan_inputs()
 
 
 def engine_stats() -> dict:
@@ -452,4 +523,7 @@ def spans_hosts() -> bool:
 def next_auto_name(prefix: str) -> str:
     """A name for an unnamed psum: the n-th traced in this process. Workers run
     the same program, so they trace psums in the same order."""
-    return f"{prefix}.{next(_names)}"
+    global _names_given
+    with _names_lock:
+        _names_given += 1
+        return f"{prefix}.{next(_names)}"

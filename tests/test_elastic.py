@@ -219,6 +219,27 @@ def test_a_steps_program_is_the_same_text_for_every_membership_and_its_sums_and_
     assert len({line["program"] for line in commits}) == 1, {(c["size"], c["program"]) for c in commits}
 
 
+@pytest.mark.parametrize("in_trace", [False, True], ids=["step-reads-nothing", "step-reads-rank-and-size"])
+def test_a_loss_keeps_the_survivors_programs_unless_their_trace_read_the_membership(job_factory, tmp_path, in_trace):
+    # After a loss, what a survivor's step took from the membership is unchanged unless its trace
+    # read jbps.size() or jbps.rank(): then nothing is traced or lowered again. A step that read
+    # them while jax traced it holds them baked in: every member traces again, and the worker
+    # checks the size its program holds and every sum against numpy. A join traces again in
+    # either case (the newcomer names its psums afresh, so all do).
+    job = job_factory(3, 2, 3, devices=2 if RUNTIME_RECOVERS else 1)
+    steps = ["--steps", "40", "--step-seconds", "0.05", "--hold-at", "34", "--hold-for", "3"]
+    steps += ["--membership-in-trace"] if in_trace else []
+    lose_and_restart_worker_2(job, steps, 5, tmp_path, smaller_first=True)
+    for n in (0, 1):
+        commits = [line for line in job.lines(n) if "lowered" in line]
+        changes = [(a, b) for a, b in zip(commits, commits[1:]) if a["size"] != b["size"]]
+        assert [(a["size"], b["size"]) for a, b in changes] == [(3, 2), (2, 3)], commits
+        (before_loss, after_loss), (before_join, after_join) = changes
+        assert (after_loss["lowered"] > before_loss["lowered"]) == in_trace, changes
+        assert after_join["lowered"] > before_join["lowered"], changes
+    assert ("programs kept" in job.stderr(0)) != in_trace, job.stderr(0)[-3000:]
+
+
 def test_a_worker_lost_while_steps_are_dispatched_back_to_back_leaves_the_others_training(job_factory, tmp_path):
     # As a training loop runs: steps dispatched without waiting (each checked at the next commit,
     # every 4 steps), 2 local devices per worker. Worker 2 kills itself at step 40, with the

@@ -90,8 +90,11 @@ def workers(baked: int) -> jax.Array:
     """The job's worker count as the program runs (an int32 scalar): the
     jbps_workers handler's on XLA:CPU, so that an elastic job's mean does not
     bake its generation's size into the program (runtime.programs_outlive_membership);
-    on other platforms, which have no such handler, `baked`."""
+    on other platforms, which have no such handler, `baked` (the program then
+    holds for this size only: runtime.note_traced_read)."""
     runtime.register_ffi_targets()
+    if jax.default_backend() != "cpu":
+        runtime.note_traced_read("size", baked)
     call = jax.ffi.ffi_call("jbps_workers", jax.ShapeDtypeStruct((), np.int32))
     return jax.lax.platform_dependent(cpu=lambda: call(), default=lambda: np.int32(baked))
 

@@ -167,7 +167,7 @@ def _psum(tree, residuals, axis_name, *, average, name, priority, bucket_bytes, 
         out = wire.decompress(bind(wire.compress(leaves, compression), spec), leaves)
     out = [lax_dtypes.from_wire(x, dtype) for x, dtype in zip(out, dtypes)]
     if average:
-        workers = ffi.workers(runtime.size()) if runtime.programs_outlive_membership() else runtime.size()
+        workers = ffi.workers(config.num_workers) if runtime.programs_outlive_membership() else runtime.size()
         out = [x / (count * workers) for x in out]
     return jax.tree_util.tree_unflatten(treedef, out), new_residuals
 

@@ -12,7 +12,8 @@ With --back-to-back the steps are dispatched without waiting for them (as a
 training loop does), and their sums are checked at the next commit.
 
 Prints one JSON line per commit (every --commit-every steps) ({"step", "size", "rank", "servers",
-"link", "at", "rates", "replans", "timeout", "compiles"}: the programs jax compiled so far) and a
+"link", "at", "rates", "replans", "timeout", "compiles", "lowered"}: the programs jax compiled and
+lowered so far) and a
 last one: {"done", "w", "expected", "exact", "acc_exact", "sizes", "cache_dir", "cache_hits",
 "lowered_before_training"} (acc_exact: with --placed-state, whether each device's running total
 equals numpy's; jax's persistent compilation cache: its directory, and the programs it gave
@@ -89,6 +90,12 @@ def main():
         "devices) and each commit prints a digest of the step's program text (the same for every "
         "membership: its compile comes from jax's cache)",
     )
+    p.add_argument(
+        "--membership-in-trace",
+        action="store_true",
+        help="the step reads jbps.rank() (its offset) and jbps.size() (an output, checked) while jax "
+        "traces it: baked into the program, which then holds for one membership only",
+    )
     add_hold_arguments(p)
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # each generation's timings
@@ -112,7 +119,11 @@ def main():
     @functools.partial(jax.pmap, axis_name="i")
     def contribute(step, offset):
         d = jax.lax.axis_index("i").astype(jnp.float32)
+        if args.membership_in_trace:  # baked in: a program kept for another membership would be wrong
+            offset = jnp.float32(jbps.rank() * k)
         x = jnp.ones((args.width,), jnp.float32) * (offset + d + 1.0) * (step + 1.0)
+        if args.membership_in_trace:
+            return jbps.psum(x, "i"), jnp.full((), jbps.size(), jnp.float32)
         if args.mean:
             return jbps.psum(x, "i"), jbps.pmean(x, "i", name="mean")
         return jbps.psum(x, "i")
@@ -152,6 +163,11 @@ def main():
             steps = np.full((k,), state.step, np.float32)
             offsets = np.full((k,), r * k, np.float32)
             out = contribute(steps, offsets)
+            if args.membership_in_trace:
+                out, traced_size = out
+                if not np.all(np.asarray(traced_size) == n):
+                    print(json.dumps({"wrong_size": state.step, "size": n, "got": float(np.asarray(traced_size)[0])}))
+                    sys.exit(3)
             if args.mean:
                 out, mean = out
                 want = np.float32((state.step + 1) * total * (total + 1) / 2) / np.float32(total)
@@ -179,7 +195,7 @@ def main():
                 servers = len(jbps.config().servers)
                 link = jbps.runtime.link_bytes_per_s()  # as measured, or reused from an earlier generation
                 line = {"step": state.step, "size": n, "rank": r, "servers": servers, "link": link, "at": time.time()}
-                line["compiles"] = len(compiled)
+                line["compiles"], line["lowered"] = len(compiled), len(lowered)
                 if args.mean:  # the step's program as this generation lowers it
                     text = contribute.lower(steps, offsets).as_text()
                     line["program"] = hashlib.sha256(text.encode()).hexdigest()[:16]
