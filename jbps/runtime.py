@@ -55,8 +55,8 @@ _names_lock = threading.Lock()
 # them across a generation where it still holds (programs_token; forget_programs clears them).
 _names_given = 0  # psums named by next_auto_name since the programs were last forgotten
 _traced_reads: dict[str, int] = {}  # rank(), size(), ... as read while jax traced
+_sized: dict[tuple[str, int], object] = {}  # (what, bytes) -> the size a program was lowered with
 _programs_epoch: int | None = None  # the generation that last forgot them; None: none did
-_programs_plan: tuple | None = None  # _plan_inputs() of that generation
 
 
 class Session:
@@ -113,8 +113,7 @@ def init(**overrides) -> Session:
 def start_member(requested: Config, joined: tuple[Config, list], rates: dict | None = None) -> Session:
     """init() for a job whose membership was found outside the bootstraps
     (an elastic generation, jbps/elastic.py): `joined` is the config and the
-    servers this process hosts. Psum names restart from the first, as every
-    member of the new generation traces its psums afresh. `rates`: the links'
+    servers this process hosts. `rates`: the links'
     rates an earlier generation on the same hosts measured ({"link": bytes/s,
     "servers": bytes/s per server or None}), the same on every member, which
     then skip the link probe. Psum names go on from the last generation's
@@ -409,28 +408,20 @@ def note_traced_read(what: str, value: int) -> int:
     return value
 
 
-def _plan_inputs() -> tuple:
-    """What a psum's lowering takes from the generation besides its name:
-    across hosts, the chunk and bucket sizes follow the active servers, the
-    link's rate and the busiest NIC's share (defaults.py); on one host nothing."""
-    if not _spans_hosts:
-        return (False,)
-    return (True, defaults.active_servers(_fractions), _link_rate, _nic_share)
-
-
 def programs_token() -> bytes:
     """16 bytes that are equal on the members of an elastic generation whose
     programs (traced since the same generation forgot them, with as many
     psums named) all still hold for it; zeros where this process's do not:
-    none were kept, a value a trace read (rank, size, ...) changed, or the
-    plan's inputs did (elastic.py forgets them unless every member's token is
-    the same)."""
+    none were kept, a value a trace read (rank, size, ...) changed, or a
+    chunk or bucket size a psum was lowered with would now be another (across
+    hosts they follow the active servers, the link's rate and the busiest
+    NIC's share). elastic.py forgets them unless every member's token is the same."""
     config()
     now = _membership_values()
     if (
         _programs_epoch is None
-        or _plan_inputs() != _programs_plan
         or any(now[what] != value for what, value in _traced_reads.items())
+        or any(_SIZES[what](nbytes) != size for (what, nbytes), size in _sized.items())
     ):
         return bytes(16)
     return hashlib.blake2b(f"{_programs_epoch}:{_names_given}".encode(), digest_size=16).digest()
@@ -441,13 +432,14 @@ def forget_programs(generation: int) -> None:
     member traces its programs afresh for this elastic generation."""
     import jax
 
-    global _names, _names_given, _programs_epoch, _programs_plan
+    global _names, _names_given, _programs_epoch
     config()
     jax.clear_caches()
     with _names_lock:
         _names, _names_given = itertools.count(), 0
     _traced_reads.clear()
-    _programs_epoch, _programs_plan = generation, _plan_inputs()
+    _sized.clear()
+    _programs_epoch = generation
 
 
 def engine_stats() -> dict:
@@ -468,16 +460,35 @@ def server_fractions() -> tuple[float, ...]:
 def partition_bytes(call_bytes: int) -> int:
     """The largest chunk of a psum of `call_bytes`: the user's JBPS_PARTITION_BYTES,
     else the default for where the job runs (jbps/partition/defaults.py)."""
-    given = config().partition_bytes
-    return given if given is not None else defaults.partition_bytes(call_bytes, _fractions, _spans_hosts, _link_rate)
+    return _noted("partition", call_bytes)
 
 
 def bucket_bytes(tree_bytes: int) -> int:
     """The size of the buckets a psum of `tree_bytes` goes in: the user's
     JBPS_BUCKET_BYTES, else the default for where the job runs and its
     link's measured rate (jbps/partition/defaults.py)."""
+    return _noted("bucket", tree_bytes)
+
+
+def _partition_bytes(call_bytes: int) -> int:
+    given = config().partition_bytes
+    return given if given is not None else defaults.partition_bytes(call_bytes, _fractions, _spans_hosts, _link_rate)
+
+
+def _bucket_bytes(tree_bytes: int) -> int:
     given = config().bucket_bytes
     return given if given is not None else defaults.bucket_bytes(tree_bytes, _spans_hosts, _link_rate, _nic_share)
+
+
+# What a psum's lowering sizes by the generation (programs_token checks them again).
+_SIZES = {"partition": _partition_bytes, "bucket": _bucket_bytes, "across": lambda _: _spans_hosts}
+
+
+def _noted(what: str, nbytes: int):
+    """The size `what` has now for `nbytes`, noted as one a program was lowered with."""
+    size = _SIZES[what](nbytes)
+    _sized[(what, nbytes)] = size
+    return size
 
 
 def nic_share() -> float:
@@ -517,7 +528,7 @@ def spans_hosts() -> bool:
     """Whether the job's bytes cross a network (defaults.spans_hosts of its servers): then a
     psum is a pipeline across hosts, and large shards' ends go in pieces (plan.chunk_sizes)."""
     config()
-    return _spans_hosts
+    return _noted("across", 0)
 
 
 def next_auto_name(prefix: str) -> str:

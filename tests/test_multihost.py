@@ -494,7 +494,10 @@ class ElasticJob:
         return self.procs[name]
 
     def err(self, name):
-        return (self.tmp_path / f"{name}.err").read_text()[-3000:]
+        return self.err_text(name)[-3000:]
+
+    def err_text(self, name):
+        return (self.tmp_path / f"{name}.err").read_text()
 
     def worker(self, name, host, worker_id, steps=90, argv=None):
         if argv is None:
@@ -574,6 +577,10 @@ def test_an_elastic_job_across_hosts_goes_on_after_a_kill_a_rejoin_and_a_cut_lin
             # rates (one probe's reading, to the bit) and skipped the probe.
             links = {line["link"] for name in ("w0", "w2b") for line in job.lines(name) if "link" in line}
             assert len(links) == 1 and None not in links, links
+            # The step's chunk and bucket sizes stayed (a small psum's), so after the kill and after
+            # the cut the survivors kept their programs (the join traced them again).
+            kept = re.findall(r"generation \d+, (\d) workers, rank \d+: .*, programs (\w+)", job.err_text("w0"))
+            assert kept == [("3", "forgotten"), ("2", "kept"), ("3", "forgotten"), ("2", "kept")], kept
         finally:
             job.end()  # the cut host's worker fails its own way; ended by PID
 
