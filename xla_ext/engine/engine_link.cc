@@ -360,7 +360,8 @@ void Engine::Impl::AttachShm(ServerConn* sc) {
 
 void Engine::Impl::ConnFailed(ServerConn* sc, const std::string& why) {
   std::vector<CallPtr> victims;
-  bool quiet, aborted;
+  bool quiet, aborted, first = false;
+  const std::string msg = "jbps: lost summation server " + sc->addr.ToString() + ": " + why;
   {
     std::lock_guard<std::mutex> lock(mu);
     if (sc->failed) return;
@@ -368,6 +369,13 @@ void Engine::Impl::ConnFailed(ServerConn* sc, const std::string& why) {
     sc->slot_cv.notify_all();
     quiet = stopping;
     aborted = sc->aborted;
+    // The job's fault goes with the failed connection, under one lock: a call
+    // launched from now on fails at launch (FailLost), and whoever then asks
+    // why (an elastic worker deciding to regroup) must find the fault set.
+    if (!quiet && !aborted && fault.empty()) {
+      fault = msg;
+      first = true;
+    }
     queue.GiveBack(static_cast<int>(sc->unacked.size()));
     sc->unacked.clear();
     for (auto& ch : sc->sendq) victims.push_back(ch->call);
@@ -378,7 +386,6 @@ void Engine::Impl::ConnFailed(ServerConn* sc, const std::string& why) {
     for (const Lost& l : DispatchLocked()) victims.push_back(l.call);  // its credits go to the others
   }
   ShutdownFd(sc->fd);  // wakes this connection's other thread
-  const std::string msg = "jbps: lost summation server " + sc->addr.ToString() + ": " + why;
   if (quiet) {
     for (auto& c : victims) FailCall(c, msg);
     return;
@@ -390,6 +397,7 @@ void Engine::Impl::ConnFailed(ServerConn* sc, const std::string& why) {
   if (aborted) return;
   // A job without one of its servers cannot sum: fail everything, now and
   // later, with the job's first cause (an abort's, where one came first).
+  if (first) LogWarning("%s", msg.c_str());
   SetFault(msg);
 }
 
