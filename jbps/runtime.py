@@ -5,7 +5,6 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import hashlib
-import itertools
 import sys
 import threading
 import time
@@ -49,7 +48,6 @@ _outlives_membership = False  # programs_outlive_membership()
 _follower: replan.Follower | None = None  # re-plans the split as links change (replan.py)
 _ffi_registered = False
 _atexit_registered = False
-_names = itertools.count()
 _names_lock = threading.Lock()
 # What this process's traced programs assume of the membership, so that an elastic job keeps
 # them across a generation where it still holds (programs_token; forget_programs clears them).
@@ -366,28 +364,31 @@ def config_for_psum() -> Config:
 
 def rank() -> int:
     """This worker process's rank, 0 .. size()-1."""
-    return note_traced_read("rank", config().worker_rank)
+    return _membership("rank")
 
 
 def size() -> int:
     """Number of worker processes in the job."""
-    return note_traced_read("size", config().num_workers)
+    return _membership("size")
 
 
 def local_rank() -> int:
     """This worker's rank among the worker processes on its host."""
-    return note_traced_read("local_rank", config().local_rank)
+    return _membership("local_rank")
 
 
 def local_size() -> int:
     """Number of worker processes on this host (as in Horovod; the local
     devices a worker reduces over are jax.local_device_count())."""
-    return note_traced_read("local_size", config().local_size)
+    return _membership("local_size")
 
 
-def _membership_values() -> dict[str, int]:
-    c = config()
-    return {"rank": c.worker_rank, "size": c.num_workers, "local_rank": c.local_rank, "local_size": c.local_size}
+# The membership's values a program may read, and their fields in Config.
+_MEMBERSHIP = {"rank": "worker_rank", "size": "num_workers", "local_rank": "local_rank", "local_size": "local_size"}
+
+
+def _membership(what: str) -> int:
+    return note_traced_read(what, getattr(config(), _MEMBERSHIP[what]))
 
 
 def _tracing() -> bool:
@@ -416,11 +417,10 @@ def programs_token() -> bytes:
     chunk or bucket size a psum was lowered with would now be another (across
     hosts they follow the active servers, the link's rate and the busiest
     NIC's share). elastic.py forgets them unless every member's token is the same."""
-    config()
-    now = _membership_values()
+    now = config()
     if (
         _programs_epoch is None
-        or any(now[what] != value for what, value in _traced_reads.items())
+        or any(getattr(now, _MEMBERSHIP[what]) != value for what, value in _traced_reads.items())
         or any(_SIZES[what](nbytes) != size for (what, nbytes), size in _sized.items())
     ):
         return bytes(16)
@@ -432,11 +432,11 @@ def forget_programs(generation: int) -> None:
     member traces its programs afresh for this elastic generation."""
     import jax
 
-    global _names, _names_given, _programs_epoch
+    global _names_given, _programs_epoch
     config()
     jax.clear_caches()
     with _names_lock:
-        _names, _names_given = itertools.count(), 0
+        _names_given = 0
     _traced_reads.clear()
     _sized.clear()
     _programs_epoch = generation
@@ -537,4 +537,4 @@ def next_auto_name(prefix: str) -> str:
     global _names_given
     with _names_lock:
         _names_given += 1
-        return f"{prefix}.{next(_names)}"
+        return f"{prefix}.{_names_given - 1}"

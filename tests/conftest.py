@@ -42,6 +42,11 @@ def pytest_addoption(parser):
     parser.addoption("--soak", action="store_true", help="run the long soak (2,000 rounds; also JBPS_SOAK=1)")
 
 
+def soaking(config) -> bool:
+    """Whether the soaks run their long versions: `pytest --soak` or JBPS_SOAK=1."""
+    return config.getoption("--soak") or os.environ.get("JBPS_SOAK") == "1"
+
+
 @pytest.fixture
 def server():
     """A one-worker summation server on a free loopback port."""
@@ -434,7 +439,5 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.jax_versions)
         if name in JAX_FREE:
             item.add_marker(pytest.mark.jax_free)
-        if item.nodeid.startswith(LONG_WHEN_SOAKING) and (
-            config.getoption("--soak") or os.environ.get("JBPS_SOAK") == "1"
-        ):
+        if item.nodeid.startswith(LONG_WHEN_SOAKING) and soaking(config):
             item.add_marker(pytest.mark.timeout(3600))

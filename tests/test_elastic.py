@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from conftest import REPO, job_free_env, worker_script
+from conftest import REPO, job_free_env, soaking, worker_script
 from leftovers import assert_nothing_left
 from test_launch import run as launched
 from jbps.cpu_loop_deadlock import _version as jax_version
@@ -757,7 +757,7 @@ def test_randomized_membership_changes_never_give_a_wrong_sum(job_factory, reque
     left waiting in XLA's all-gather of the two."""
     import random
 
-    changes = 1000 if request.config.getoption("--soak") or os.environ.get("JBPS_SOAK") == "1" else 8
+    changes = 1000 if soaking(request.config) else 8
     rng = random.Random(7)
     job = job_factory(2, 1, 3, devices=2)
     args = ["--steps", "1000000", "--step-seconds", "0.02", "--commit-every", "5"]

@@ -3,16 +3,14 @@ result checked against numpy, and no memory growth in workers or servers.
 The default suite runs 300 rounds; `pytest --soak` (or JBPS_SOAK=1) runs
 2,000 and prints the figures."""
 
-import os
 import sys
 
-
-from conftest import last_json, worker_script
+from conftest import last_json, soaking, worker_script
 from benchmarks.local_cluster import LocalCluster
 
 
 def test_soak_rounds_match_numpy_and_memory_stays_flat(request):
-    long = request.config.getoption("--soak") or os.environ.get("JBPS_SOAK") == "1"
+    long = soaking(request.config)
     rounds, measure_at = (2000, 200) if long else (300, 100)
     with LocalCluster(
         2,
