@@ -20,8 +20,8 @@ start of every generation the state is broadcast from rank 0, which held the
 last commit, so a newcomer starts from it. Each generation is a new job (new
 token, plan and split for its size), so no sum mixes two memberships. After a
 loss the survivors keep the programs they traced where none depends on what
-changed (_keep_programs); otherwise, and at a join, jax's caches are cleared
-and the step is traced afresh.
+changed (_keep_programs), and their chunk and bucket sizes with them; otherwise,
+and at a join, jax's caches are cleared and the step is traced afresh.
 
 Every worker commits at the same points of its loop (commit agrees, by a small
 psum, on whether to regroup). What the state holds must be what the function
@@ -347,13 +347,14 @@ def _warm_up(traced: threading.Event) -> None:
         log.debug("jbps.elastic: compiling the runtime check failed: %s", exc)
 
 
-def _keep_programs(generation: int) -> bool:
-    """Whether every member of this generation keeps the programs it traced
-    before (jax's caches and the psums' names): only where each one's still
-    hold (runtime.programs_token) and all traced the same, as after a loss
-    where nothing a program took from the membership changed. Else every
-    member forgets them (a newcomer has none), so all trace the step afresh
-    and name its psums alike. One host psum: each member's token in its row."""
+def _keep_programs(generation: int) -> str:
+    """What every member of this generation does with the programs it traced
+    before (jax's caches and the psums' names), for the log: keeps them only
+    where each one's still hold (runtime.programs_token) and all traced the
+    same, as after a loss where nothing a program took from the membership
+    changed; their chunk and bucket sizes then stay (runtime.keep_programs).
+    Else every member forgets them (a newcomer has none), so all trace the step
+    afresh and name its psums alike. One host psum: each member's token in its row."""
     config = runtime.config()
     tokens = np.zeros((config.num_workers, 4), np.int32)
     tokens[config.worker_rank] = np.frombuffer(runtime.programs_token(), np.int32)
@@ -362,10 +363,10 @@ def _keep_programs(generation: int) -> bool:
         "jbps.elastic.programs", flat, runtime.server_fractions(), link_rate.backstop_s(config.timeout_s)
     )
     tokens = flat.reshape(tokens.shape)
-    kept = bool(tokens[0].any() and (tokens == tokens[0]).all())
-    if not kept:
+    if not (tokens[0].any() and (tokens == tokens[0]).all()):
         runtime.forget_programs(generation)
-    return kept
+        return "forgotten (traced again)"
+    return "kept (sized for the links of the generation that traced them)" if runtime.keep_programs() else "kept"
 
 
 def _elastic(func: Callable, settings: dict) -> Callable:
@@ -414,7 +415,7 @@ def _elastic(func: Callable, settings: dict) -> Callable:
                     state.sync(root=0)
                     membership.holds_state = True  # the root's last commit, whatever this worker had
                     synced = time.monotonic()
-                    kept = _keep_programs(job["generation"])
+                    programs = _keep_programs(job["generation"])
                     log.info(
                         "jbps.elastic: generation %d, %d workers, rank %d: assembled in %.2f s, engine started "
                         "in %.2f s (links %s), state from rank 0 in %.2f s, programs %s",
@@ -425,7 +426,7 @@ def _elastic(func: Callable, settings: dict) -> Callable:
                         started - joined,
                         "measured before" if job["rates"] is not None else "probed" if measured else "not probed",
                         synced - started,
-                        "kept" if kept else "forgotten (traced again)",
+                        programs,
                     )
                     result = func(state, *args, **kwargs)
                 except _Regroup:

@@ -53,8 +53,25 @@ _names_lock = threading.Lock()
 # them across a generation where it still holds (programs_token; forget_programs clears them).
 _names_given = 0  # psums named by next_auto_name since the programs were last forgotten
 _traced_reads: dict[str, int] = {}  # rank(), size(), ... as read while jax traced
-_sized: dict[tuple[str, int], object] = {}  # (what, bytes) -> the size a program was lowered with
+_lowered_across: bool | None = None  # spans_hosts() as a program's lowering read it; None: none did
 _programs_epoch: int | None = None  # the generation that last forgot them; None: none did
+
+
+@dataclasses.dataclass(frozen=True)
+class _Sizing:
+    """What a psum's default chunk and bucket sizes follow (partition/defaults.py)."""
+
+    fractions: tuple[float, ...] = ()
+    across: bool = False
+    link_rate: float | None = None
+    nic_share: float = 1.0
+
+
+_sizing = _Sizing()  # the sizes psums are lowered with now: this job's start's, or the kept programs'
+# The sizing the held programs were lowered with: an elastic generation that keeps them
+# (keep_programs) lowers with it too, so that a psum first traced then is sized as the
+# others were and the chunks of the members' programs agree.
+_programs_sizing: _Sizing | None = None
 
 
 class Session:
@@ -141,7 +158,7 @@ def measured_rates() -> dict | None:
 
 def _start(requested: Config, joined: tuple[Config, list] | None = None, rates: dict | None = None) -> Session:
     global _config, _requested, _hosted, _fractions, _spans_hosts, _link_rate, _server_rates, _nic_share
-    global _atexit_registered, _follower, _outlives_membership
+    global _atexit_registered, _follower, _outlives_membership, _sizing
     with _lock:
         if _config is not None:
             if requested != _requested:
@@ -220,6 +237,7 @@ def _start(requested: Config, joined: tuple[Config, list] | None = None, rates: 
                     raise JbpsError(f"jbps.init() failed measuring the network: {exc}") from None
                 raise
         _nic_share = link_rate.busiest_nic_share(roles, _fractions, config.num_workers)
+        _sizing = _Sizing(_fractions, across, _link_rate, _nic_share) if across else _Sizing()  # one host: fixed sizes
         if replannable and config.follow_rates:
             # bytes/s: they size the follower's probes (only their ratios move the split)
             planned = _server_rates if _server_rates is not None else (_link_rate or 1.0,) * len(roles)
@@ -413,18 +431,32 @@ def programs_token() -> bytes:
     """16 bytes that are equal on the members of an elastic generation whose
     programs (traced since the same generation forgot them, with as many
     psums named) all still hold for it; zeros where this process's do not:
-    none were kept, a value a trace read (rank, size, ...) changed, or a
-    chunk or bucket size a psum was lowered with would now be another (across
-    hosts they follow the active servers, the link's rate and the busiest
-    NIC's share). elastic.py forgets them unless every member's token is the same."""
+    none were kept, a value a trace read (rank, size, ...) changed, or the
+    job crossed hosts where its programs did not, or the other way round.
+    Their chunk and bucket sizes do not count (across hosts they follow the
+    active servers, the link's rate and the busiest NIC's share, which move at
+    every loss): kept programs keep them (keep_programs). elastic.py forgets
+    the programs unless every member's token is the same."""
     now = config()
     if (
         _programs_epoch is None
         or any(getattr(now, _MEMBERSHIP[what]) != value for what, value in _traced_reads.items())
-        or any(_SIZES[what](nbytes) != size for (what, nbytes), size in _sized.items())
+        or (_lowered_across is not None and _lowered_across != _spans_hosts)
     ):
         return bytes(16)
     return hashlib.blake2b(f"{_programs_epoch}:{_names_given}".encode(), digest_size=16).digest()
+
+
+def keep_programs() -> bool:
+    """This elastic generation goes on with the programs its members hold
+    (every member's programs_token was the same): psums lowered from now on
+    are sized as those were, whatever this generation's links and split would
+    give (any chunk size sums right: the engine deals the chunks by the
+    generation's split). Whether that sizing differs from the generation's own."""
+    global _sizing
+    config()
+    own, _sizing = _sizing, _programs_sizing or _sizing
+    return _sizing != own
 
 
 def forget_programs(generation: int) -> None:
@@ -432,13 +464,14 @@ def forget_programs(generation: int) -> None:
     member traces its programs afresh for this elastic generation."""
     import jax
 
-    global _names_given, _programs_epoch
+    global _names_given, _programs_epoch, _programs_sizing, _lowered_across
     config()
     jax.clear_caches()
     with _names_lock:
         _names_given = 0
     _traced_reads.clear()
-    _sized.clear()
+    _lowered_across = None
+    _programs_sizing = _sizing  # this generation's own (start_member's)
     _programs_epoch = generation
 
 
@@ -460,35 +493,20 @@ def server_fractions() -> tuple[float, ...]:
 def partition_bytes(call_bytes: int) -> int:
     """The largest chunk of a psum of `call_bytes`: the user's JBPS_PARTITION_BYTES,
     else the default for where the job runs (jbps/partition/defaults.py)."""
-    return _noted("partition", call_bytes)
+    given = config().partition_bytes
+    if given is not None:
+        return given
+    return defaults.partition_bytes(call_bytes, _sizing.fractions, _sizing.across, _sizing.link_rate)
 
 
 def bucket_bytes(tree_bytes: int) -> int:
     """The size of the buckets a psum of `tree_bytes` goes in: the user's
     JBPS_BUCKET_BYTES, else the default for where the job runs and its
     link's measured rate (jbps/partition/defaults.py)."""
-    return _noted("bucket", tree_bytes)
-
-
-def _partition_bytes(call_bytes: int) -> int:
-    given = config().partition_bytes
-    return given if given is not None else defaults.partition_bytes(call_bytes, _fractions, _spans_hosts, _link_rate)
-
-
-def _bucket_bytes(tree_bytes: int) -> int:
     given = config().bucket_bytes
-    return given if given is not None else defaults.bucket_bytes(tree_bytes, _spans_hosts, _link_rate, _nic_share)
-
-
-# What a psum's lowering sizes by the generation (programs_token checks them again).
-_SIZES = {"partition": _partition_bytes, "bucket": _bucket_bytes, "across": lambda _: _spans_hosts}
-
-
-def _noted(what: str, nbytes: int):
-    """The size `what` has now for `nbytes`, noted as one a program was lowered with."""
-    size = _SIZES[what](nbytes)
-    _sized[(what, nbytes)] = size
-    return size
+    if given is not None:
+        return given
+    return defaults.bucket_bytes(tree_bytes, _sizing.across, _sizing.link_rate, _sizing.nic_share)
 
 
 def nic_share() -> float:
@@ -527,8 +545,10 @@ def server_rates() -> tuple[float, ...] | None:
 def spans_hosts() -> bool:
     """Whether the job's bytes cross a network (defaults.spans_hosts of its servers): then a
     psum is a pipeline across hosts, and large shards' ends go in pieces (plan.chunk_sizes)."""
+    global _lowered_across
     config()
-    return _noted("across", 0)
+    _lowered_across = _spans_hosts
+    return _spans_hosts
 
 
 def next_auto_name(prefix: str) -> str:
