@@ -1,0 +1,140 @@
+"""An elastic job's loss across emulated hosts, timed with a model's step.
+
+3 worker hosts (network namespaces, as root; the scheduler on host 0, a
+colocated server in each worker) train --model (benchmarks/elastic_model_worker.py,
+one device a worker). With --slow-rate, host 2's link drops to that rate after
+--slow-after commits, and the rate follower moves the split; the links' rates
+then size the step's chunks and buckets differently for the generation after a
+loss. Worker 1 is killed (no goodbye) after --kill-after commits. Per run:
+
+- loss: from the kill to the survivors' next commit (their failed psum, the
+  regroup without it, the step again: traced and compiled again where the
+  survivors forgot their programs);
+- step before / after: the median time between two commits of the full job
+  (the last 5) and of the survivors (after their first);
+- programs: what the survivors' generation did with them (rank 0's log).
+
+    python -m benchmarks.elastic_hosts [--runs 2] [--rate 300M] [--slow-rate 60M | --slow-rate 0]
+        [--model resnet --layers 2 --width 32 --batch 8] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from . import step_models
+from .emulated_job import python_env
+from .emulated_network import EmulatedNetwork
+from .network import parse_rate_arg
+
+ROOT = Path(__file__).resolve().parent.parent
+SECRET = "elastic-hosts-benchmark-secret-01"
+
+
+class _Job:
+    def __init__(self, net: EmulatedNetwork, workdir: Path, deadline: float):
+        self.net, self.workdir, self.deadline, self.procs = net, workdir, deadline, {}
+        self.env = python_env(JBPS_TIMEOUT_S="15", JBPS_JOB_SECRET=SECRET)
+        argv = [sys.executable, "-m", "jbps.scheduler", "--bind", f"{net.hosts[0].address}:0"]
+        argv += ["--num-workers", "3", "--min-workers", "2", "--max-workers", "3"]
+        self._spawn("scheduler", 0, argv, self.env)
+        self._wait(lambda: "listening on " in self._text("scheduler", "out"), "the scheduler to listen")
+        port = self._text("scheduler", "out").split("listening on ")[1].split()[0].rsplit(":", 1)[1]
+        self.env.update(DMLC_PS_ROOT_URI=net.hosts[0].address, DMLC_PS_ROOT_PORT=port)
+
+    def _spawn(self, name: str, host: int, argv: list[str], env: dict) -> None:
+        out, err = open(self.workdir / f"{name}.out", "w"), open(self.workdir / f"{name}.err", "w")
+        self.procs[name] = self.net.run(host, argv, env=env, stdout=out, stderr=err, cwd=str(self.workdir))
+
+    def _text(self, name: str, stream: str) -> str:
+        return (self.workdir / f"{name}.{stream}").read_text()
+
+    def _wait(self, done, what: str) -> None:
+        while not done():
+            failed = [n for n, p in self.procs.items() if p.poll() not in (None, 0) and n != "w1"]
+            if failed or time.monotonic() > self.deadline:
+                why = f"{failed[0]} failed:\n{self._text(failed[0], 'err')[-3000:]}" if failed else "timed out"
+                raise SystemExit(f"elastic_hosts: waiting for {what}: {why}")
+            time.sleep(0.05)
+
+    def worker(self, host: int, argv: list[str]) -> None:
+        env = dict(self.env, DMLC_ROLE="worker", DMLC_WORKER_ID=str(host), JAX_PLATFORMS="cpu")
+        self._spawn(f"w{host}", host, argv, dict(env, XLA_FLAGS="--xla_force_host_platform_device_count=1"))
+
+    def commits(self, name: str) -> list[dict]:
+        text = self._text(name, "out")
+        lines = [json.loads(s) for s in text.splitlines(keepends=True) if s.startswith("{") and s.endswith("\n")]
+        return [line for line in lines if "size" in line]
+
+    def until_commits(self, name: str, count: int, size: int | None = None) -> None:
+        what = f"{name}'s {count} commits" + ("" if size is None else f" of {size} workers")
+        self._wait(lambda: sum(1 for c in self.commits(name) if size in (None, c["size"])) >= count, what)
+
+
+def run_once(args, workdir: Path) -> dict:
+    argv = [sys.executable, "-m", "benchmarks.elastic_model_worker", "--model", args.model, "--steps", "1000000"]
+    argv += ["--layers", str(args.layers), "--width", str(args.width), "--batch", str(args.batch)]
+    with EmulatedNetwork(3, args.rate) as net:
+        job = _Job(net, workdir, time.monotonic() + args.timeout_s)
+        for host in range(3):
+            job.worker(host, argv)
+        job.until_commits("w0", args.slow_after)
+        if args.slow_rate:
+            net.set_rate(2, args.slow_rate)
+        job.until_commits("w0", args.kill_after)
+        job.procs["w1"].kill()
+        killed_at = time.time()
+        job.until_commits("w0", 7, size=2)
+        full = [c["at"] for c in job.commits("w0") if c["size"] == 3]
+        after = [c["at"] for c in job.commits("w0") if c["size"] == 2]
+        programs = re.findall(r"generation \d+, 2 workers, rank 0: .*, programs (.*)", job._text("w0", "err"))
+    return {
+        "loss_s": after[0] - killed_at,
+        "step_before_s": statistics.median(b - a for a, b in zip(full[-6:], full[-5:])),
+        "step_after_s": statistics.median(b - a for a, b in zip(after[1:], after[2:])),
+        "programs": programs[0] if programs else None,
+    }
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.elastic_hosts", description=__doc__.split("\n\n")[0])
+    p.add_argument("--runs", type=int, default=2)
+    p.add_argument("--rate", type=parse_rate_arg, default=parse_rate_arg("300M"), help="every link's (default 300M)")
+    p.add_argument(
+        "--slow-rate", type=parse_rate_arg, default=parse_rate_arg("60M"), help="host 2's later (default 60M; 0: none)"
+    )
+    p.add_argument("--slow-after", type=int, default=8, help="commits before host 2 slows (default 8)")
+    p.add_argument("--kill-after", type=int, default=45, help="commits before worker 1 is killed (default 45)")
+    p.add_argument("--model", choices=step_models.MODELS, default="resnet")
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--width", type=int, default=32)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--timeout-s", type=float, default=600, help="a run's bound")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    if args.kill_after <= args.slow_after:
+        p.error("--kill-after must come after --slow-after")
+    rows = []
+    for i in range(args.runs):
+        with tempfile.TemporaryDirectory(prefix="jbps-elastic-hosts-") as tmp:
+            rows.append(run_once(args, Path(tmp)))
+        r = rows[-1]
+        print(
+            f"run {i + 1}: loss {r['loss_s']:.3f} s, step before {r['step_before_s']:.3f} s, "
+            f"after {r['step_after_s']:.3f} s; programs {r['programs']}",
+            file=sys.stderr,
+            flush=True,
+        )
+    if args.json:
+        print(json.dumps(rows))
+
+
+if __name__ == "__main__":
+    main()
