@@ -108,7 +108,10 @@ def main(argv=None) -> None:
     p.add_argument("--runs", type=int, default=2)
     p.add_argument("--rate", type=parse_rate_arg, default=parse_rate_arg("300M"), help="every link's (default 300M)")
     p.add_argument(
-        "--slow-rate", type=parse_rate_arg, default=parse_rate_arg("60M"), help="host 2's later (default 60M; 0: none)"
+        "--slow-rate",
+        type=lambda text: 0.0 if text in ("0", "none") else parse_rate_arg(text),
+        default=parse_rate_arg("60M"),
+        help="host 2's later (default 60M; 0: it stays)",
     )
     p.add_argument("--slow-after", type=int, default=8, help="commits before host 2 slows (default 8)")
     p.add_argument("--kill-after", type=int, default=45, help="commits before worker 1 is killed (default 45)")

@@ -53,7 +53,6 @@ _names_lock = threading.Lock()
 # them across a generation where it still holds (programs_token; forget_programs clears them).
 _names_given = 0  # psums named by next_auto_name since the programs were last forgotten
 _traced_reads: dict[str, int] = {}  # rank(), size(), ... as read while jax traced
-_lowered_across: bool | None = None  # spans_hosts() as a program's lowering read it; None: none did
 _programs_epoch: int | None = None  # the generation that last forgot them; None: none did
 
 
@@ -68,9 +67,9 @@ class _Sizing:
 
 
 _sizing = _Sizing()  # the sizes psums are lowered with now: this job's start's, or the kept programs'
-# The sizing the held programs were lowered with: an elastic generation that keeps them
-# (keep_programs) lowers with it too, so that a psum first traced then is sized as the
-# others were and the chunks of the members' programs agree.
+# The sizing the held programs were lowered with (the generation that last forgot them):
+# an elastic generation that keeps them (keep_programs) lowers with it too, so that a psum
+# first traced then is sized as the others were and the chunks of the members' programs agree.
 _programs_sizing: _Sizing | None = None
 
 
@@ -441,7 +440,7 @@ def programs_token() -> bytes:
     if (
         _programs_epoch is None
         or any(getattr(now, _MEMBERSHIP[what]) != value for what, value in _traced_reads.items())
-        or (_lowered_across is not None and _lowered_across != _spans_hosts)
+        or (_programs_sizing is not None and _programs_sizing.across != _spans_hosts)
     ):
         return bytes(16)
     return hashlib.blake2b(f"{_programs_epoch}:{_names_given}".encode(), digest_size=16).digest()
@@ -464,13 +463,12 @@ def forget_programs(generation: int) -> None:
     member traces its programs afresh for this elastic generation."""
     import jax
 
-    global _names_given, _programs_epoch, _programs_sizing, _lowered_across
+    global _names_given, _programs_epoch, _programs_sizing
     config()
     jax.clear_caches()
     with _names_lock:
         _names_given = 0
     _traced_reads.clear()
-    _lowered_across = None
     _programs_sizing = _sizing  # this generation's own (start_member's)
     _programs_epoch = generation
 
@@ -545,9 +543,7 @@ def server_rates() -> tuple[float, ...] | None:
 def spans_hosts() -> bool:
     """Whether the job's bytes cross a network (defaults.spans_hosts of its servers): then a
     psum is a pipeline across hosts, and large shards' ends go in pieces (plan.chunk_sizes)."""
-    global _lowered_across
     config()
-    _lowered_across = _spans_hosts
     return _spans_hosts
 
 
