@@ -135,6 +135,13 @@ def final(job, n):
     return done[-1]
 
 
+def trained(job, n):
+    """What worker n's training gave, from its last line: the counts of programs there differ by
+    process (the warm-up thread's compile of the loss check may come before or after the training
+    function's first run)."""
+    return {key: final(job, n)[key] for key in ("w", "expected", "exact", "acc_exact", "sizes")}
+
+
 def test_a_killed_worker_leaves_the_others_training_and_a_restarted_one_rejoins_with_every_sum_exact(job_factory):
     job = job_factory(3, 2, 3)
     # The psum timeout given to jbps.elastic.run, over the job's JBPS_TIMEOUT_S (60 s).
@@ -200,10 +207,7 @@ def lose_and_restart_worker_2(job, steps, die_at, tmp_path, smaller_first=False)
     codes = job.finish()
     assert codes == [0, 0, -signal.SIGKILL, 0], [job.stderr(n) for n in range(4)]
     assert job.error is None
-    # What training gave; the counts of programs differ by process (the warm-up thread's
-    # compile of the loss check may come before or after the training function's first run).
-    trained = ("w", "expected", "exact", "acc_exact", "sizes")
-    results = [{key: final(job, n)[key] for key in trained} for n in (0, 1, newcomer)]
+    results = [trained(job, n) for n in (0, 1, newcomer)]
     assert all(r == results[0] and r["exact"] for r in results), results
     return newcomer, results
 
@@ -745,10 +749,7 @@ def test_a_newcomer_waits_for_a_commit_further_off_than_the_timeout_and_nobody_i
     codes = job.finish()
     assert codes == [0, 0, 0], [job.stderr(n) for n in range(3)]
     assert job.error is None
-    # What training gave; the counts of programs differ by process (the warm-up thread's
-    # compile of the loss check may come before or after the training function's first run).
-    trained = ("w", "expected", "exact", "acc_exact", "sizes")
-    results = [{key: final(job, n)[key] for key in trained} for n in (0, 1, newcomer)]
+    results = [trained(job, n) for n in (0, 1, newcomer)]
     assert all(r == results[0] and r["exact"] for r in results), results
     sizes = results[0]["sizes"]
     assert [s for i, s in enumerate(sizes) if i == 0 or sizes[i - 1] != s] == [4, 6], sizes

@@ -543,6 +543,14 @@ class ElasticJob:
         terminate([p for p in self.procs.values() if p.poll() is None], 1.0, "test")
 
 
+KEPT_AS_TRACED = "kept (sized for the links of the generation that traced them)"
+
+
+def programs_by_generation(log):
+    """(workers, what became of the programs) for each generation a worker's log names."""
+    return re.findall(r"generation \d+, (\d) workers, rank \d+: .*, programs (.*)", log)
+
+
 def test_an_elastic_job_across_hosts_goes_on_after_a_kill_a_rejoin_and_a_cut_link_with_every_sum_exact(tmp_path):
     """3 worker hosts train elastically (tests/workers/elastic_train.py checks every
     step's sum against numpy for its membership): the worker on host 2 is killed,
@@ -579,13 +587,10 @@ def test_an_elastic_job_across_hosts_goes_on_after_a_kill_a_rejoin_and_a_cut_lin
             assert len(links) == 1 and None not in links, links
             # After the kill and after the cut the survivors kept their programs (the join traced
             # them again).
-            kept = re.findall(r"generation \d+, (\d) workers, rank \d+: .*, programs (\w+)", job.err_text("w0"))
+            kept = [(n, what.split()[0]) for n, what in programs_by_generation(job.err_text("w0"))]
             assert kept == [("3", "forgotten"), ("2", "kept"), ("3", "forgotten"), ("2", "kept")], kept
         finally:
             job.end()  # the cut host's worker fails its own way; ended by PID
-
-
-KEPT_AS_TRACED = "kept (sized for the links of the generation that traced them)"
 
 
 def test_an_elastic_generation_starts_from_the_rates_the_last_ones_rate_follower_learned(tmp_path):
@@ -619,7 +624,7 @@ def test_an_elastic_generation_starts_from_the_rates_the_last_ones_rate_follower
             # at most 10 ms of the slowest); the next one's slowest carries 60 Mbit/s, which
             # would make its buckets smaller. The survivors kept their programs, and with them
             # those sizes, so the step was not traced or compiled again.
-            kept = re.findall(r"generation \d+, (\d) workers, rank \d+: .*, programs (.*)", log)
+            kept = programs_by_generation(log)
             assert kept == [("3", "forgotten (traced again)"), ("2", KEPT_AS_TRACED)], kept
             for name in ("w0", "w2"):
                 assert not any("wrong" in line for line in job.lines(name)), job.lines(name)[-3:]
