@@ -12,6 +12,8 @@ loss. Worker 1 is killed (no goodbye) after --kill-after commits. Per run:
   survivors forgot their programs);
 - step before / after: the median time between two commits of the full job
   (the last 5) and of the survivors (after their first);
+- state: whether the survivors kept their own (they held the same commit) or
+  took rank 0's (a broadcast), and its time;
 - programs: what the survivors' generation did with them (rank 0's log).
 
     python -m benchmarks.elastic_hosts [--runs 2] [--rate 300M] [--slow-rate 60M | --slow-rate 0]
@@ -94,12 +96,18 @@ def run_once(args, workdir: Path) -> dict:
         job.until_commits("w0", 7, size=2)
         full = [c["at"] for c in job.commits("w0") if c["size"] == 3]
         after = [c["at"] for c in job.commits("w0") if c["size"] == 2]
-        programs = re.findall(r"generation \d+, 2 workers, rank 0: .*, programs (.*)", job._text("w0", "err"))
+        survivors = re.findall(
+            r"generation \d+, 2 workers, rank 0: .* state (kept|from rank 0).* in ([0-9.]+) s, programs (.*)",
+            job._text("w0", "err"),
+        )
+    state, state_s, programs = survivors[0] if survivors else (None, "nan", None)
     return {
         "loss_s": after[0] - killed_at,
         "step_before_s": statistics.median(b - a for a, b in zip(full[-6:], full[-5:])),
         "step_after_s": statistics.median(b - a for a, b in zip(after[1:], after[2:])),
-        "programs": programs[0] if programs else None,
+        "state": state,
+        "state_s": float(state_s),
+        "programs": programs,
     }
 
 
@@ -131,7 +139,7 @@ def main(argv=None) -> None:
         r = rows[-1]
         print(
             f"run {i + 1}: loss {r['loss_s']:.3f} s, step before {r['step_before_s']:.3f} s, "
-            f"after {r['step_after_s']:.3f} s; programs {r['programs']}",
+            f"after {r['step_after_s']:.3f} s; state {r['state']} in {r['state_s']:.3f} s; programs {r['programs']}",
             file=sys.stderr,
             flush=True,
         )

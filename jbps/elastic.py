@@ -16,8 +16,10 @@ current generation (jbps/scheduler/elastic.py). When a peer is lost, the
 psums of the survivors fail; `run` rolls their state back to its last commit,
 they regroup without the lost worker and the function is called again. A new
 worker waits until the others' next commit, where they regroup with it. At the
-start of every generation the state is broadcast from rank 0, which held the
-last commit, so a newcomer starts from it. Each generation is a new job (new
+start of a generation the state is broadcast from rank 0, which held the
+last commit, so a newcomer starts from it; where every member holds the same
+commit (the survivors of a loss, mostly) each goes on from its own, with no
+broadcast. Each generation is a new job (new
 token, plan and split for its size), so no sum mixes two memberships. After a
 loss the survivors keep the programs they traced where none depends on what
 changed (_keep_programs), and their chunk and bucket sizes with them; otherwise,
@@ -67,6 +69,7 @@ class State:
     _committed: dict
     _placements: dict  # per value, each leaf's sharding at the last commit (None: on the host or one device)
     _rates_told: int  # the generation's rate-follower splits rank 0 has told the scheduler of
+    _held: tuple[int, int]  # the generation this worker took the job's state in, and its commits since
     commits: int
 
     def __init__(self, **values: Any):
@@ -76,6 +79,7 @@ class State:
         object.__setattr__(self, "_membership", None)
         object.__setattr__(self, "_rates_told", 0)
         object.__setattr__(self, "commits", 0)
+        object.__setattr__(self, "_held", (0, 0))
         for name, value in values.items():
             object.__setattr__(self, name, value)
         self._save()
@@ -137,6 +141,7 @@ class State:
         called again, in the next generation, from this commit)."""
         self._save()
         object.__setattr__(self, "commits", self.commits + 1)
+        object.__setattr__(self, "_held", (self._held[0], self._held[1] + 1))
         membership = self._membership
         if membership is not None:
             wanted = np.array([1.0 if membership.asked_to_regroup() else 0.0], np.float32)
@@ -234,6 +239,15 @@ class State:
             placed = plain[name](value.item()) if name in plain else self._placed(name, value, roots.get(name))
             object.__setattr__(self, name, placed)
         self._save()
+
+    def _keep_own(self) -> None:
+        """At a generation's start where every member holds the same commit
+        (a loss: the survivors took the same state and applied the same sums
+        since): each goes on from its own values, placed as at that commit, as
+        sync would place the root's."""
+        for name, value in self.values().items():
+            if not isinstance(value, _PLAIN):
+                object.__setattr__(self, name, self._placed(name, value))
 
 
 def _own_leaves(value: Any) -> Any:
@@ -347,22 +361,36 @@ def _warm_up(traced: threading.Event) -> None:
         log.debug("jbps.elastic: compiling the runtime check failed: %s", exc)
 
 
-def _keep_programs(generation: int) -> str:
+def _what_members_hold(state: State) -> np.ndarray:
+    """One row per member of this generation, by rank: the commit it holds
+    (State._held: the generation it took the job's state in, its commits
+    since) and its programs' token (runtime.programs_token). One host psum,
+    each member adding its own row to zeros."""
+    config = runtime.config()
+    rows = np.zeros((config.num_workers, 6), np.int32)
+    rows[config.worker_rank] = [*state._held, *np.frombuffer(runtime.programs_token(), np.int32)]
+    flat = rows.reshape(-1)
+    link_rate.psum_host("jbps.elastic.held", flat, runtime.server_fractions(), link_rate.backstop_s(config.timeout_s))
+    return flat.reshape(rows.shape)
+
+
+def _hold_one_commit(held: np.ndarray) -> bool:
+    """Whether every member took the job's state in the same generation and
+    committed as often since (held: _what_members_hold's rows), as the
+    survivors of a loss mostly do: they then hold the same values (each took
+    the same state and applied the same sums), and none needs the root's. A
+    newcomer, or a first generation, holds none taken (0)."""
+    return bool(held[0, 0] > 0 and (held[:, :2] == held[0, :2]).all())
+
+
+def _keep_programs(generation: int, tokens: np.ndarray) -> str:
     """What every member of this generation does with the programs it traced
     before (jax's caches and the psums' names), for the log: keeps them only
-    where each one's still hold (runtime.programs_token) and all traced the
-    same, as after a loss where nothing a program took from the membership
-    changed; their chunk and bucket sizes then stay (runtime.keep_programs).
-    Else every member forgets them (a newcomer has none), so all trace the step
-    afresh and name its psums alike. One host psum: each member's token in its row."""
-    config = runtime.config()
-    tokens = np.zeros((config.num_workers, 4), np.int32)
-    tokens[config.worker_rank] = np.frombuffer(runtime.programs_token(), np.int32)
-    flat = tokens.reshape(-1)
-    link_rate.psum_host(
-        "jbps.elastic.programs", flat, runtime.server_fractions(), link_rate.backstop_s(config.timeout_s)
-    )
-    tokens = flat.reshape(tokens.shape)
+    where each one's still hold (tokens: each member's runtime.programs_token,
+    by rank) and all traced the same, as after a loss where nothing a program
+    took from the membership changed; their chunk and bucket sizes then stay
+    (runtime.keep_programs). Else every member forgets them (a newcomer has
+    none), so all trace the step afresh and name its psums alike."""
     if not (tokens[0].any() and (tokens == tokens[0]).all()):
         runtime.forget_programs(generation)
         return "forgotten (traced again)"
@@ -383,6 +411,7 @@ def _elastic(func: Callable, settings: dict) -> Callable:
         if runtime.is_initialized():
             raise JbpsError("jbps.elastic.run starts the job itself: do not call jbps.init() before it")
         requested = Config.resolve(settings, caller="jbps.elastic.run")
+        object.__setattr__(state, "_held", (0, 0))  # a state of an earlier job holds none of this one's commits
         traced = threading.Event()  # while this process registers and waits for its first generation
         threading.Thread(target=_warm_up, args=(traced,), name="jbps-warm-up", daemon=True).start()
         membership = Membership(requested)
@@ -412,19 +441,27 @@ def _elastic(func: Callable, settings: dict) -> Callable:
                 object.__setattr__(state, "_rates_told", 0)
                 started = time.monotonic()
                 try:
-                    state.sync(root=0)
+                    held = _what_members_hold(state)
+                    if _hold_one_commit(held):
+                        state._keep_own()  # no broadcast: the survivors of a loss hold the same state
+                        taken = f"kept (every member holds commit {held[0, 1]} of generation {held[0, 0]})"
+                    else:
+                        state.sync(root=0)
+                        taken = "from rank 0"
                     membership.holds_state = True  # the root's last commit, whatever this worker had
+                    object.__setattr__(state, "_held", (job["generation"], 0))
                     synced = time.monotonic()
-                    programs = _keep_programs(job["generation"])
+                    programs = _keep_programs(job["generation"], held[:, 2:])
                     log.info(
                         "jbps.elastic: generation %d, %d workers, rank %d: assembled in %.2f s, engine started "
-                        "in %.2f s (links %s), state from rank 0 in %.2f s, programs %s",
+                        "in %.2f s (links %s), state %s in %.2f s, programs %s",
                         job["generation"],
                         job["num_workers"],
                         job["rank"],
                         joined - left,
                         started - joined,
                         "measured before" if job["rates"] is not None else "probed" if measured else "not probed",
+                        taken,
                         synced - started,
                         programs,
                     )

@@ -7,6 +7,7 @@ process is ended by PID and checked gone."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -245,6 +246,17 @@ def test_a_loss_keeps_the_survivors_programs_unless_their_trace_read_the_members
         assert (after_loss["lowered"] > before_loss["lowered"]) == in_trace, changes
         assert after_join["lowered"] > before_join["lowered"], changes
     assert ("programs kept" in job.stderr(0)) != in_trace, job.stderr(0)[-3000:]
+    # The survivors held the same commit (worker 2 died after it): each went on from its own, with no
+    # broadcast; the first generation and the join took rank 0's. Every sum and w checked above.
+    for n in (0, 1):
+        states = states_by_generation(job.stderr(n))
+        assert states == [(3, "from rank 0"), (2, "kept"), (3, "from rank 0")], job.stderr(n)
+
+
+def states_by_generation(log):
+    """(workers, where its state came from: "kept" or "from rank 0") for each generation a worker's log names."""
+    found = re.findall(r"generation \d+, (\d) workers, rank \d+: .* state (kept|from rank 0)", log)
+    return [(int(n), how) for n, how in found]
 
 
 def test_a_worker_lost_while_steps_are_dispatched_back_to_back_leaves_the_others_training(job_factory, tmp_path):
