@@ -32,73 +32,49 @@ import time
 from pathlib import Path
 
 from . import step_models
+from .emulated_elastic_job import ElasticJob
 from .emulated_job import python_env
 from .emulated_network import EmulatedNetwork
 from .network import parse_rate_arg
 
-ROOT = Path(__file__).resolve().parent.parent
 SECRET = "elastic-hosts-benchmark-secret-01"
 
 
-class _Job:
-    def __init__(self, net: EmulatedNetwork, workdir: Path, deadline: float):
-        self.net, self.workdir, self.deadline, self.procs = net, workdir, deadline, {}
-        self.env = python_env(JBPS_TIMEOUT_S="15", JBPS_JOB_SECRET=SECRET)
-        argv = [sys.executable, "-m", "jbps.scheduler", "--bind", f"{net.hosts[0].address}:0"]
-        argv += ["--num-workers", "3", "--min-workers", "2", "--max-workers", "3"]
-        self._spawn("scheduler", 0, argv, self.env)
-        self._wait(lambda: "listening on " in self._text("scheduler", "out"), "the scheduler to listen")
-        port = self._text("scheduler", "out").split("listening on ")[1].split()[0].rsplit(":", 1)[1]
-        self.env.update(DMLC_PS_ROOT_URI=net.hosts[0].address, DMLC_PS_ROOT_PORT=port)
+def _commits(job: ElasticJob, name: str, size: int | None = None) -> list[dict]:
+    """name's commits (of `size` workers)."""
+    return [line for line in job.lines(name) if "size" in line and size in (None, line["size"])]
 
-    def _spawn(self, name: str, host: int, argv: list[str], env: dict) -> None:
-        out, err = open(self.workdir / f"{name}.out", "w"), open(self.workdir / f"{name}.err", "w")
-        self.procs[name] = self.net.run(host, argv, env=env, stdout=out, stderr=err, cwd=str(self.workdir))
 
-    def _text(self, name: str, stream: str) -> str:
-        return (self.workdir / f"{name}.{stream}").read_text()
-
-    def _wait(self, done, what: str) -> None:
-        while not done():
-            failed = [n for n, p in self.procs.items() if p.poll() not in (None, 0) and n != "w1"]
-            if failed or time.monotonic() > self.deadline:
-                why = f"{failed[0]} failed:\n{self._text(failed[0], 'err')[-3000:]}" if failed else "timed out"
-                raise SystemExit(f"elastic_hosts: waiting for {what}: {why}")
-            time.sleep(0.05)
-
-    def worker(self, host: int, argv: list[str]) -> None:
-        env = dict(self.env, DMLC_ROLE="worker", DMLC_WORKER_ID=str(host), JAX_PLATFORMS="cpu")
-        self._spawn(f"w{host}", host, argv, dict(env, XLA_FLAGS="--xla_force_host_platform_device_count=1"))
-
-    def commits(self, name: str) -> list[dict]:
-        text = self._text(name, "out")
-        lines = [json.loads(s) for s in text.splitlines(keepends=True) if s.startswith("{") and s.endswith("\n")]
-        return [line for line in lines if "size" in line]
-
-    def until_commits(self, name: str, count: int, size: int | None = None) -> None:
-        what = f"{name}'s {count} commits" + ("" if size is None else f" of {size} workers")
-        self._wait(lambda: sum(1 for c in self.commits(name) if size in (None, c["size"])) >= count, what)
+def _until_commits(job: ElasticJob, name: str, count: int, deadline: float, size: int | None = None) -> None:
+    what = f"{name}'s {count} commits" + ("" if size is None else f" of {size} workers")
+    alive = [n for n in job.procs if n != "w1"]  # the one killed
+    job.wait(lambda: len(_commits(job, name, size)) >= count, what, deadline - time.monotonic(), alive)
 
 
 def run_once(args, workdir: Path) -> dict:
     argv = [sys.executable, "-m", "benchmarks.elastic_model_worker", "--model", args.model, "--steps", "1000000"]
     argv += ["--layers", str(args.layers), "--width", str(args.width), "--batch", str(args.batch)]
     with EmulatedNetwork(3, args.rate) as net:
-        job = _Job(net, workdir, time.monotonic() + args.timeout_s)
-        for host in range(3):
-            job.worker(host, argv)
-        job.until_commits("w0", args.slow_after)
-        if args.slow_rate:
-            net.set_rate(2, args.slow_rate)
-        job.until_commits("w0", args.kill_after)
-        job.procs["w1"].kill()
-        killed_at = time.time()
-        job.until_commits("w0", 7, size=2)
-        full = [c["at"] for c in job.commits("w0") if c["size"] == 3]
-        after = [c["at"] for c in job.commits("w0") if c["size"] == 2]
+        deadline = time.monotonic() + args.timeout_s
+        flags = ["--num-workers", "3", "--min-workers", "2", "--max-workers", "3"]
+        job = ElasticJob(net, workdir, flags, env=python_env(), secret=SECRET)
+        try:
+            for host in range(3):
+                job.worker(f"w{host}", host, host, argv)
+            _until_commits(job, "w0", args.slow_after, deadline)
+            if args.slow_rate:
+                net.set_rate(2, args.slow_rate)
+            _until_commits(job, "w0", args.kill_after, deadline)
+            job.procs["w1"].kill()
+            killed_at = time.time()
+            _until_commits(job, "w0", 7, deadline, size=2)
+        finally:
+            job.end()
+        full = [c["at"] for c in _commits(job, "w0", 3)]
+        after = [c["at"] for c in _commits(job, "w0", 2)]
         survivors = re.findall(
             r"generation \d+, 2 workers, rank 0: .* state (kept|from rank 0).* in ([0-9.]+) s, programs (.*)",
-            job._text("w0", "err"),
+            job.text("w0", "err"),
         )
     state, state_s, programs = survivors[0] if survivors else (None, "nan", None)
     return {

@@ -22,6 +22,7 @@ from conftest import (
     worker_outputs,
     worker_script,
 )
+from benchmarks.emulated_elastic_job import ElasticJob
 from benchmarks.emulated_job import EmulatedJob, run_job
 from benchmarks.emulated_network import MPI_TCP_ENV, EmulatedNetwork
 from jbps.link_rate import fractions_for_rates
@@ -468,79 +469,26 @@ def test_a_link_that_slows_mid_job_moves_the_split_and_back_when_it_recovers_wit
         np.testing.assert_allclose(pushed / pushed.sum(), split, atol=0.03, err_msg=str(pushed.tolist()))
 
 
-class ElasticJob:
-    """An elastic job on emulated hosts, started as on a real cluster: the scheduler
-    (`python -m jbps.scheduler --min-workers ...`) on host 0, workers running
-    tests/workers/elastic_train.py (which checks every step's sum against numpy for its
-    membership), dedicated servers (`python -m jbps.server`); output in tmp_path."""
+class ElasticTrainJob(ElasticJob):
+    """An elastic job on emulated hosts (benchmarks/emulated_elastic_job.py) whose workers
+    run tests/workers/elastic_train.py by default, which checks every step's sum against
+    numpy for its membership; output in tmp_path."""
 
-    def __init__(self, net, tmp_path, scheduler_flags, timeout="15"):
-        self.net, self.tmp_path, self.outputs, self.procs = net, tmp_path, {}, {}
-        self.base = job_free_env(JBPS_TIMEOUT_S=timeout, JBPS_JOB_SECRET="elastic-multihost-secret-0123")
-        self.address = net.hosts[0].address
-        argv = [sys.executable, "-m", "jbps.scheduler", "--bind", f"{self.address}:0", *scheduler_flags]
-        self.scheduler = self.spawn("scheduler", 0, argv, self.base)
-        deadline = time.monotonic() + 60
-        while "listening on" not in self.outputs["scheduler"].read_text():
-            assert self.scheduler.poll() is None and time.monotonic() < deadline, self.err("scheduler")
-            time.sleep(0.05)
-        listening = self.outputs["scheduler"].read_text().split("listening on ")[1].split()[0]
-        self.base.update(DMLC_PS_ROOT_URI=self.address, DMLC_PS_ROOT_PORT=listening.rsplit(":", 1)[1])
-
-    def spawn(self, name, host, argv, env):
-        out, err = open(self.tmp_path / f"{name}.out", "w"), open(self.tmp_path / f"{name}.err", "w")
-        self.outputs[name] = self.tmp_path / f"{name}.out"
-        self.procs[name] = self.net.run(host, argv, env=env, stdout=out, stderr=err, cwd=str(self.tmp_path))
-        return self.procs[name]
-
-    def err(self, name):
-        return self.err_text(name)[-3000:]
-
-    def err_text(self, name):
-        return (self.tmp_path / f"{name}.err").read_text()
+    def __init__(self, net, tmp_path, scheduler_flags):
+        super().__init__(net, tmp_path, scheduler_flags, env=job_free_env(), secret="elastic-multihost-secret-0123")
 
     def worker(self, name, host, worker_id, steps=90, argv=None):
         if argv is None:
             argv = [sys.executable, worker_script("elastic_train.py"), "--steps", str(steps), "--step-seconds", "0.2"]
-        env = dict(
-            self.base,
-            DMLC_ROLE="worker",
-            DMLC_WORKER_ID=str(worker_id),
-            JAX_PLATFORMS="cpu",
-            XLA_FLAGS="--xla_force_host_platform_device_count=1",
-        )
-        return self.spawn(name, host, argv, env)
-
-    def server(self, name, host):
-        return self.spawn(name, host, [sys.executable, "-m", "jbps.server"], dict(self.base, DMLC_ROLE="server"))
-
-    def lines(self, name):
-        text = self.outputs[name].read_text()
-        return [json.loads(s) for s in text.splitlines(keepends=True) if s.startswith("{") and s.endswith("\n")]
-
-    def until(self, name, what, seconds=120):
-        deadline = time.monotonic() + seconds
-        while not any(what(line) for line in self.lines(name)):
-            assert time.monotonic() < deadline, f"{name}: {self.err(name)}"
-            time.sleep(0.05)
-
-    def printed(self, name, text, count=1, seconds=200, stream="out"):
-        """Waits until `name` has printed `text` `count` times (on stdout, or stderr)."""
-        path = self.tmp_path / f"{name}.{stream}"
-        deadline = time.monotonic() + seconds
-        while path.read_text().count(text) < count:
-            assert self.procs[name].poll() is None and time.monotonic() < deadline, f"{name}: {self.err(name)}"
-            time.sleep(0.05)
+        return super().worker(name, host, worker_id, argv)
 
     def results(self, names):
+        """The workers' last lines, once each ended well: every sum exact, the same state."""
         for name in names:
             assert self.procs[name].wait(timeout=120) == 0, self.err(name)
         results = [next(line for line in self.lines(name) if line.get("done")) for name in names]
         assert all(r == results[0] and r["exact"] for r in results), results
         return results[0]
-
-    def end(self):
-        terminate([p for p in self.procs.values() if p.poll() is None], 1.0, "test")
 
 
 KEPT_AS_TRACED = "kept (sized for the links of the generation that traced them)"
@@ -560,7 +508,7 @@ def test_an_elastic_job_across_hosts_goes_on_after_a_kill_a_rejoin_and_a_cut_lin
     each step was committed with. The generations after the first reuse its links'
     rates."""
     with EmulatedNetwork(3, "1G") as net:
-        job = ElasticJob(net, tmp_path, ["--num-workers", "3", "--min-workers", "2", "--max-workers", "3"])
+        job = ElasticTrainJob(net, tmp_path, ["--num-workers", "3", "--min-workers", "2", "--max-workers", "3"])
         try:
             for h in range(3):
                 job.worker(f"w{h}", h, h)
@@ -587,7 +535,7 @@ def test_an_elastic_job_across_hosts_goes_on_after_a_kill_a_rejoin_and_a_cut_lin
             assert len(links) == 1 and None not in links, links
             # After the kill and after the cut the survivors kept their programs (the join traced
             # them again).
-            kept = [(n, what.split()[0]) for n, what in programs_by_generation(job.err_text("w0"))]
+            kept = [(n, what.split()[0]) for n, what in programs_by_generation(job.text("w0", "err"))]
             assert kept == [("3", "forgotten"), ("2", "kept"), ("3", "forgotten"), ("2", "kept")], kept
         finally:
             job.end()  # the cut host's worker fails its own way; ended by PID
@@ -603,7 +551,7 @@ def test_an_elastic_generation_starts_from_the_rates_the_last_ones_rate_follower
     argv = [sys.executable, worker_script("elastic_train.py"), "--steps", "100000", "--step-seconds", "0.05"]
     argv += ["--width", str(1 << 20)]
     with EmulatedNetwork(3, 300e6) as net:
-        job = ElasticJob(net, tmp_path, ["--num-workers", "3", "--min-workers", "2", "--max-workers", "3"])
+        job = ElasticTrainJob(net, tmp_path, ["--num-workers", "3", "--min-workers", "2", "--max-workers", "3"])
         try:
             for h in range(3):
                 job.worker(f"w{h}", h, h, argv=argv)
@@ -618,7 +566,7 @@ def test_an_elastic_generation_starts_from_the_rates_the_last_ones_rate_follower
             h0, h2 = net.hosts[0].address, net.hosts[2].address
             assert 0.7 < first[h2] / first[h0] < 1.4, first  # measured alike at the start
             assert then[h2] < 0.5 * then[h0], (first, then)  # the follower's, handed on
-            log = job.err_text("w0")
+            log = job.text("w0", "err")
             assert "(links measured before)" in log, log[-3000:]
             # The step's 4 MiB psum was bucketed for the first generation's links (a bucket is
             # at most 10 ms of the slowest); the next one's slowest carries 60 Mbit/s, which
@@ -649,11 +597,11 @@ def test_mnist_trains_elastically_across_hosts_through_a_kill_a_rejoin_and_a_cut
 
     def accuracy(job, name):
         assert job.procs[name].wait(timeout=300) == 0, job.err(name)
-        return float(job.outputs[name].read_text().split("test accuracy ")[1].split()[0])
+        return float(job.text(name).split("test accuracy ")[1].split()[0])
 
     with EmulatedNetwork(3, "1G") as net:
         (tmp_path / "faults").mkdir()
-        job = ElasticJob(net, tmp_path / "faults", flags)
+        job = ElasticTrainJob(net, tmp_path / "faults", flags)
         try:
             for h in range(3):
                 job.worker(f"w{h}", h, h, argv=argv)
@@ -675,7 +623,7 @@ def test_mnist_trains_elastically_across_hosts_through_a_kill_a_rejoin_and_a_cut
             job.printed("w0", "training with 2 workers", count=2)
             faulty = [accuracy(job, name) for name in ("w0", "w2b")]
             assert job.scheduler.wait(timeout=30) == 0, job.err("scheduler")
-            out = job.outputs["w0"].read_text()
+            out = job.text("w0")
             print(f"test accuracy without faults {clean:.4f}; with a kill, a rejoin and a cut link {faulty[0]:.4f}")
             assert len(set(faulty)) == 1, faulty  # one state on both finishers
             assert abs(faulty[0] - clean) <= 0.01, (faulty, clean, out[-2000:])
@@ -689,7 +637,7 @@ def test_an_elastic_jobs_dedicated_server_lost_and_started_again_leaves_and_rejo
     from the next commit; every sum exact, and the server exits when the job is over."""
     with EmulatedNetwork(3, "1G") as net:
         flags = ["--num-workers", "2", "--num-servers", "1", "--min-workers", "1", "--max-workers", "2"]
-        job = ElasticJob(net, tmp_path, flags)
+        job = ElasticTrainJob(net, tmp_path, flags)
         try:
             job.server("s2", 2)
             for h in range(2):
