@@ -41,7 +41,8 @@ def main():
     tx = jbps.optax.distributed(optax.adam(2e-3), priority=jbps.forward_order(params))
     train = train_state.TrainState.create(apply_fn=model.apply, params=params, tx=tx)
     # What training goes on from after a change: the TrainState (parameters, optimizer state,
-    # its step count) and the loop's own step. Broadcast from rank 0 at every generation's start.
+    # its step count) and the loop's own step. Broadcast from rank 0 at a generation's start (after a
+    # loss the survivors, holding the same commit, each go on from their own).
     state = jbps.elastic.State(train=train, step=0)
 
     @jbps.elastic.run

@@ -461,6 +461,28 @@ def test_a_state_names_its_values_and_refuses_others():
         jbps.elastic.State()
 
 
+def test_members_go_on_from_their_own_state_only_where_each_took_it_in_one_generation_and_committed_as_often():
+    # A generation's start skips the state's broadcast where every member's row (State._held, as
+    # _what_members_hold gathers it) is the same taken commit; a commit counts in it.
+    import jbps.elastic
+    from jbps.elastic import _hold_one_commit
+
+    state = jbps.elastic.State(step=0)
+    object.__setattr__(state, "_held", (3, 0))  # as a generation's start leaves it
+    state.commit()
+    state.commit()
+    assert state._held == (3, 2)
+
+    def rows(*held):
+        return np.array([[*h, 7, 7, 7, 7] for h in held], np.int32)
+
+    assert _hold_one_commit(rows((3, 2), (3, 2), (3, 2)))  # a loss's survivors
+    assert not _hold_one_commit(rows((3, 2), (3, 1)))  # a loss between one survivor's commit and another's
+    assert not _hold_one_commit(rows((3, 2), (2, 2)))
+    assert not _hold_one_commit(rows((3, 2), (0, 0)))  # a newcomer
+    assert not _hold_one_commit(rows((0, 0), (0, 0)))  # the first generation: each its own fresh state
+
+
 @pytest.mark.parametrize(
     "make",
     [
