@@ -16,8 +16,18 @@ loss. Worker 1 is killed (no goodbye) after --kill-after commits. Per run:
   took rank 0's (a broadcast), and its time;
 - programs: what the survivors' generation did with them (rank 0's log).
 
+With --rejoin, worker 1 is then started again on host 1 and joins at the
+survivors' next commit:
+
+- join: from that commit (the regroup) to their next, which the newcomer's
+  first step ends (traced, and compiled or taken from the job's compilation
+  cache: the workers share one, as `jbps run` gives an elastic job's), against
+  the aim of the state's broadcast + one step;
+- join broadcast: the state's broadcast to the newcomer (rank 0's log);
+- step joined: the median step of the job with the newcomer (after its first).
+
     python -m benchmarks.elastic_hosts [--runs 2] [--rate 300M] [--slow-rate 60M | --slow-rate 0]
-        [--model resnet --layers 2 --width 32 --batch 8] [--json]
+        [--model resnet --layers 2 --width 32 --batch 8] [--rejoin] [--json]
 """
 
 from __future__ import annotations
@@ -31,6 +41,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from jbps.launch import COMPILE_EVERY_PROGRAM
+
 from . import step_models
 from .emulated_elastic_job import ElasticJob
 from .emulated_job import python_env
@@ -40,24 +52,31 @@ from .network import parse_rate_arg
 SECRET = "elastic-hosts-benchmark-secret-01"
 
 
-def _commits(job: ElasticJob, name: str, size: int | None = None) -> list[dict]:
-    """name's commits (of `size` workers)."""
-    return [line for line in job.lines(name) if "size" in line and size in (None, line["size"])]
+def _commits(job: ElasticJob, name: str, size: int | None = None, since: float = 0.0) -> list[dict]:
+    """name's commits (of `size` workers) after `since` (time.time())."""
+    return [line for line in job.lines(name) if "size" in line and size in (None, line["size"]) and line["at"] > since]
 
 
-def _until_commits(job: ElasticJob, name: str, count: int, deadline: float, size: int | None = None) -> None:
+def _until_commits(
+    job: ElasticJob, name: str, count: int, deadline: float, size: int | None = None, since: float = 0.0
+) -> None:
     what = f"{name}'s {count} commits" + ("" if size is None else f" of {size} workers")
     alive = [n for n in job.procs if n != "w1"]  # the one killed
-    job.wait(lambda: len(_commits(job, name, size)) >= count, what, deadline - time.monotonic(), alive)
+    job.wait(lambda: len(_commits(job, name, size, since)) >= count, what, deadline - time.monotonic(), alive)
 
 
 def run_once(args, workdir: Path) -> dict:
     argv = [sys.executable, "-m", "benchmarks.elastic_model_worker", "--model", args.model, "--steps", "1000000"]
     argv += ["--layers", str(args.layers), "--width", str(args.width), "--batch", str(args.batch)]
+    argv += ["--print-regroups"]
     with EmulatedNetwork(3, args.rate) as net:
         deadline = time.monotonic() + args.timeout_s
         flags = ["--num-workers", "3", "--min-workers", "2", "--max-workers", "3"]
-        job = ElasticJob(net, workdir, flags, env=python_env(), secret=SECRET)
+        # The job's compilation cache, as `jbps run` gives an elastic job's workers and the guide
+        # tells those started by the scheduler's variables to set (one directory: the emulated
+        # hosts share this machine's file system).
+        env = python_env(JAX_COMPILATION_CACHE_DIR=str(workdir / "compile-cache"), **COMPILE_EVERY_PROGRAM)
+        job = ElasticJob(net, workdir, flags, env=env, secret=SECRET)
         try:
             for host in range(3):
                 job.worker(f"w{host}", host, host, argv)
@@ -68,6 +87,10 @@ def run_once(args, workdir: Path) -> dict:
             job.procs["w1"].kill()
             killed_at = time.time()
             _until_commits(job, "w0", 7, deadline, size=2)
+            if args.rejoin:
+                restarted_at = time.time()
+                job.worker("w1b", 1, 1, argv)
+                _until_commits(job, "w0", 6, deadline, size=3, since=restarted_at)
         finally:
             job.end()
         full = [c["at"] for c in _commits(job, "w0", 3)]
@@ -77,6 +100,18 @@ def run_once(args, workdir: Path) -> dict:
             job.text("w0", "err"),
         )
     state, state_s, programs = survivors[0] if survivors else (None, "nan", None)
+    row = {}
+    if args.rejoin:
+        regrouped = next(line["at"] for line in job.lines("w0") if "regrouped_at" in line)
+        joined = [c["at"] for c in _commits(job, "w0", 3, since=regrouped)]
+        broadcast = re.findall(
+            r"generation \d+, 3 workers, rank 0: .* state from rank 0 in ([0-9.]+) s", job.text("w0", "err")
+        )
+        row = {
+            "join_s": joined[0] - regrouped,
+            "join_broadcast_s": float(broadcast[-1]),
+            "step_joined_s": statistics.median(b - a for a, b in zip(joined[1:], joined[2:])),
+        }
     return {
         "loss_s": after[0] - killed_at,
         "step_before_s": statistics.median(b - a for a, b in zip(full[-6:], full[-5:])),
@@ -84,6 +119,7 @@ def run_once(args, workdir: Path) -> dict:
         "state": state,
         "state_s": float(state_s),
         "programs": programs,
+        **row,
     }
 
 
@@ -103,6 +139,7 @@ def main(argv=None) -> None:
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--width", type=int, default=32)
     p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--rejoin", action="store_true", help="then start worker 1 again, and time its join")
     p.add_argument("--timeout-s", type=float, default=600, help="a run's bound")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
@@ -119,6 +156,13 @@ def main(argv=None) -> None:
             file=sys.stderr,
             flush=True,
         )
+        if args.rejoin:
+            print(
+                f"run {i + 1}: join {r['join_s']:.3f} s (broadcast {r['join_broadcast_s']:.3f} s), "
+                f"step joined {r['step_joined_s']:.3f} s",
+                file=sys.stderr,
+                flush=True,
+            )
     if args.json:
         print(json.dumps(rows))
 
