@@ -93,7 +93,7 @@ def run_once(args, workdir: Path) -> dict:
                 _until_commits(job, "w0", 6, deadline, size=3, since=restarted_at)
         finally:
             job.end()
-        full = [c["at"] for c in _commits(job, "w0", 3)]
+        full = [c["at"] for c in _commits(job, "w0", 3) if c["at"] < killed_at]  # not the join's
         after = [c["at"] for c in _commits(job, "w0", 2)]
         survivors = re.findall(
             r"generation \d+, 2 workers, rank 0: .* state (kept|from rank 0).* in ([0-9.]+) s, programs (.*)",
