@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import sys
 import tempfile
@@ -44,6 +43,7 @@ from pathlib import Path
 from jbps.launch import COMPILE_EVERY_PROGRAM
 
 from . import step_models
+from .elastic_log import generations
 from .emulated_elastic_job import ElasticJob
 from .emulated_job import python_env
 from .emulated_network import EmulatedNetwork
@@ -95,18 +95,14 @@ def run_once(args, workdir: Path) -> dict:
             job.end()
         full = [c["at"] for c in _commits(job, "w0", 3) if c["at"] < killed_at]  # not the join's
         after = [c["at"] for c in _commits(job, "w0", 2)]
-        survivors = re.findall(
-            r"generation \d+, 2 workers, rank 0: .* state (kept|from rank 0).* in ([0-9.]+) s, programs (.*)",
-            job.text("w0", "err"),
-        )
-    state, state_s, programs = survivors[0] if survivors else (None, "nan", None)
+        started = [g for g in generations(job.text("w0", "err")) if g["rank"] == 0]
+    unseen = {"state": None, "state_s": float("nan"), "programs": None}
+    survivors = next((g for g in started if g["workers"] == 2), unseen)
     row = {}
     if args.rejoin:
         regrouped = next(line["at"] for line in job.lines("w0") if "regrouped_at" in line)
         joined = [c["at"] for c in _commits(job, "w0", 3, since=regrouped)]
-        broadcast = re.findall(
-            r"generation \d+, 3 workers, rank 0: .* state from rank 0 in ([0-9.]+) s", job.text("w0", "err")
-        )
+        broadcast = [g["state_s"] for g in started if g["workers"] == 3 and g["state"] == "from rank 0"]
         row = {
             "join_s": joined[0] - regrouped,
             "join_broadcast_s": float(broadcast[-1]),
@@ -116,9 +112,9 @@ def run_once(args, workdir: Path) -> dict:
         "loss_s": after[0] - killed_at,
         "step_before_s": statistics.median(b - a for a, b in zip(full[-6:], full[-5:])),
         "step_after_s": statistics.median(b - a for a, b in zip(after[1:], after[2:])),
-        "state": state,
-        "state_s": float(state_s),
-        "programs": programs,
+        "state": survivors["state"],
+        "state_s": survivors["state_s"],
+        "programs": survivors["programs"],
         **row,
     }
 

@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -48,6 +47,7 @@ from pathlib import Path
 from jbps.procs import terminate
 
 from . import step_models
+from .elastic_log import generations
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = ROOT / "tests" / "workers" / "elastic_train.py"
@@ -101,7 +101,9 @@ def run_once(args, die_file: str) -> dict:
     step = statistics.median(b["at"] - a["at"] for a, b in zip(commits, commits[1:]) if a["size"] == b["size"] == full)
     regrouped = next(d for d in lines if "regrouped_at" in d)
     after = next(d for d in commits if d["at"] > regrouped["at"])
-    broadcast = re.findall(r"generation \d+, %d workers, rank 0: .* state from rank 0 in ([0-9.]+) s" % full, stderr)
+    broadcast = [
+        g["state_s"] for g in generations(stderr) if (g["workers"], g["rank"], g["state"]) == (full, 0, "from rank 0")
+    ]
     row = {"step_s": step, "join_s": after["at"] - regrouped["at"], "broadcast_s": float(broadcast[-1])}
     # The step after: where a newcomer that compiled its first step for inputs placed otherwise
     # than its outputs compiles again, the others wait for it.

@@ -7,7 +7,6 @@ process is ended by PID and checked gone."""
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -19,6 +18,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
+from benchmarks.elastic_log import generations
 from conftest import REPO, job_free_env, soaking, worker_script
 from leftovers import assert_nothing_left
 from test_launch import run as launched
@@ -255,8 +255,7 @@ def test_a_loss_keeps_the_survivors_programs_unless_their_trace_read_the_members
 
 def states_by_generation(log):
     """(workers, where its state came from: "kept" or "from rank 0") for each generation a worker's log names."""
-    found = re.findall(r"generation \d+, (\d) workers, rank \d+: .* state (kept|from rank 0)", log)
-    return [(int(n), how) for n, how in found]
+    return [(g["workers"], g["state"]) for g in generations(log)]
 
 
 def test_a_worker_lost_while_steps_are_dispatched_back_to_back_leaves_the_others_training(job_factory, tmp_path):

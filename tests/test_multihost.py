@@ -22,6 +22,7 @@ from conftest import (
     worker_outputs,
     worker_script,
 )
+from benchmarks.elastic_log import generations
 from benchmarks.emulated_elastic_job import ElasticJob
 from benchmarks.emulated_job import EmulatedJob, run_job
 from benchmarks.emulated_network import MPI_TCP_ENV, EmulatedNetwork
@@ -496,7 +497,7 @@ KEPT_AS_TRACED = "kept (sized for the links of the generation that traced them)"
 
 def programs_by_generation(log):
     """(workers, what became of the programs) for each generation a worker's log names."""
-    return re.findall(r"generation \d+, (\d) workers, rank \d+: .*, programs (.*)", log)
+    return [(str(g["workers"]), g["programs"]) for g in generations(log)]
 
 
 def test_an_elastic_job_across_hosts_goes_on_after_a_kill_a_rejoin_and_a_cut_link_with_every_sum_exact(tmp_path):
