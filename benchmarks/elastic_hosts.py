@@ -21,13 +21,14 @@ survivors' next commit:
 
 - join: from that commit (the regroup) to their next, which the newcomer's
   first step ends (traced, and compiled or taken from the job's compilation
-  cache: the workers share one, as `jbps run` gives an elastic job's), against
+  cache: jbps makes one for the job on each host, jbps/compile_cache.py; the
+  emulated hosts share one file system, so one here), against
   the aim of the state's broadcast + one step;
 - join broadcast: the state's broadcast to the newcomer (rank 0's log);
 - step joined: the median step of the job with the newcomer (after its first).
 
     python -m benchmarks.elastic_hosts [--runs 2] [--rate 300M] [--slow-rate 60M | --slow-rate 0]
-        [--model resnet --layers 2 --width 32 --batch 8] [--rejoin] [--json]
+        [--model resnet --layers 2 --width 32 --batch 8] [--rejoin] [--user-cache DIR] [--json]
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from jbps.launch import COMPILE_EVERY_PROGRAM
+from jbps.compile_cache import COMPILE_EVERY_PROGRAM
 
 from . import step_models
 from .elastic_log import generations
@@ -72,10 +73,11 @@ def run_once(args, workdir: Path) -> dict:
     with EmulatedNetwork(3, args.rate) as net:
         deadline = time.monotonic() + args.timeout_s
         flags = ["--num-workers", "3", "--min-workers", "2", "--max-workers", "3"]
-        # The job's compilation cache, as `jbps run` gives an elastic job's workers and the guide
-        # tells those started by the scheduler's variables to set (one directory: the emulated
-        # hosts share this machine's file system).
-        env = python_env(JAX_COMPILATION_CACHE_DIR=str(workdir / "compile-cache"), **COMPILE_EVERY_PROGRAM)
+        # Started by the scheduler's variables, as on a cluster: each worker's compilation cache is
+        # the job's directory jbps makes on its host (jbps/compile_cache.py; the emulated hosts
+        # share this machine's, so one), or the one --user-cache names as a user might.
+        user_cache = {"JAX_COMPILATION_CACHE_DIR": args.user_cache, **COMPILE_EVERY_PROGRAM}
+        env = python_env(**(user_cache if args.user_cache else {}))
         job = ElasticJob(net, workdir, flags, env=env, secret=SECRET)
         try:
             for host in range(3):
@@ -136,6 +138,11 @@ def main(argv=None) -> None:
     p.add_argument("--width", type=int, default=32)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--rejoin", action="store_true", help="then start worker 1 again, and time its join")
+    p.add_argument(
+        "--user-cache",
+        metavar="DIR",
+        help="the workers' JAX_COMPILATION_CACHE_DIR, keeping every program (default: none set, jbps's own)",
+    )
     p.add_argument("--timeout-s", type=float, default=600, help="a run's bound")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)

@@ -53,6 +53,11 @@ class ElasticJob:
         are added."""
         self.net, self.workdir, self.procs = net, Path(workdir), {}
         self.env = dict(env, JBPS_TIMEOUT_S=f"{timeout_s:g}", JBPS_JOB_SECRET=secret)
+        # The processes' temporary directory, in workdir: what they leave there (a killed worker's
+        # share of the job's compilation cache, jbps/compile_cache.py) goes with it.
+        self.tmpdir = self.workdir / "tmp"
+        self.tmpdir.mkdir(exist_ok=True)
+        self.env.setdefault("TMPDIR", str(self.tmpdir))
         address = net.hosts[0].address
         argv = [sys.executable, "-m", "jbps.scheduler", "--bind", f"{address}:0", *scheduler_flags]
         self.scheduler = self.spawn("scheduler", 0, argv, self.env)

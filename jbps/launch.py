@@ -45,6 +45,7 @@ import time
 
 from . import discovery as discovery_
 from . import unknown_settings
+from .compile_cache import COMPILE_EVERY_PROGRAM
 from .config import Config, argparse_type, exit_for_environment
 from .errors import JbpsError
 from .procs import signal_group, terminate
@@ -115,14 +116,6 @@ class _Output:
                     sink.flush()
                     if not causes and (found := _CAUSE.search(line)):
                         causes.append((found.group(1).decode(), found.group(2).decode(errors="replace")))
-
-
-# jax's persistent cache keeps only programs that took a second to compile by default;
-# a generation's step is usually quicker, and its trace and compile hold the others up.
-COMPILE_EVERY_PROGRAM = {
-    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1",
-}
 
 
 class Job:

@@ -193,6 +193,7 @@ FILE_MARKERS = {
     "test_checkout.py": "packaging",
     "test_checkpoints.py": "cluster",
     "test_compression.py": "cluster",
+    "test_compile_cache.py": "unit",
     "test_cuda_build.py": "packaging",
     "test_cuda_gpu.py": "gpu",
     "test_data_parallel.py": "cluster",
@@ -341,6 +342,7 @@ LONG_WHEN_SOAKING = ("tests/test_elastic.py::test_randomized_membership_changes_
 # too; elsewhere it runs the quick part (.ci/run).
 JAX_VERSIONS = {
     "test_buckets.py",
+    "test_compile_cache.py",
     "test_compression.py",
     "test_data_parallel.py",
     "test_examples.py",

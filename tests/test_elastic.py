@@ -37,7 +37,7 @@ SECRET = "elastic-test-secret-0123456789"
 RUNTIME_RECOVERS = jax_version(jax.__version__) >= (0, 10)
 
 
-def env_for(address, worker_id, devices=2, **extra):
+def env_for(address, worker_id, devices=2, tmpdir=None, **extra):
     host, _, port = address.rpartition(":")
     env = job_free_env(
         JAX_PLATFORMS="cpu",
@@ -50,6 +50,8 @@ def env_for(address, worker_id, devices=2, **extra):
         JBPS_TEST_MARKER=extra.pop("marker"),
         **extra,
     )
+    if tmpdir is not None:
+        env["TMPDIR"] = tmpdir  # where jbps makes the job's compilation cache
     return env
 
 
@@ -64,6 +66,9 @@ class Job:
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
         self.tmp_path, self.timeout_s, self.devices = tmp_path, timeout_s, devices
+        self.tmpdir = None if tmp_path is None else tmp_path / "tmp"  # the workers' temporary directory
+        if self.tmpdir is not None:
+            self.tmpdir.mkdir(exist_ok=True)
         self.marker = os.urandom(8).hex()
         self.procs = []
 
@@ -78,7 +83,12 @@ class Job:
     def start(self, worker_id, *args, script=TRAIN):
         n = len(self.procs)
         env = env_for(
-            self.scheduler.address, worker_id, self.devices, marker=self.marker, JBPS_TIMEOUT_S=str(self.timeout_s)
+            self.scheduler.address,
+            worker_id,
+            self.devices,
+            marker=self.marker,
+            tmpdir=str(self.tmpdir),
+            JBPS_TIMEOUT_S=str(self.timeout_s),
         )
         out = open(self.tmp_path / f"worker{n}.out", "w")
         err = open(self.tmp_path / f"worker{n}.err", "w")
@@ -169,10 +179,18 @@ def test_a_killed_worker_leaves_the_others_training_and_a_restarted_one_rejoins_
     assert codes == [0, 0, -signal.SIGKILL, 0], [job.stderr(n) for n in range(4)]
     assert job.error is None
     assert {line["timeout"] for n in (0, 1, 3) for line in job.lines(n) if "step" in line} == {45.0}
-    results = [final(job, n) for n in (0, 1, newcomer)]
+    results = [trained(job, n) for n in (0, 1, newcomer)]
     for result in results:
         assert result["exact"], result  # w equals numpy's total over the committed sizes
         assert result == results[0]  # every worker ends with the same state
+    # Started by the scheduler's variables, with no cache of their own: jbps gave the job one
+    # directory on this host, which the newcomer's fresh process loaded its step from (the
+    # generation of 3 compiles what the first did), removed as the last worker left; after
+    # jbps.elastic.run returned, jax has no cache directory again, as before it.
+    caches = [(final(job, n)["cache_dir"], final(job, n)["cache_dir_after"]) for n in (0, 1, newcomer)]
+    assert caches[0][0].startswith(str(job.tmpdir / "jbps-job-cache-")), caches
+    assert all(c == (caches[0][0], None) for c in caches), caches
+    assert final(job, newcomer)["cache_hits"] > 0 and not os.listdir(job.tmpdir), (caches, os.listdir(job.tmpdir))
     # 2 local devices per worker: sizes 6 (3 workers), 4 after the loss, 6 after the join, in that order.
     sizes = results[0]["sizes"]
     runs = [s for i, s in enumerate(sizes) if i == 0 or sizes[i - 1] != s]
@@ -296,6 +314,7 @@ def test_jbps_run_starts_a_failed_worker_again_and_it_rejoins(tmp_path):
         assert "exited with -9: starting it again (2 restarts left)" in proc.stderr
         done = [json.loads(line.split("] ", 1)[1]) for line in proc.stdout.splitlines() if '"done"' in line]
         caches = [(d.pop("cache_dir"), d.pop("cache_hits")) for d in done]
+        assert all(d.pop("cache_dir_after") == c[0] for d, c in zip(done, caches)), caches  # the launcher's stands
         warmed = [d.pop("lowered_before_training") for d in done]
         assert len(done) == 3 and all(d["exact"] and d == done[0] for d in done), done
         # Every process, the restarted one's included, lowered jbps.elastic's warm-up program while
@@ -646,7 +665,7 @@ def test_a_worker_joining_with_another_model_is_refused_naming_the_leaf_and_the_
     codes = job.finish()
     assert codes[:2] == [0, 0] and codes[stranger] != 0
     assert "it has w: (999,) float32 where rank 0 has w: (1000,) float32" in job.stderr(stranger)
-    results = [final(job, n) for n in range(2)]
+    results = [trained(job, n) for n in range(2)]
     assert results[0] == results[1] and results[0]["exact"], results
     assert set(results[0]["sizes"]) == {4}  # 2 workers x 2 devices throughout: the bad joiner never summed
 

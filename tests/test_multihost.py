@@ -487,9 +487,11 @@ class ElasticTrainJob(ElasticJob):
         """The workers' last lines, once each ended well: every sum exact, the same state."""
         for name in names:
             assert self.procs[name].wait(timeout=120) == 0, self.err(name)
-        results = [next(line for line in self.lines(name) if line.get("done")) for name in names]
+        done = [next(line for line in self.lines(name) if line.get("done")) for name in names]
+        # What training gave; the programs jax lowered and loaded from its cache are each process's own.
+        results = [{key: d[key] for key in ("w", "expected", "exact", "acc_exact", "sizes")} for d in done]
         assert all(r == results[0] and r["exact"] for r in results), results
-        return results[0]
+        return {**results[0], "cache": {name: (d["cache_dir"], d["cache_hits"]) for name, d in zip(names, done)}}
 
 
 KEPT_AS_TRACED = "kept (sized for the links of the generation that traced them)"
@@ -538,6 +540,12 @@ def test_an_elastic_job_across_hosts_goes_on_after_a_kill_a_rejoin_and_a_cut_lin
             # them again).
             kept = [(n, what.split()[0]) for n, what in programs_by_generation(job.text("w0", "err"))]
             assert kept == [("3", "forgotten"), ("2", "kept"), ("3", "forgotten"), ("2", "kept")], kept
+            # Started by the scheduler's variables with no cache of their own, the workers used the
+            # job's, which jbps made in their temporary directory (the hosts share this machine's): the
+            # join's retrace loaded the step the first generation compiled, the newcomer's included.
+            cache = result["cache"]
+            (directory,) = {c[0] for c in cache.values()}
+            assert directory.startswith(str(job.tmpdir / "jbps-job-cache-")) and cache["w2b"][1] > 0, cache
         finally:
             job.end()  # the cut host's worker fails its own way; ended by PID
 
@@ -732,6 +740,7 @@ def test_jbps_run_places_elastic_workers_on_the_hosts_a_discovery_script_names(t
         caches = {
             w: (d.pop("cache_dir"), d.pop("cache_hits"), d.pop("lowered_before_training")) for w, d in done.items()
         }
+        assert all(d.pop("cache_dir_after") == caches[w][0] for w, d in done.items()), caches  # the launcher's stands
         assert 3 in done, caches
         # Its generation compiles what an earlier one did only where it holds the rank the dead
         # worker held (which worker claims --die-at's file is a race; the other order is new programs).

@@ -14,10 +14,10 @@ training loop does), and their sums are checked at the next commit.
 Prints one JSON line per commit (every --commit-every steps) ({"step", "size", "rank", "servers",
 "link", "at", "rates", "replans", "timeout", "compiles", "lowered"}: the programs jax compiled and
 lowered so far) and a
-last one: {"done", "w", "expected", "exact", "acc_exact", "sizes", "cache_dir", "cache_hits",
-"lowered_before_training"} (acc_exact: with --placed-state, whether each device's running total
-equals numpy's; jax's persistent compilation cache: its directory, and the programs it gave
-instead of a compile; the programs jax lowered before the training function first ran:
+last one: {"done", "w", "expected", "exact", "acc_exact", "sizes", "cache_dir", "cache_dir_after",
+"cache_hits", "lowered_before_training"} (acc_exact: with --placed-state, whether each device's running total
+equals numpy's; jax's persistent compilation cache: its directory while training and after
+jbps.elastic.run returned, and the programs it gave instead of a compile; the programs jax lowered before the training function first ran:
 jbps.elastic's warm-up). --die-at STEP kills this process (SIGKILL) before that step, once per
 --die-file (created first). --hold-at STEP --hold-for SIZE: that step's commit waits until the
 job has SIZE workers (tests/workers/elastic_hold.py).
@@ -114,6 +114,7 @@ def main():
 
     jax.monitoring.register_event_duration_secs_listener(count)
     lowered_before_training = []  # how many when the training function first ran (before its first step)
+    cache_dir = []  # jax's compilation cache directory while the training function ran (the job's)
     k = jax.local_device_count()
 
     @functools.partial(jax.pmap, axis_name="i")
@@ -155,6 +156,7 @@ def main():
         unchecked = []  # steps dispatched back to back, checked at the next commit
         if not lowered_before_training:
             lowered_before_training.append(len(lowered))
+            cache_dir.append(jax.config.jax_compilation_cache_dir)
         while state.step < args.steps:
             if args.die_at is not None and state.step == args.die_at and first_to_claim(args.die_file):
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -227,7 +229,8 @@ def main():
                 "exact": bool(np.array_equal(w, expected)),
                 "acc_exact": acc_exact,
                 "sizes": np.asarray(state.sizes).tolist(),
-                "cache_dir": os.environ.get("JAX_COMPILATION_CACHE_DIR"),
+                "cache_dir": cache_dir[0],
+                "cache_dir_after": jax.config.jax_compilation_cache_dir,  # the user's again, after jbps.elastic.run
                 "cache_hits": len(cache_hits),
                 "lowered_before_training": lowered_before_training[0],
             }
