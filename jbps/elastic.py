@@ -412,11 +412,16 @@ def _elastic(func: Callable, settings: dict) -> Callable:
             raise JbpsError("jbps.elastic.run starts the job itself: do not call jbps.init() before it")
         requested = Config.resolve(settings, caller="jbps.elastic.run")
         object.__setattr__(state, "_held", (0, 0))  # a state of an earlier job holds none of this one's commits
-        membership = Membership(requested)
         # Before any compile of ours: a join's retrace then loads the step's program.
         cache = compile_cache.use(requested.scheduler, requested.job_secret) if requested.scheduler else None
         traced = threading.Event()  # while this process registers and waits for its first generation
         threading.Thread(target=_warm_up, args=(traced,), name="jbps-warm-up", daemon=True).start()
+        try:
+            membership = Membership(requested)
+        except BaseException:
+            if cache is not None:
+                cache.leave()
+            raise
         failed_starts = 0
         try:
             while True:
