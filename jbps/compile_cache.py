@@ -62,8 +62,10 @@ def _entry_alive(name: str, host: str) -> bool:
     host (a temporary directory shared between hosts) counts as alive."""
     entry_host, _, rest = name.rpartition("@")
     pid, _, started = rest.partition("-")
-    if entry_host != host or not pid.isdigit():
-        return entry_host != host
+    if entry_host != host:
+        return True
+    if not pid.isdigit():
+        return False
     try:
         os.kill(int(pid), 0)
     except ProcessLookupError:
@@ -111,6 +113,22 @@ def _live_members(directory: Path, host: str, drop_dead: bool) -> list[str]:
     return alive
 
 
+def _remove_if_ended(directory: Path, host: str, entry: str | None = None) -> bool:
+    """Under the directory's lock: drops `entry` (this worker's), and removes
+    the directory where no worker of the job on this host is alive. Returns
+    whether it removed it."""
+    with _locked(directory) as here:
+        if not here:
+            return False
+        if entry is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(directory / _MEMBERS / entry)
+        if _live_members(directory, host, drop_dead=entry is not None):
+            return False
+        shutil.rmtree(directory, ignore_errors=True)
+        return True
+
+
 class JobCache:
     """This worker's use of its job's cache directory on this host (use(): None where jax has one)."""
 
@@ -128,17 +146,8 @@ class JobCache:
         for name, value in self._restore.items():
             jax.config.update(name, value)
         compilation_cache.reset_cache()
-        host = socket.gethostname()
         try:
-            with _locked(self.directory) as here:
-                if not here:
-                    return False
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self.directory / _MEMBERS / self.entry)
-                if _live_members(self.directory, host, drop_dead=True):
-                    return False
-                shutil.rmtree(self.directory, ignore_errors=True)
-                return True
+            return _remove_if_ended(self.directory, socket.gethostname(), self.entry)
         except OSError as exc:
             log.warning("jbps: could not remove the job's compilation cache %s: %s", self.directory, exc)
             return False
@@ -151,11 +160,8 @@ def _sweep(parent: Path, keep: Path, host: str) -> None:
         if directory == keep:
             continue
         try:
-            if not _own_private_dir(directory):
-                continue
-            with _locked(directory) as here:
-                if here and not _live_members(directory, host, drop_dead=False):
-                    shutil.rmtree(directory, ignore_errors=True)
+            if _own_private_dir(directory):
+                _remove_if_ended(directory, host)
         except OSError:
             continue  # another worker removed it first, or it is not ours to look at
 

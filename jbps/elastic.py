@@ -416,14 +416,10 @@ def _elastic(func: Callable, settings: dict) -> Callable:
         cache = compile_cache.use(requested.scheduler, requested.job_secret) if requested.scheduler else None
         traced = threading.Event()  # while this process registers and waits for its first generation
         threading.Thread(target=_warm_up, args=(traced,), name="jbps-warm-up", daemon=True).start()
-        try:
-            membership = Membership(requested)
-        except BaseException:
-            if cache is not None:
-                cache.leave()
-            raise
+        membership = None
         failed_starts = 0
         try:
+            membership = Membership(requested)
             while True:
                 left = time.monotonic()
                 config, hosted, job = membership.join()
@@ -494,7 +490,8 @@ def _elastic(func: Callable, settings: dict) -> Callable:
             object.__setattr__(state, "_membership", None)
             if runtime.is_initialized():
                 runtime.leave()
-            membership.close()
+            if membership is not None:
+                membership.close()
             if cache is not None:
                 cache.leave()
 

@@ -25,22 +25,24 @@ class Member:
     """One worker process of a job: it takes the job's cache and compiles, then leaves or is killed."""
 
     def __init__(self, tmpdir, scheduler, *flags, **env):
-        self.proc = subprocess.Popen(
-            [sys.executable, MEMBER, scheduler, SECRET, *flags],
-            env=job_free_env(JAX_PLATFORMS="cpu", TMPDIR=str(tmpdir), **env),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
+        self.err = tmpdir / f"member-{os.urandom(4).hex()}.err"  # a file: nothing waits on it filling
+        with open(self.err, "w") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, MEMBER, scheduler, SECRET, *flags],
+                env=job_free_env(JAX_PLATFORMS="cpu", TMPDIR=str(tmpdir), **env),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+                start_new_session=True,
+            )
         self.compiled = self._line()
 
     def _line(self, timeout=60):
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
         assert ready, f"no line in {timeout} s"
         line = self.proc.stdout.readline()
-        assert line, f"exited with {self.proc.wait(timeout=10)}: {self.proc.stderr.read()[-2000:]}"
+        assert line, f"exited with {self.proc.wait(timeout=10)}: {self.stderr()[-2000:]}"
         return json.loads(line)
 
     def leave(self):
@@ -55,7 +57,7 @@ class Member:
         assert self.proc.wait(timeout=30) == -signal.SIGKILL
 
     def stderr(self):
-        return self.proc.stderr.read()
+        return self.err.read_text()
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from benchmarks.elastic_log import generations
-from conftest import REPO, job_free_env, soaking, worker_script
+from conftest import ELASTIC_TRAINED, REPO, job_free_env, soaking, worker_script
 from leftovers import assert_nothing_left
 from test_launch import run as launched
 from jbps.cpu_loop_deadlock import _version as jax_version
@@ -150,7 +150,8 @@ def trained(job, n):
     """What worker n's training gave, from its last line: the counts of programs there differ by
     process (the warm-up thread's compile of the loss check may come before or after the training
     function's first run)."""
-    return {key: final(job, n)[key] for key in ("w", "expected", "exact", "acc_exact", "sizes")}
+    done = final(job, n)
+    return {key: done[key] for key in ELASTIC_TRAINED}
 
 
 def test_a_killed_worker_leaves_the_others_training_and_a_restarted_one_rejoins_with_every_sum_exact(job_factory):
@@ -187,10 +188,11 @@ def test_a_killed_worker_leaves_the_others_training_and_a_restarted_one_rejoins_
     # directory on this host, which the newcomer's fresh process loaded its step from (the
     # generation of 3 compiles what the first did), removed as the last worker left; after
     # jbps.elastic.run returned, jax has no cache directory again, as before it.
-    caches = [(final(job, n)["cache_dir"], final(job, n)["cache_dir_after"]) for n in (0, 1, newcomer)]
+    done = [final(job, n) for n in (0, 1, newcomer)]
+    caches = [(d["cache_dir"], d["cache_dir_after"]) for d in done]
     assert caches[0][0].startswith(str(job.tmpdir / "jbps-job-cache-")), caches
     assert all(c == (caches[0][0], None) for c in caches), caches
-    assert final(job, newcomer)["cache_hits"] > 0 and not os.listdir(job.tmpdir), (caches, os.listdir(job.tmpdir))
+    assert done[2]["cache_hits"] > 0 and not os.listdir(job.tmpdir), (caches, os.listdir(job.tmpdir))
     # 2 local devices per worker: sizes 6 (3 workers), 4 after the loss, 6 after the join, in that order.
     sizes = results[0]["sizes"]
     runs = [s for i, s in enumerate(sizes) if i == 0 or sizes[i - 1] != s]

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from conftest import (
+    ELASTIC_TRAINED,
     MNIST_ELASTIC_EPOCHS,
     job_free_env,
     last_json,
@@ -488,8 +489,7 @@ class ElasticTrainJob(ElasticJob):
         for name in names:
             assert self.procs[name].wait(timeout=120) == 0, self.err(name)
         done = [next(line for line in self.lines(name) if line.get("done")) for name in names]
-        # What training gave; the programs jax lowered and loaded from its cache are each process's own.
-        results = [{key: d[key] for key in ("w", "expected", "exact", "acc_exact", "sizes")} for d in done]
+        results = [{key: d[key] for key in ELASTIC_TRAINED} for d in done]
         assert all(r == results[0] and r["exact"] for r in results), results
         return {**results[0], "cache": {name: (d["cache_dir"], d["cache_hits"]) for name, d in zip(names, done)}}
 

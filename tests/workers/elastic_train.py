@@ -14,11 +14,12 @@ training loop does), and their sums are checked at the next commit.
 Prints one JSON line per commit (every --commit-every steps) ({"step", "size", "rank", "servers",
 "link", "at", "rates", "replans", "timeout", "compiles", "lowered"}: the programs jax compiled and
 lowered so far) and a
-last one: {"done", "w", "expected", "exact", "acc_exact", "sizes", "cache_dir", "cache_dir_after",
-"cache_hits", "lowered_before_training"} (acc_exact: with --placed-state, whether each device's running total
-equals numpy's; jax's persistent compilation cache: its directory while training and after
-jbps.elastic.run returned, and the programs it gave instead of a compile; the programs jax lowered before the training function first ran:
-jbps.elastic's warm-up). --die-at STEP kills this process (SIGKILL) before that step, once per
+last one: {"done", "w", "expected", "exact", "acc_exact", "sizes", "cache_dir",
+"cache_dir_after", "cache_hits", "lowered_before_training"} (acc_exact: with --placed-state,
+whether each device's running total equals numpy's; jax's persistent compilation cache: its
+directory while training and after jbps.elastic.run returned, and the programs it gave instead
+of a compile; the programs jax lowered before the training function first ran: jbps.elastic's
+warm-up). --die-at STEP kills this process (SIGKILL) before that step, once per
 --die-file (created first). --hold-at STEP --hold-for SIZE: that step's commit waits until the
 job has SIZE workers (tests/workers/elastic_hold.py).
 """
