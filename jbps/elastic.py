@@ -44,7 +44,7 @@ import jax
 import numpy as np
 
 from . import compile_cache, link_rate, runtime, sharding_words
-from .host_broadcast import broadcast_arrays, broadcast_bytes
+from .host_broadcast import broadcast_arrays, broadcast_blob
 from .partition.priority import INT64_MAX
 from .config import Config
 from .errors import JbpsError
@@ -198,11 +198,9 @@ class State:
         layout = "\n".join(self.layout())
         # Only the root's placements are read: the others send their layout alone.
         placements = json.dumps(self._placement_words()) if runtime.rank() == root else ""
-        mine = (layout + "\0" + placements).encode()
-        size = int.from_bytes(
-            broadcast_bytes(len(mine).to_bytes(4, "little"), root, "jbps.elastic.layout_size"), "little"
+        received = broadcast_blob((layout + "\0" + placements).encode(), root, "jbps.elastic.layout").decode(
+            errors="replace"
         )
-        received = broadcast_bytes(mine[:size].ljust(size, b"\0"), root, "jbps.elastic.layout").decode(errors="replace")
         theirs, _, placements = received.partition("\0")
         if theirs != layout:
             ours, root_lines = layout.split("\n"), theirs.split("\n")
@@ -384,17 +382,27 @@ def _hold_one_commit(held: np.ndarray) -> bool:
 
 
 def _keep_programs(generation: int, tokens: np.ndarray) -> str:
-    """What every member of this generation does with the programs it traced
-    before (jax's caches and the psums' names), for the log: keeps them only
-    where each one's still hold (tokens: each member's runtime.programs_token,
-    by rank) and all traced the same, as after a loss where nothing a program
-    took from the membership changed; their chunk and bucket sizes then stay
-    (runtime.keep_programs). Else every member forgets them (a newcomer has
-    none), so all trace the step afresh and name its psums alike."""
-    if not (tokens[0].any() and (tokens == tokens[0]).all()):
+    """What this member of the generation does with the programs it traced
+    before (jax's caches), for the log. A psum's name does not depend on the
+    order of tracing (runtime.auto_name), so a member may keep its programs
+    while another traces afresh; what must agree is their chunk and bucket
+    sizes. tokens: each member's runtime.programs_token, by rank. Where rank
+    0's programs do not hold (a first generation, a trace read the size that
+    changed), every member forgets its own and all lower with the generation's
+    sizing. Else the members whose token is rank 0's keep theirs (after a loss
+    all of them; at a join all but the newcomer), with their sizes
+    (runtime.keep_programs), and the others forget theirs and lower with rank
+    0's sizing, which it broadcasts where any member's token differs."""
+    if not tokens[0].any():
         runtime.forget_programs(generation)
         return "forgotten (traced again)"
-    return "kept (sized for the links of the generation that traced them)" if runtime.keep_programs() else "kept"
+    if (tokens == tokens[0]).all():
+        return "kept (sized for the links of the generation that traced them)" if runtime.keep_programs() else "kept"
+    sizing = broadcast_blob(runtime.programs_sizing().encode(), 0, "jbps.elastic.sizing").decode()
+    if (tokens[runtime.rank()] == tokens[0]).all():
+        return "kept (sized for the links of the generation that traced them)" if runtime.keep_programs() else "kept"
+    runtime.forget_programs(generation, sizing)
+    return "traced afresh (sized as rank 0's)"
 
 
 def _elastic(func: Callable, settings: dict) -> Callable:

@@ -28,6 +28,13 @@ def broadcast_bytes(data: bytes, root: int, name: str) -> bytes:
     return words.view(np.uint8)[: len(data)].tobytes()
 
 
+def broadcast_blob(data: bytes, root: int, name: str) -> bytes:
+    """The root's `data` on every worker, each passing bytes of any length:
+    its length first (`name`_size), then the bytes."""
+    size = int.from_bytes(broadcast_bytes(len(data).to_bytes(4, "little"), root, name + "_size"), "little")
+    return broadcast_bytes(data[:size].ljust(size, b"\0"), root, name)
+
+
 def broadcast_arrays(arrays: Sequence[np.ndarray], root: int, name: str) -> list[np.ndarray]:
     """The root's arrays on every worker, bit for bit. Every worker passes
     arrays of the root's shapes and dtypes, in one host psum."""

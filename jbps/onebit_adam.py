@@ -62,10 +62,10 @@ def _scale_by_onebit_adam(
     docstring): the updates it returns are already the job's, so nothing
     else in the chain psums them. reduce_args: axis_name, priority and
     bucket_bytes for jbps.psum."""
-    # Unnamed, each optimizer built gets a name of its own (the n-th built in
-    # this process: workers build theirs in the same order), so two of them
-    # in one program never share the servers' keys.
-    base = name if name is not None else runtime.next_auto_name("onebit_adam")
+    # Unnamed, an optimizer is named for where it is built (the same on every
+    # worker, whatever the order); two built at one place and used in one
+    # program get names of their own where it is lowered (ops/places.py).
+    base = name if name is not None else runtime.auto_name("onebit_adam")
     # The largest step Adam itself takes on a coordinate, |mu_hat| / sqrt(nu_hat)
     # for one gradient after a history of zeros: a coordinate whose gradient
     # outgrew the frozen nu is held there (see compressed()).

@@ -5,6 +5,8 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import hashlib
+import json
+import os
 import sys
 import threading
 import time
@@ -48,10 +50,8 @@ _outlives_membership = False  # programs_outlive_membership()
 _follower: replan.Follower | None = None  # re-plans the split as links change (replan.py)
 _ffi_registered = False
 _atexit_registered = False
-_names_lock = threading.Lock()
 # What this process's traced programs assume of the membership, so that an elastic job keeps
 # them across a generation where it still holds (programs_token; forget_programs clears them).
-_names_given = 0  # psums named by next_auto_name since the programs were last forgotten
 _traced_reads: dict[str, int] = {}  # rank(), size(), ... as read while jax traced
 _programs_epoch: int | None = None  # the generation that last forgot them; None: none did
 
@@ -130,8 +130,8 @@ def start_member(requested: Config, joined: tuple[Config, list], rates: dict | N
     servers this process hosts. `rates`: the links'
     rates an earlier generation on the same hosts measured ({"link": bytes/s,
     "servers": bytes/s per server or None}), the same on every member, which
-    then skip the link probe. Psum names go on from the last generation's
-    (forget_programs restarts them, with jax's caches)."""
+    then skip the link probe. The programs traced before stay (forget_programs
+    clears jax's caches where they do not hold)."""
     return _start(requested, joined, rates)
 
 
@@ -427,15 +427,16 @@ def note_traced_read(what: str, value: int) -> int:
 
 
 def programs_token() -> bytes:
-    """16 bytes that are equal on the members of an elastic generation whose
-    programs (traced since the same generation forgot them, with as many
-    psums named) all still hold for it; zeros where this process's do not:
-    none were kept, a value a trace read (rank, size, ...) changed, or the
-    job crossed hosts where its programs did not, or the other way round.
-    Their chunk and bucket sizes do not count (across hosts they follow the
-    active servers, the link's rate and the busiest NIC's share, which move at
-    every loss): kept programs keep them (keep_programs). elastic.py forgets
-    the programs unless every member's token is the same."""
+    """16 bytes, the digest of the chunk and bucket sizing this process's
+    programs were lowered with (programs_sizing), where they all still hold for
+    this elastic generation; zeros where they do not: none were traced since a
+    generation forgot them, a value a trace read (rank, size, ...) changed, or
+    the job crossed hosts where its programs did not, or the other way round.
+    A psum's name does not depend on the order its process traced it
+    (auto_name), so members that traced in other orders (a newcomer) still
+    agree; their psums' chunks agree where they were lowered with the same
+    sizing. elastic.py keeps the programs of the members whose token is the
+    root's, and the others forget theirs and lower with the root's sizing."""
     now = config()
     if (
         _programs_epoch is None
@@ -443,7 +444,14 @@ def programs_token() -> bytes:
         or (_programs_sizing is not None and _programs_sizing.across != _spans_hosts)
     ):
         return bytes(16)
-    return hashlib.blake2b(f"{_programs_epoch}:{_names_given}".encode(), digest_size=16).digest()
+    return hashlib.blake2b(programs_sizing().encode(), digest_size=16).digest()
+
+
+def programs_sizing() -> str:
+    """The sizing this process's programs were lowered with, as words
+    (forget_programs takes them): the generation's own where none were."""
+    config()
+    return json.dumps(dataclasses.asdict(_programs_sizing or _sizing), sort_keys=True)
 
 
 def keep_programs() -> bool:
@@ -458,18 +466,20 @@ def keep_programs() -> bool:
     return _sizing != own
 
 
-def forget_programs(generation: int) -> None:
-    """Clears jax's caches and restarts the psums' names, so that every
-    member traces its programs afresh for this elastic generation."""
+def forget_programs(generation: int, sizing: str | None = None) -> None:
+    """Clears jax's caches, so that this member traces its programs afresh
+    for this elastic generation, lowered with `sizing` (programs_sizing's
+    words of the members that keep theirs), else with the generation's own."""
     import jax
 
-    global _names_given, _programs_epoch, _programs_sizing
+    global _programs_epoch, _programs_sizing, _sizing
     config()
     jax.clear_caches()
-    with _names_lock:
-        _names_given = 0
     _traced_reads.clear()
-    _programs_sizing = _sizing  # this generation's own (start_member's)
+    if sizing is not None:
+        words = json.loads(sizing)
+        _sizing = _Sizing(**{**words, "fractions": tuple(words["fractions"])})
+    _programs_sizing = _sizing  # this generation's own (start_member's), or the keepers'
     _programs_epoch = generation
 
 
@@ -547,10 +557,33 @@ def spans_hosts() -> bool:
     return _spans_hosts
 
 
-def next_auto_name(prefix: str) -> str:
-    """A name for an unnamed psum: the n-th traced in this process. Workers run
-    the same program, so they trace psums in the same order."""
-    global _names_given
-    with _names_lock:
-        _names_given += 1
-        return f"{prefix}.{_names_given - 1}"
+def auto_name(prefix: str, *signature: object) -> str:
+    """A name for an unnamed psum (broadcast, optimizer): `prefix.` and a
+    digest of what it is, the same on every worker whatever the order its
+    process traced its programs in (an elastic job's newcomer traces in its
+    own, and the others keep theirs): where it is called from (the first frame
+    outside jbps and jax: file name, line, function) and its signature (the
+    tree's paths, shapes and dtypes, how it travels). Two places of one name in
+    a program get names of their own where it is lowered (ops/places.py); two
+    programs with a psum of one name share its keys, as one program run twice
+    does: a worker's calls pair with the others' in the order it dispatches
+    them, the same on every worker of one training loop."""
+    site = _call_site()
+    text = repr((prefix, site, signature))
+    return f"{prefix}.{hashlib.blake2b(text.encode(), digest_size=8).hexdigest()}"
+
+
+def _call_site() -> str:
+    """The first frame of the caller's stack outside jbps, jax and jaxlib, as
+    file name (no directory: hosts install alike in other places), line and
+    function; "" where there is none."""
+    own = [os.path.dirname(os.path.abspath(__file__))]
+    own += [os.path.dirname(os.path.abspath(m.__file__)) for m in map(sys.modules.get, ("jax", "jaxlib")) if m]
+    own_dirs = tuple(d + os.sep for d in own)
+    frame = sys._getframe(2)
+    while frame is not None:
+        path = os.path.abspath(frame.f_code.co_filename)
+        if not path.startswith(own_dirs):
+            return f"{os.path.basename(path)}:{frame.f_lineno}:{frame.f_code.co_name}"
+        frame = frame.f_back
+    return ""

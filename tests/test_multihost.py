@@ -536,13 +536,15 @@ def test_an_elastic_job_across_hosts_goes_on_after_a_kill_a_rejoin_and_a_cut_lin
             # rates (one probe's reading, to the bit) and skipped the probe.
             links = {line["link"] for name in ("w0", "w2b") for line in job.lines(name) if "link" in line}
             assert len(links) == 1 and None not in links, links
-            # After the kill and after the cut the survivors kept their programs (the join traced
-            # them again).
+            # After the kill, the join and the cut the survivors kept their programs; the newcomer
+            # traced its own with rank 0's sizes.
             kept = [(n, what.split()[0]) for n, what in programs_by_generation(job.text("w0", "err"))]
-            assert kept == [("3", "forgotten"), ("2", "kept"), ("3", "forgotten"), ("2", "kept")], kept
+            assert kept == [("3", "forgotten"), ("2", "kept"), ("3", "kept"), ("2", "kept")], kept
+            joined = [what for _, what in programs_by_generation(job.text("w2b", "err"))]
+            assert joined[0] == "traced afresh (sized as rank 0's)", joined
             # Started by the scheduler's variables with no cache of their own, the workers used the
             # job's, which jbps made in their temporary directory (the hosts share this machine's): the
-            # join's retrace loaded the step the first generation compiled, the newcomer's included.
+            # newcomer's trace loaded the step the first generation compiled.
             cache = result["cache"]
             (directory,) = {c[0] for c in cache.values()}
             assert directory.startswith(str(job.tmpdir / "jbps-job-cache-")) and cache["w2b"][1] > 0, cache

@@ -90,3 +90,34 @@ def test_places_of_one_psum_started_in_any_order_sum_exactly_on_every_worker(dev
         report = last_json(r.stdout)
         assert report["chain"] and report["cond"] and report["after"], report
         assert report["race_error"] is None and report["race_wrong"] == 0 and report["race_steps"] == 40, report
+
+
+def test_a_psums_name_does_not_depend_on_the_order_its_process_traced_it(session):
+    # An elastic job's newcomer traces its programs in its own order while the others keep theirs:
+    # an unnamed psum's name comes from where it is called and what it sums, not from a count.
+    a, v = jnp.ones(64, jnp.float32), jnp.ones(4, jnp.float32)
+    f = jax.jit(lambda x: jbps.psum(x * 2.0))
+    g = jax.jit(lambda x, y: (jbps.psum(x), jbps.psum(y)))
+    h = jax.jit(lambda x: jbps.psum(x))  # g's first psum's shapes, called from another line
+    first = [_places(_lowered(fn, *args)) for fn, args in ((f, (a,)), (g, (a, v)), (h, (a,)))]
+    jax.clear_caches()
+    later = [_places(_lowered(fn, *args)) for fn, args in ((h, (a,)), (g, (a, v)), (f, (a,)))][::-1]
+    assert later == first, (first, later)
+    names = [n for program in first for n in program]
+    assert len(set(names)) == len(names) == 4, names  # other call sites or shapes: other names
+
+
+def test_workers_that_traced_their_programs_in_other_orders_sum_exactly():
+    results = run_job(
+        [worker_script("trace_order.py"), "--steps", "20", "--eval-first-rank", "1"],
+        workers=2,
+        servers=2,
+        env={"JBPS_TIMEOUT_S": "20"},
+        timeout_s=180,
+    )
+    reports = []
+    for r in results:
+        assert r.returncode == 0, f"worker {r.rank} failed:\n{r.stderr[-4000:]}"
+        reports.append(last_json(r.stdout))
+    assert reports[0]["names"] == reports[1]["names"], reports
+    assert all(r["wrong"] == 0 and r["steps"] == 20 for r in reports), reports

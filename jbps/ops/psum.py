@@ -65,8 +65,9 @@ def psum(
     over the workers only.
     average: divide by the number of values summed (pmean); integer leaves
     then become floating point, as with lax.pmean.
-    name: identifies this call's tensors across workers; by default the n-th
-    psum traced in the process (workers run the same program).
+    name: identifies this call's tensors across workers; by default a digest
+    of where it is called from and of the tree's paths, shapes and dtypes
+    (runtime.auto_name), whatever the order the process traces it in.
     priority: larger is sent sooner. Default: pytree order, first leaf first
     (-index). A mapping {leaf path (jax.tree_util.keystr): int} overrides the
     leaves it names; a callable (path, leaf) -> int sets every leaf.
@@ -143,7 +144,9 @@ def _psum(tree, residuals, axis_name, *, average, name, priority, bucket_bytes, 
     leaves = tuple(lax_dtypes.to_wire(x) for x in leaves)  # bool and complex as lax.psum sums them
     axes = _normalize_axes(axis_name)
     count = _axis_size(axes or ())
-    name = name if name is not None else runtime.next_auto_name("psum")
+    if name is None:
+        shapes = tuple((tuple(x.shape), str(x.dtype)) for x in leaves)
+        name = runtime.auto_name("psum", paths, shapes, _axes_words(axes), priorities, bucket_bytes, compression)
     if bucket_bytes is None:
         bucket_bytes = config.bucket_bytes  # None still: sized where it is lowered (runtime.bucket_bytes)
     elif isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 0:
@@ -170,6 +173,12 @@ def _psum(tree, residuals, axis_name, *, average, name, priority, bucket_bytes, 
         workers = ffi.workers(config.num_workers) if runtime.programs_outlive_membership() else runtime.size()
         out = [x / (count * workers) for x in out]
     return jax.tree_util.tree_unflatten(treedef, out), new_residuals
+
+
+def _axes_words(axes: tuple[AxisName, ...] | None) -> tuple | None:
+    """The axis names as a name's digest takes them: strings and ints as they are, others by their type
+    (the same on every worker; an object's repr may hold its address)."""
+    return None if axes is None else tuple(a if isinstance(a, (str, int)) else type(a).__name__ for a in axes)
 
 
 def _residual_leaves(residuals, treedef, paths, leaves, compression) -> list[jax.Array]:
