@@ -474,7 +474,11 @@ def forget_programs(generation: int, sizing: str | None = None) -> None:
 
     global _programs_epoch, _programs_sizing, _sizing
     config()
-    jax.clear_caches()
+    if _programs_epoch is not None:
+        # What a process traced before its first generation holds no psum and no value of the
+        # membership (both need the job): jax's caches keep it, and a newcomer's first trace of the
+        # step reuses what its model's init traced (jnp's inner jits).
+        jax.clear_caches()
     _traced_reads.clear()
     if sizing is not None:
         words = json.loads(sizing)
