@@ -20,13 +20,13 @@ its commit (the step's computation: a regroup does not skip it). Per run:
   second step again);
 - loss: from the kill (right after the dying worker's commit) to the
   survivors' next commit: their failed psum, the regroup without it, and the
-  step again (traced again for the new size), against the aim of two steps
+  step again (their programs kept), against the aim of two steps
   (the link's liveness bound does not come into a kill, whose connections close).
 
 With --model resnet, transformer or mlp (--layers, --width, --batch as in
 step_models.py) each worker instead trains that model, one device a worker
-(benchmarks/elastic_model_worker.py): a real step, traced again in every new
-generation and compiled again for a size the job has not compiled before.
+(benchmarks/elastic_model_worker.py): a real step, which the newcomer traces
+afresh (its program from the job's compilation cache) and the survivors keep.
 
     python -m benchmarks.elastic_join [--runs 3] [--workers 3] [--local-devices 2]
         [--work-seconds 0.1] [--steps 40] [--placed-state] [--json]

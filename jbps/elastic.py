@@ -21,9 +21,11 @@ last commit, so a newcomer starts from it; where every member holds the same
 commit (the survivors of a loss, mostly) each goes on from its own, with no
 broadcast. Each generation is a new job (new
 token, plan and split for its size), so no sum mixes two memberships. After a
-loss the survivors keep the programs they traced where none depends on what
-changed (_keep_programs), and their chunk and bucket sizes with them; otherwise,
-and at a join, jax's caches are cleared and the step is traced afresh.
+loss and at a join the survivors keep the programs they traced where none
+depends on what changed (_keep_programs), and their chunk and bucket sizes with
+them (a newcomer traces its own, its psums named as theirs whatever its order of
+tracing, and sized as theirs); otherwise jax's caches are cleared and the step
+is traced afresh.
 
 Every worker commits at the same points of its loop (commit agrees, by a small
 psum, on whether to regroup). What the state holds must be what the function
@@ -420,7 +422,7 @@ def _elastic(func: Callable, settings: dict) -> Callable:
             raise JbpsError("jbps.elastic.run starts the job itself: do not call jbps.init() before it")
         requested = Config.resolve(settings, caller="jbps.elastic.run")
         object.__setattr__(state, "_held", (0, 0))  # a state of an earlier job holds none of this one's commits
-        # Before any compile of ours: a join's retrace then loads the step's program.
+        # Before any compile of ours: a newcomer's first trace then loads the step's program.
         cache = compile_cache.use(requested.scheduler, requested.job_secret) if requested.scheduler else None
         traced = threading.Event()  # while this process registers and waits for its first generation
         threading.Thread(target=_warm_up, args=(traced,), name="jbps-warm-up", daemon=True).start()
