@@ -18,7 +18,7 @@ import numpy as np
 from jax import lax
 
 from .. import runtime
-from .psum import _axes_words, _normalize_axes, psum
+from .psum import axes_words, psum
 
 
 def _check_dtype(dtype: Any, path: str) -> None:
@@ -99,7 +99,7 @@ def broadcast(tree: Any, root: int = 0, axis_name: Any = None, *, name: str | No
         _check_dtype(jnp.result_type(x), jax.tree_util.keystr(path))
     if name is None:
         shapes = tuple((jax.tree_util.keystr(p), np.shape(x), str(jnp.result_type(x))) for p, x in path_leaves)
-        name = runtime.auto_name("broadcast", shapes, root, _axes_words(_normalize_axes(axis_name)))
+        name = runtime.auto_name("broadcast", shapes, root, axes_words(axis_name))
     if _is_traced([x for _, x in path_leaves]) or axis_name is not None:
         return _broadcast_traced(tree, root, axis_name, name)
     return jax.jit(partial(_broadcast_traced, root=root, axis_name=None, name=name))(tree)

@@ -146,7 +146,7 @@ def _psum(tree, residuals, axis_name, *, average, name, priority, bucket_bytes, 
     count = _axis_size(axes or ())
     if name is None:
         shapes = tuple((tuple(x.shape), str(x.dtype)) for x in leaves)
-        name = runtime.auto_name("psum", paths, shapes, _axes_words(axes), priorities, bucket_bytes, compression)
+        name = runtime.auto_name("psum", paths, shapes, axes_words(axes), priorities, bucket_bytes, compression)
     if bucket_bytes is None:
         bucket_bytes = config.bucket_bytes  # None still: sized where it is lowered (runtime.bucket_bytes)
     elif isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 0:
@@ -175,9 +175,10 @@ def _psum(tree, residuals, axis_name, *, average, name, priority, bucket_bytes, 
     return jax.tree_util.tree_unflatten(treedef, out), new_residuals
 
 
-def _axes_words(axes: tuple[AxisName, ...] | None) -> tuple | None:
-    """The axis names as a name's digest takes them: strings and ints as they are, others by their type
-    (the same on every worker; an object's repr may hold its address)."""
+def axes_words(axis_name: Any) -> tuple | None:
+    """An axis_name as a psum's default name takes it (runtime.auto_name): strings and ints as they
+    are, others by their type (the same on every worker; an object's repr may hold its address)."""
+    axes = _normalize_axes(axis_name)
     return None if axes is None else tuple(a if isinstance(a, (str, int)) else type(a).__name__ for a in axes)
 
 
