@@ -166,6 +166,15 @@ def _sweep(parent: Path, keep: Path, host: str) -> None:
             continue  # another worker removed it first, or it is not ours to look at
 
 
+def persistent_cache_on() -> bool:
+    """Whether jax's persistent compilation cache is on in this process (a
+    directory set, the cache enabled): a step traced afresh then loads the
+    program the job compiled before instead of compiling it."""
+    import jax
+
+    return bool(jax.config.jax_compilation_cache_dir) and bool(jax.config.jax_enable_compilation_cache)
+
+
 def job_directory(scheduler: str, secret: str | None) -> Path:
     """The job's directory on this host: the same for every worker of one job
     (its scheduler and secret), another for each job and user."""

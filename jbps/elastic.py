@@ -364,11 +364,13 @@ def _warm_up(traced: threading.Event) -> None:
 def _what_members_hold(state: State) -> np.ndarray:
     """One row per member of this generation, by rank: the commit it holds
     (State._held: the generation it took the job's state in, its commits
-    since) and its programs' token (runtime.programs_token). One host psum,
-    each member adding its own row to zeros."""
+    since), its programs' token (runtime.programs_token) and whether jax's
+    persistent compilation cache is on in it. One host psum, each member
+    adding its own row to zeros."""
     config = runtime.config()
-    rows = np.zeros((config.num_workers, 6), np.int32)
-    rows[config.worker_rank] = [*state._held, *np.frombuffer(runtime.programs_token(), np.int32)]
+    rows = np.zeros((config.num_workers, 7), np.int32)
+    token = np.frombuffer(runtime.programs_token(), np.int32)
+    rows[config.worker_rank] = [*state._held, *token, int(compile_cache.persistent_cache_on())]
     flat = rows.reshape(-1)
     link_rate.psum_host("jbps.elastic.held", flat, runtime.server_fractions(), link_rate.backstop_s(config.timeout_s))
     return flat.reshape(rows.shape)
@@ -383,7 +385,7 @@ def _hold_one_commit(held: np.ndarray) -> bool:
     return bool(held[0, 0] > 0 and (held[:, :2] == held[0, :2]).all())
 
 
-def _keep_programs(generation: int, tokens: np.ndarray) -> str:
+def _keep_programs(generation: int, tokens: np.ndarray, cached: np.ndarray) -> str:
     """What this member of the generation does with the programs it traced
     before (jax's caches), for the log. A psum's name does not depend on the
     order of tracing (runtime.auto_name), so a member may keep its programs
@@ -394,12 +396,19 @@ def _keep_programs(generation: int, tokens: np.ndarray) -> str:
     sizing. Else the members whose token is rank 0's keep theirs (after a loss
     all of them; at a join all but the newcomer), with their sizes
     (runtime.keep_programs), and the others forget theirs and lower with rank
-    0's sizing, which it broadcasts where any member's token differs."""
+    0's sizing, which it broadcasts where any member's token differs. That is
+    where each of those has jax's persistent cache on (cached, by rank): its
+    first step then loads the program; one without would compile it while the
+    others wait in their first psum (up to the psum timeout), so then every
+    member traces afresh and compiles beside it, as a first generation does."""
     if not tokens[0].any():
         runtime.forget_programs(generation)
         return "forgotten (traced again)"
     if (tokens == tokens[0]).all():
         return "kept (sized for the links of the generation that traced them)" if runtime.keep_programs() else "kept"
+    if not cached[(tokens != tokens[0]).any(axis=1)].all():
+        runtime.forget_programs(generation)
+        return "forgotten (traced again: a member that traces afresh has no compilation cache)"
     sizing = broadcast_blob(runtime.programs_sizing().encode(), 0, "jbps.elastic.sizing").decode()
     if (tokens[runtime.rank()] == tokens[0]).all():
         return "kept (sized for the links of the generation that traced them)" if runtime.keep_programs() else "kept"
@@ -464,7 +473,7 @@ def _elastic(func: Callable, settings: dict) -> Callable:
                     membership.holds_state = True  # the root's last commit, whatever this worker had
                     object.__setattr__(state, "_held", (job["generation"], 0))
                     synced = time.monotonic()
-                    programs = _keep_programs(job["generation"], held[:, 2:])
+                    programs = _keep_programs(job["generation"], held[:, 2:6], held[:, 6])
                     log.info(
                         "jbps.elastic: generation %d, %d workers, rank %d: assembled in %.2f s, engine started "
                         "in %.2f s (links %s), state %s in %.2f s, programs %s",

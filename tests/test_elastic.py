@@ -80,7 +80,7 @@ class Job:
         finally:
             self.scheduler.close()
 
-    def start(self, worker_id, *args, script=TRAIN):
+    def start(self, worker_id, *args, script=TRAIN, env=None):
         n = len(self.procs)
         env = env_for(
             self.scheduler.address,
@@ -89,6 +89,7 @@ class Job:
             marker=self.marker,
             tmpdir=str(self.tmpdir),
             JBPS_TIMEOUT_S=str(self.timeout_s),
+            **(env or {}),
         )
         out = open(self.tmp_path / f"worker{n}.out", "w")
         err = open(self.tmp_path / f"worker{n}.err", "w")
@@ -211,10 +212,10 @@ def test_a_killed_worker_leaves_the_others_training_and_a_restarted_one_rejoins_
     assert "rolling back to the last commit and regrouping" in job.stderr(0)
 
 
-def lose_and_restart_worker_2(job, steps, die_at, tmp_path, smaller_first=False):
+def lose_and_restart_worker_2(job, steps, die_at, tmp_path, smaller_first=False, newcomer_env=None):
     """Workers 0 and 1 train `steps`; worker 2 kills itself at step `die_at`
     and is started again (with smaller_first, once worker 0 committed a step
-    without it). The newcomer's index, and the 3 workers' last lines once the
+    without it; with newcomer_env in its environment). The newcomer's index, and the 3 workers' last lines once the
     job ended well: every sum exact (against numpy), the same state."""
     for i in range(2):
         job.start(i, *steps)
@@ -224,7 +225,7 @@ def lose_and_restart_worker_2(job, steps, die_at, tmp_path, smaller_first=False)
     while smaller_first and not any(line.get("size") == 2 for line in job.lines(0)):
         assert time.monotonic() < deadline and job.procs[0].poll() is None, job.stderr(0)
         time.sleep(0.05)
-    newcomer = job.start(2, *steps)
+    newcomer = job.start(2, *steps, env=newcomer_env)
     codes = job.finish()
     assert codes == [0, 0, -signal.SIGKILL, 0], [job.stderr(n) for n in range(4)]
     assert job.error is None
@@ -274,6 +275,20 @@ def test_a_loss_and_a_join_keep_the_survivors_programs_unless_their_trace_read_t
     for n in (0, 1):
         states = states_by_generation(job.stderr(n))
         assert states == [(3, "from rank 0"), (2, "kept"), (3, "from rank 0")], job.stderr(n)
+
+
+def test_a_join_traces_again_on_every_member_where_the_newcomer_has_no_compilation_cache(job_factory, tmp_path):
+    # A newcomer without jax's persistent cache would compile its step while the survivors wait
+    # in their first psum (up to the psum timeout): every member traces again instead, as in a
+    # first generation, and each compiles beside it. Every sum checked against numpy.
+    job = job_factory(3, 2, 3, devices=2 if RUNTIME_RECOVERS else 1)
+    steps = ["--steps", "40", "--step-seconds", "0.05", "--hold-at", "34", "--hold-for", "3"]
+    newcomer_env = {"JAX_ENABLE_COMPILATION_CACHE": "0"}
+    lose_and_restart_worker_2(job, steps, 5, tmp_path, smaller_first=True, newcomer_env=newcomer_env)
+    for n in (0, 1):
+        programs = [g["programs"] for g in generations(job.stderr(n))]
+        assert len(programs) == 3 and programs[1].startswith("kept"), programs
+        assert programs[2] == "forgotten (traced again: a member that traces afresh has no compilation cache)", programs
 
 
 def states_by_generation(log):
