@@ -404,16 +404,16 @@ def _keep_programs(generation: int, tokens: np.ndarray, cached: np.ndarray) -> s
     if not tokens[0].any():
         runtime.forget_programs(generation)
         return "forgotten (traced again)"
-    if (tokens == tokens[0]).all():
-        return "kept (sized for the links of the generation that traced them)" if runtime.keep_programs() else "kept"
-    if not cached[(tokens != tokens[0]).any(axis=1)].all():
-        runtime.forget_programs(generation)
-        return "forgotten (traced again: a member that traces afresh has no compilation cache)"
-    sizing = broadcast_blob(runtime.programs_sizing().encode(), 0, "jbps.elastic.sizing").decode()
-    if (tokens[runtime.rank()] == tokens[0]).all():
-        return "kept (sized for the links of the generation that traced them)" if runtime.keep_programs() else "kept"
-    runtime.forget_programs(generation, sizing)
-    return "traced afresh (sized as rank 0's)"
+    afresh = (tokens != tokens[0]).any(axis=1)  # the members whose programs are not rank 0's
+    if afresh.any():
+        if not cached[afresh].all():
+            runtime.forget_programs(generation)
+            return "forgotten (traced again: a member that traces afresh has no compilation cache)"
+        sizing = broadcast_blob(runtime.programs_sizing().encode(), 0, "jbps.elastic.sizing").decode()
+        if afresh[runtime.rank()]:
+            runtime.forget_programs(generation, sizing)
+            return "traced afresh (sized as rank 0's)"
+    return "kept (sized for the links of the generation that traced them)" if runtime.keep_programs() else "kept"
 
 
 def _elastic(func: Callable, settings: dict) -> Callable:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -577,13 +578,20 @@ def auto_name(prefix: str, *signature: object) -> str:
     return f"{prefix}.{hashlib.blake2b(text.encode(), digest_size=8).hexdigest()}"
 
 
+@functools.cache
+def _own_dirs() -> tuple[str, ...]:
+    """The directories of jbps, jax and jaxlib (imported by the first psum traced), once."""
+    import jax
+    import jaxlib
+
+    return tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (sys.modules[__package__], jax, jaxlib))
+
+
 def _call_site() -> str:
     """The first frame of the caller's stack outside jbps, jax and jaxlib, as
     file name (no directory: hosts install alike in other places), line and
     function; "" where there is none."""
-    own = [os.path.dirname(os.path.abspath(__file__))]
-    own += [os.path.dirname(os.path.abspath(m.__file__)) for m in map(sys.modules.get, ("jax", "jaxlib")) if m]
-    own_dirs = tuple(d + os.sep for d in own)
+    own_dirs = _own_dirs()
     frame = sys._getframe(2)
     while frame is not None:
         path = os.path.abspath(frame.f_code.co_filename)
