@@ -41,6 +41,7 @@ def main(argv=None) -> None:
     p.add_argument("--die-at", type=int, default=None)
     p.add_argument("--die-file", default=None)
     p.add_argument("--print-regroups", action="store_true")
+    p.add_argument("--warm-up", action="store_true", help="jbps.elastic.run's warm_up lowers and compiles the step")
     add_hold_arguments(p)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # each generation's timings
@@ -66,7 +67,10 @@ def main(argv=None) -> None:
                 print(json.dumps({"regrouped_at": state.step, "at": time.time()}), flush=True)
             raise
 
-    @jbps.elastic.run()
+    def warm_up(state):
+        step.lower(state.params, state.opt_state).compile()
+
+    @jbps.elastic.run(**({"warm_up": warm_up} if args.warm_up else {}))
     def train(state):
         while state.step < args.steps:
             if args.die_at is not None and state.step == args.die_at and first_to_claim(args.die_file):

@@ -281,17 +281,28 @@ def _own_leaves(value: Any) -> Any:
 _DECIDED = ("servers", "num_workers", "num_servers", "local_rank", "local_size", "role", "colocated_servers")
 
 
-def run(func: Callable | None = None, **settings: Any) -> Callable:
+def run(func: Callable | None = None, *, warm_up: Callable | None = None, **settings: Any) -> Callable:
     """Decorator: calls func(state, ...) in the elastic job until it returns,
     again after each membership change. Call the result on every worker.
     `@jbps.elastic.run(timeout_s=30, ...)` takes jbps.init's settings (over
     the environment's), but not the ones each generation decides (the servers,
-    the number of workers): bad ones are named when the function is decorated."""
+    the number of workers): bad ones are named when the function is decorated.
+
+    warm_up(state): traces (and may compile) the step ahead of a join, e.g.
+    `lambda state: step.lower(state.params, state.opt_state, batch).compile()`.
+    A worker that joins a running job calls it with its own fresh state (the
+    job's layout) before it asks to join, so the others do not wait for its
+    first trace of the step (docs/guide/elastic.md); it reads no membership
+    (rank(), size()): where it does, the step is traced at the join instead."""
+    if warm_up is not None and not callable(warm_up):
+        raise JbpsError(f"jbps.elastic.run(warm_up=...) takes a function of the state, got {type(warm_up).__name__}")
     decided = sorted(set(settings) & set(_DECIDED))
     if decided:
         raise JbpsError(f"jbps.elastic.run() cannot take {', '.join(decided)}: each generation's membership decides")
     Config.resolve(settings, caller="jbps.elastic.run")  # names a bad setting here, not at the first generation
-    return _elastic(func, settings) if func is not None else lambda f: _elastic(f, settings)
+    if func is not None:
+        return _elastic(func, settings, warm_up)
+    return lambda f: _elastic(f, settings, warm_up)
 
 
 def _runs_the_check() -> bool:
@@ -416,7 +427,25 @@ def _keep_programs(generation: int, tokens: np.ndarray, cached: np.ndarray) -> s
     return "kept (sized for the links of the generation that traced them)" if runtime.keep_programs() else "kept"
 
 
-def _elastic(func: Callable, settings: dict) -> Callable:
+def _trace_ahead(warm_up: Callable, state: State, requested: Config, sizing: str) -> None:
+    """A newcomer's warm_up(state), run before it asks to join a running
+    generation, its psums lowered with rank 0's `sizing` (the scheduler's):
+    at the join its programs' token is then rank 0's, every member keeps its
+    programs, and the newcomer's first step is the program it traced here. A
+    warm-up that reads the membership only costs the newcomer its time."""
+    started = time.monotonic()
+    try:
+        with runtime.tracing_ahead(requested, sizing):
+            warm_up(state)
+    except JbpsError as exc:
+        log.warning(
+            "jbps.elastic: warm_up could not trace the step before the join (%s): it is traced at the join", exc
+        )
+        return
+    log.info("jbps.elastic: warmed up in %.2f s, before asking to join", time.monotonic() - started)
+
+
+def _elastic(func: Callable, settings: dict, warm_up: Callable | None = None) -> Callable:
     """run's wrapper of func, its settings checked."""
 
     @functools.wraps(func)
@@ -438,7 +467,10 @@ def _elastic(func: Callable, settings: dict) -> Callable:
         membership = None
         failed_starts = 0
         try:
-            membership = Membership(requested)
+            membership = Membership(requested, warms_up=warm_up is not None)
+            if membership.job_sizing is not None:  # a running job: its members go on meanwhile
+                _trace_ahead(warm_up, state, requested, membership.job_sizing)
+                membership.ready()
             while True:
                 left = time.monotonic()
                 config, hosted, job = membership.join()
@@ -474,6 +506,8 @@ def _elastic(func: Callable, settings: dict) -> Callable:
                     object.__setattr__(state, "_held", (job["generation"], 0))
                     synced = time.monotonic()
                     programs = _keep_programs(job["generation"], held[:, 2:6], held[:, 6])
+                    if job["rank"] == 0:  # what a newcomer that warms up traces its step with
+                        membership.tell_sizing(runtime.programs_sizing())
                     log.info(
                         "jbps.elastic: generation %d, %d workers, rank %d: assembled in %.2f s, engine started "
                         "in %.2f s (links %s), state %s in %.2f s, programs %s",

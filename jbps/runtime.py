@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -55,6 +56,7 @@ _atexit_registered = False
 # them across a generation where it still holds (programs_token; forget_programs clears them).
 _traced_reads: dict[str, int] = {}  # rank(), size(), ... as read while jax traced
 _programs_epoch: int | None = None  # the generation that last forgot them; None: none did
+_ahead: Config | None = None  # while a newcomer traces its step before it joins (tracing_ahead)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -366,8 +368,11 @@ def is_initialized() -> bool:
 
 
 def config() -> Config:
-    """The active configuration; raises JbpsError before init()."""
+    """The active configuration; raises JbpsError before init() (but for what
+    a newcomer asked for while it traces ahead of its join: tracing_ahead)."""
     if _config is None:
+        if _ahead is not None:
+            return _ahead
         raise JbpsError("jbps is not initialized: call jbps.init() first")
     return _config
 
@@ -375,6 +380,8 @@ def config() -> Config:
 def config_for_psum() -> Config:
     """config(), and JbpsError if the job has failed: tracing a new psum then
     names the lost peer at once."""
+    if _config is None and _ahead is not None:
+        return _ahead  # no engine yet: nothing to have failed
     config()
     _raise_fault()
     return _config
@@ -406,7 +413,16 @@ _MEMBERSHIP = {"rank": "worker_rank", "size": "num_workers", "local_rank": "loca
 
 
 def _membership(what: str) -> int:
+    _not_known_ahead(what)
     return note_traced_read(what, getattr(config(), _MEMBERSHIP[what]))
+
+
+def _not_known_ahead(what: str) -> None:
+    if _config is None and _ahead is not None:
+        raise JbpsError(
+            f"jbps.{what}() is not known while jbps.elastic.run's warm_up traces: the generation this worker "
+            "joins is not assembled yet"
+        )
 
 
 def _tracing() -> bool:
@@ -422,6 +438,8 @@ def _tracing() -> bool:
 def note_traced_read(what: str, value: int) -> int:
     """value, remembered as what `what` was when a program read it while
     jax traced it: a program that baked it in holds only while it stays."""
+    if _tracing():
+        _not_known_ahead(what)  # a value the program would bake in for a generation not known yet
     if what not in _traced_reads and _tracing():
         _traced_reads[what] = value
     return value
@@ -482,10 +500,50 @@ def forget_programs(generation: int, sizing: str | None = None) -> None:
         jax.clear_caches()
     _traced_reads.clear()
     if sizing is not None:
-        words = json.loads(sizing)
-        _sizing = _Sizing(**{**words, "fractions": tuple(words["fractions"])})
+        _sizing = _sizing_of(sizing)
     _programs_sizing = _sizing  # this generation's own (start_member's), or the keepers'
     _programs_epoch = generation
+
+
+def _sizing_of(words: str) -> _Sizing:
+    """programs_sizing's words, as the sizing they were made of."""
+    fields = json.loads(words)
+    return _Sizing(**{**fields, "fractions": tuple(fields["fractions"])})
+
+
+@contextlib.contextmanager
+def tracing_ahead(requested: Config, sizing: str):
+    """A newcomer to a running elastic job traces its step here before it
+    asks to join (jbps.elastic.run's warm_up), so that the others do not wait
+    for that trace: psums traced inside are lowered as the members' programs
+    were (`sizing`: rank 0's programs_sizing, from the scheduler) and for no
+    membership in particular (programs_outlive_membership), so at the join
+    this process's programs_token is rank 0's and it keeps them. `requested`
+    gives the user's settings (chunk and bucket sizes given). A read of the
+    membership (rank(), size()) raises JbpsError: the generation is not
+    assembled yet. Where the body raises, what it traced is forgotten."""
+    import jax
+
+    global _ahead, _outlives_membership, _sizing, _spans_hosts, _programs_sizing, _programs_epoch
+    sized = _sizing_of(sizing)
+    with _lock:
+        if _config is not None or _ahead is not None:
+            raise JbpsError("jbps.elastic.run's warm_up runs before the job starts, and jbps is running")
+        register_ffi_targets()
+        # Not the launcher's numbers: the generation decides them (elastic._DECIDED).
+        unknown = dict(num_workers=None, worker_rank=None, local_rank=None, local_size=None)
+        _ahead, _outlives_membership = dataclasses.replace(requested, **unknown), True
+        _sizing, _spans_hosts = sized, sized.across
+        _traced_reads.clear()
+    try:
+        yield
+        _programs_sizing, _programs_epoch = sized, 0  # what the join compares (programs_token)
+    except BaseException:
+        jax.clear_caches()  # nothing lowered for the job before it is known whose sizing holds
+        raise
+    finally:
+        with _lock:
+            _ahead, _outlives_membership, _sizing, _spans_hosts = None, False, _Sizing(), False
 
 
 def engine_stats() -> dict:

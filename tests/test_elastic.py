@@ -22,6 +22,7 @@ from benchmarks.elastic_log import generations
 from conftest import ELASTIC_TRAINED, REPO, job_free_env, soaking, worker_outputs, worker_script
 from leftovers import assert_nothing_left
 from test_launch import run as launched
+from jbps import elastic
 from jbps.cpu_loop_deadlock import _version as jax_version
 from jbps.errors import JbpsError
 from jbps.procs import terminate
@@ -289,6 +290,36 @@ def test_a_join_traces_again_on_every_member_where_the_newcomer_has_no_compilati
         programs = [g["programs"] for g in generations(job.stderr(n))]
         assert len(programs) == 3 and programs[1].startswith("kept"), programs
         assert programs[2] == "forgotten (traced again: a member that traces afresh has no compilation cache)", programs
+
+
+@pytest.mark.parametrize("in_trace", [False, True], ids=["step-reads-nothing", "step-reads-rank-and-size"])
+def test_a_newcomer_that_warms_up_traces_its_step_before_it_asks_to_join(job_factory, tmp_path, in_trace):
+    # With jbps.elastic.run(warm_up=...) a worker that joins a running job lowers and compiles its
+    # step (with rank 0's sizing, from the scheduler) before it asks to join: at the join every
+    # member, the newcomer too, keeps its programs and none traces the step while the others wait.
+    # A warm-up whose trace reads jbps.size() cannot run before the generation is known: it says so
+    # and the newcomer traces at the join, as without one. Every sum checked against numpy.
+    job = job_factory(3, 2, 3, devices=2 if RUNTIME_RECOVERS else 1)
+    steps = ["--steps", "40", "--step-seconds", "0.05", "--hold-at", "34", "--hold-for", "3", "--warm-up"]
+    steps += ["--membership-in-trace"] if in_trace else []
+    newcomer, _ = lose_and_restart_worker_2(job, steps, 5, tmp_path, smaller_first=True)
+    log = job.stderr(newcomer)
+    programs = [g["programs"] for g in generations(log)]
+    if in_trace:
+        assert "jbps.elastic: warm_up could not trace the step before the join (jbps.rank() is not known" in log, log
+        assert programs == ["forgotten (traced again)"], log
+        return
+    warmed = log.index("jbps.elastic: warmed up in")
+    assert warmed < log.index("jbps.elastic: generation"), log  # before it joined
+    assert programs == ["kept"], log
+    for n in (0, 1):  # the first generation's workers had no running job to warm up for
+        assert "warmed up" not in job.stderr(n)
+        assert [g["programs"] for g in generations(job.stderr(n))][2] == "kept", job.stderr(n)
+
+
+def test_a_warm_up_that_is_not_a_function_is_named_when_the_training_function_is_decorated():
+    with pytest.raises(JbpsError, match=r"jbps\.elastic\.run\(warm_up=\.\.\.\) takes a function of the state, got int"):
+        elastic.run(warm_up=3)
 
 
 def states_by_generation(log):

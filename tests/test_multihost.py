@@ -552,6 +552,34 @@ def test_an_elastic_job_across_hosts_goes_on_after_a_kill_a_rejoin_and_a_cut_lin
             job.end()  # the cut host's worker fails its own way; ended by PID
 
 
+def test_a_worker_that_warms_up_rejoins_across_hosts_with_the_steps_it_traced_before_joining(tmp_path):
+    """As above, the worker on host 2 killed and started again, now with
+    jbps.elastic.run(warm_up=...): it lowers and compiles its step with rank
+    0's sizing (the links' rates the first generation measured, from the
+    scheduler) before it asks to join, and at the join every member, the
+    newcomer too, keeps its programs. Every sum checked against numpy."""
+    argv = [sys.executable, worker_script("elastic_train.py"), "--steps", "60", "--step-seconds", "0.2", "--warm-up"]
+    with EmulatedNetwork(3, "1G") as net:
+        job = ElasticTrainJob(net, tmp_path, ["--num-workers", "3", "--min-workers", "2", "--max-workers", "3"])
+        try:
+            for h in range(3):
+                job.worker(f"w{h}", h, h, argv=argv)
+            job.until("w0", lambda line: line.get("step", 0) >= 5)
+            job.procs["w2"].kill()
+            job.until("w0", lambda line: line.get("size") == 2)
+            job.worker("w2b", 2, 2, argv=argv)
+            result = job.results(["w0", "w1", "w2b"])
+            sizes = result["sizes"]
+            assert [s for i, s in enumerate(sizes) if i == 0 or sizes[i - 1] != s] == [3, 2, 3], sizes
+            log = job.text("w2b", "err")
+            assert log.index("jbps.elastic: warmed up in") < log.index("jbps.elastic: generation"), log
+            assert [what.split()[0] for _, what in programs_by_generation(log)] == ["kept"], log
+            kept = [(n, what.split()[0]) for n, what in programs_by_generation(job.text("w0", "err"))]
+            assert kept == [("3", "forgotten"), ("2", "kept"), ("3", "kept")], kept
+        finally:
+            job.end()
+
+
 def test_an_elastic_generation_starts_from_the_rates_the_last_ones_rate_follower_learned(tmp_path):
     """3 worker hosts at 300 Mbit/s train elastically with 4 MiB psums; host 2's link
     drops to 60 Mbit/s and the rate follower moves the split. Then the worker on host 1

@@ -30,7 +30,7 @@ log = logging.getLogger("jbps.server")
 class Membership:
     """A worker's place in an elastic job."""
 
-    def __init__(self, requested: Config):
+    def __init__(self, requested: Config, warms_up: bool = False):
         if not requested.scheduler:
             raise JbpsError(
                 "jbps.elastic.run needs the job's scheduler: start the job with `jbps run --min-workers N "
@@ -45,6 +45,7 @@ class Membership:
             worker_id=requested.worker_rank,
             secret=requested.job_secret,
             elastic=True,
+            **({"warms_up": True} if warms_up else {}),
         )
         if not self.reg.opening.get("elastic"):
             self.reg.close()
@@ -52,6 +53,15 @@ class Membership:
                 f"the scheduler at {requested.scheduler} runs a job that is not elastic: start it with "
                 "--min-workers and --max-workers for jbps.elastic.run"
             )
+        # Where this worker warms up and a generation runs: the sizing its rank 0's programs were
+        # lowered with. The scheduler waits for ready() before it asks the running workers to regroup.
+        self.job_sizing: str | None = None
+        if warms_up:
+            try:
+                self.job_sizing = self.reg.receive().get("sizing")
+            except BaseException:
+                self.reg.close()
+                raise
         self.generation = 0
         self.regroup_asked = False
         # Whether this worker's state is the job's: it took a generation's state from its root
@@ -104,6 +114,19 @@ class Membership:
         """Rank 0's word on the links' rates this generation measured (every
         worker agreed on them): a later generation on the same hosts reuses them."""
         self.reg.send({"rates": rates})
+
+    def ready(self) -> None:
+        """After its warm-up: this worker waits to join the running generation."""
+        if self.job_sizing is not None:
+            try:
+                self.reg.send({"ready": True})
+            except JbpsError:
+                pass  # the scheduler's last word (the job is over, or failed) is what join() reads next
+
+    def tell_sizing(self, sizing: str) -> None:
+        """Rank 0's word on the sizing its programs were lowered with, which a
+        newcomer that warms up traces its step with (runtime.tracing_ahead)."""
+        self.reg.send({"sizing": sizing})
 
     def asked_to_regroup(self) -> bool:
         """Whether the scheduler has asked this generation to regroup (a worker

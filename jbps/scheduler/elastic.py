@@ -19,6 +19,12 @@ scheduler hands out generations, and learns:
 - "rates": rank 0's word on the links' rates its generation measured, which
   a later generation whose servers are all on hosts measured before reuses
   (so its workers skip the link probe);
+- "sizing": rank 0's word on the chunk and bucket sizing its programs were
+  lowered with (jbps/runtime.py, programs_sizing). A newcomer that warms up
+  (jbps.elastic.run's warm_up) is told it as it registers, while a generation
+  runs, traces its step with it, and only then says "ready" and waits: the
+  running workers are not asked to regroup for it before, so they do not wait
+  for its trace;
 - the connection's end: the member is gone (a lost server's keys go to the
   others in the next generation's plan).
 
@@ -118,6 +124,8 @@ class ElasticScheduler(Scheduler):
         self.anyone_came = False
         self.addresses: list[str] = []  # the running generation's servers
         self.rates: dict | None = None  # the links' rates a generation measured (_keep_rates)
+        self.sizing: str | None = None  # the sizing rank 0's programs were lowered with ("sizing")
+        self.warming: list[ElasticMember] = []  # newcomers tracing their step before they wait to join
 
     def _opening(self, challenge: str) -> dict:
         return {"challenge": challenge, "elastic": True}
@@ -130,17 +138,17 @@ class ElasticScheduler(Scheduler):
             raise ValueError(
                 "it called jbps.init(), and this job is elastic: its workers train inside jbps.elastic.run"
             )
-        if role == "worker" and len(_workers(self.ready + self.running)) >= self.max_workers:
+        if role == "worker" and len(_workers(self.ready + self.running + self.warming)) >= self.max_workers:
             raise ValueError(f"the job has its {self.max_workers} workers (--max-workers)")
 
     def close(self) -> None:
-        for m in self.ready + self.running:
+        for m in self.ready + self.running + self.warming:
             m.conn.close()
         self.selector.close()
         self.sock.close()
 
     def _drop(self, m: ElasticMember, why: str) -> None:
-        for group in (self.ready, self.running):
+        for group in (self.ready, self.running, self.warming):
             if m in group:
                 group.remove(m)
         try:
@@ -165,6 +173,14 @@ class ElasticScheduler(Scheduler):
         conn.settimeout(HELLO_TIMEOUT_S)  # a member's lines come whole: a partial one is a member gone wrong
         watch_liveness(conn, self.timeout_s)
         self.selector.register(conn, selectors.EVENT_READ, m)
+        if member.warms_up and m.role == "worker":
+            # Only while a generation runs: one assembling would wait for the newcomer's trace.
+            sizing = self.sizing if _workers(self.running) else None
+            self._answer(m, {"sizing": sizing})
+            if sizing is not None:
+                self.warming.append(m)
+                log.info("worker from %s registered, warming up (%d running)", peer[0], len(self.running))
+                return
         self.ready.append(m)
         if not self.anyone_came:  # the first generation's members come within the timeout from now
             self.started, self.anyone_came = m.waiting_since, True
@@ -181,6 +197,13 @@ class ElasticScheduler(Scheduler):
             self._drop(m, "finished")
         elif message.get("rates") and m in self.running and m.rank == 0 and m.generation == self.generation:
             self._keep_rates(message["rates"])
+        elif isinstance(message.get("sizing"), str) and m in self.running and m.rank == 0:
+            self.sizing = message["sizing"]
+        elif message.get("ready") and m in self.warming:
+            self.warming.remove(m)
+            self.ready.append(m)
+            m.waiting_since = time.monotonic()
+            log.info("%s warmed up and waits to join", self._name(m))
         elif message.get("regroup") and m in self.running:
             m.holds = message.get("holds") is True
             self.running.remove(m)
@@ -345,12 +368,12 @@ class ElasticScheduler(Scheduler):
             self.short_since = None
 
     def _fail(self, message: str) -> None:
-        self.members = [*self.ready, *self.running]  # those Scheduler._fail tells
+        self.members = [*self.ready, *self.running, *self.warming]  # those Scheduler._fail tells
         super()._fail(message)
 
     def _end(self) -> None:
         """The job is over: its servers stop waiting for another generation."""
-        for m in list(self.ready + self.running):
+        for m in list(self.ready + self.running + self.warming):
             try:
                 self._answer(m, {"end": True})
             except OSError:

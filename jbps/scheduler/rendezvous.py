@@ -51,6 +51,7 @@ class Member:
     reader: Any  # a text file over conn
     challenge: str  # the member's own: the scheduler's answers prove the secret against it
     rank: int = -1
+    warms_up: bool = False  # an elastic worker that traces its step before it joins (elastic.py)
 
 
 def _send(conn: socket.socket, message: dict) -> None:
@@ -237,7 +238,9 @@ class Scheduler:
                 pass
             conn.close()
             return None
-        return Member(hello["role"], conn.getpeername()[0], hello.get("worker_id"), conn, reader, hello["challenge"])
+        member = Member(hello["role"], conn.getpeername()[0], hello.get("worker_id"), conn, reader, hello["challenge"])
+        member.warms_up = hello.get("warms_up") is True
+        return member
 
     def run(self) -> None:
         """Registers everyone, hands out roles and addresses; raises JbpsError

@@ -97,6 +97,12 @@ def main():
         help="the step reads jbps.rank() (its offset) and jbps.size() (an output, checked) while jax "
         "traces it: baked into the program, which then holds for one membership only",
     )
+    p.add_argument(
+        "--warm-up",
+        action="store_true",
+        help="gives jbps.elastic.run a warm_up that lowers and compiles the step: a newcomer then does so "
+        "before it asks to join",
+    )
     add_hold_arguments(p)
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # each generation's timings
@@ -152,7 +158,14 @@ def main():
                 sys.stdout.flush()
             raise
 
-    @jbps.elastic.run(**({} if args.timeout_s is None else {"timeout_s": args.timeout_s}))
+    def warm_up(state):
+        zeros = np.zeros((k,), np.float32)
+        contribute.lower(zeros, zeros).compile()
+
+    @jbps.elastic.run(
+        **({} if args.timeout_s is None else {"timeout_s": args.timeout_s}),
+        **({"warm_up": warm_up} if args.warm_up else {}),
+    )
     def train(state):
         unchecked = []  # steps dispatched back to back, checked at the next commit
         if not lowered_before_training:
