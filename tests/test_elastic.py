@@ -865,7 +865,9 @@ def test_a_newcomer_waits_for_a_commit_further_off_than_the_timeout_and_nobody_i
 def test_randomized_membership_changes_never_give_a_wrong_sum(job_factory, request):
     """Workers killed and started at random (1 to 3 of them): after every change the test waits
     for a commit of the new membership; every worker checks every step's sum against numpy for
-    the size it ran with and exits 3 on a wrong one. The suite runs 8 changes; `pytest --soak` (or
+    the size it ran with and exits 3 on a wrong one. Every other worker started gives
+    jbps.elastic.run a warm_up (it lowers and compiles its step before it asks to join, with
+    whatever changes meanwhile). The suite runs 8 changes; `pytest --soak` (or
     JBPS_SOAK=1) runs 1,000. Two devices per worker: a step whose psum failed on one device fails
     on the other too (the engine completes a step's device calls together), so no survivor is
     left waiting in XLA's all-gather of the two."""
@@ -895,10 +897,12 @@ def test_randomized_membership_changes_never_give_a_wrong_sum(job_factory, reque
             job.procs[victim].send_signal(signal.SIGKILL)
             job.procs[victim].wait(timeout=30)
         else:
-            running.append(job.start(len(job.procs), *args))
+            warms_up = ["--warm-up"] if len(job.procs) % 2 else []
+            running.append(job.start(len(job.procs), *args, *warms_up))
         committed_with(len(running), since)
         if (change + 1) % 100 == 0:
             print(f"{change + 1} membership changes so far", flush=True)
     for n in range(len(job.procs)):
         assert not any("wrong" in line for line in job.lines(n)), job.lines(n)
-    print(f"{changes} membership changes, {len(job.procs)} workers started, no wrong sum")
+    warmed = sum("jbps.elastic: warmed up in" in job.stderr(n) for n in range(len(job.procs)))
+    print(f"{changes} membership changes, {len(job.procs)} workers started ({warmed} warmed up), no wrong sum")
