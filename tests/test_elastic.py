@@ -317,6 +317,25 @@ def test_a_newcomer_that_warms_up_traces_its_step_before_it_asks_to_join(job_fac
         assert [g["programs"] for g in generations(job.stderr(n))][2] == "kept", job.stderr(n)
 
 
+def test_a_newcomer_whose_warm_up_raises_ends_with_its_error_and_the_others_never_regroup(job_factory):
+    # The warm-up is the training's own code: its error ends the newcomer, as one in the training
+    # function would. It had not asked to join yet, so the running workers train on in their
+    # generation, and finish with every sum exact.
+    job = job_factory(2, 2, 3, devices=2 if RUNTIME_RECOVERS else 1)
+    steps = ["--steps", "60", "--step-seconds", "0.05", "--warm-up"]
+    for i in range(2):
+        job.start(i, *steps)
+    job.wait_for_step(0, 5)
+    newcomer = job.start(2, "--steps", "60", "--warm-up", "raise")
+    assert job.procs[newcomer].wait(timeout=120) == 1, job.stderr(newcomer)
+    assert "ValueError: the warm-up's own error" in job.stderr(newcomer), job.stderr(newcomer)
+    assert job.finish()[:2] == [0, 0], [job.stderr(n) for n in range(2)]
+    results = [trained(job, n) for n in range(2)]
+    assert results[0] == results[1] and results[0]["exact"], results
+    for n in range(2):  # one generation: the newcomer never asked to join
+        assert [g["generation"] for g in generations(job.stderr(n))] == [1], job.stderr(n)
+
+
 def test_a_warm_up_that_is_not_a_function_is_named_when_the_training_function_is_decorated():
     with pytest.raises(JbpsError, match=r"jbps\.elastic\.run\(warm_up=\.\.\.\) takes a function of the state, got int"):
         elastic.run(warm_up=3)

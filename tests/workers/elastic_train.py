@@ -99,9 +99,11 @@ def main():
     )
     p.add_argument(
         "--warm-up",
-        action="store_true",
-        help="gives jbps.elastic.run a warm_up that lowers and compiles the step: a newcomer then does so "
-        "before it asks to join",
+        nargs="?",
+        const="compile",
+        choices=("compile", "raise"),
+        help="gives jbps.elastic.run a warm_up that lowers and compiles the step (a newcomer then does so "
+        "before it asks to join), or one that raises ValueError (a bug in the training's code)",
     )
     add_hold_arguments(p)
     args = p.parse_args()
@@ -159,6 +161,8 @@ def main():
             raise
 
     def warm_up(state):
+        if args.warm_up == "raise":
+            raise ValueError("the warm-up's own error")
         zeros = np.zeros((k,), np.float32)
         contribute.lower(zeros, zeros).compile()
 
