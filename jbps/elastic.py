@@ -292,8 +292,10 @@ def run(func: Callable | None = None, *, warm_up: Callable | None = None, **sett
     `lambda state: step.lower(state.params, state.opt_state, batch).compile()`.
     A worker that joins a running job calls it with its own fresh state (the
     job's layout) before it asks to join, so the others do not wait for its
-    first trace of the step (docs/guide/elastic.md); it reads no membership
-    (rank(), size()): where it does, the step is traced at the join instead."""
+    first trace of the step (docs/guide/elastic.md). jbps.size() in it is the
+    size the job will have with this worker, as the scheduler sees it when the
+    worker registers; rank() is not known yet (it raises JbpsError, and the
+    step is traced at the join instead)."""
     if warm_up is not None and not callable(warm_up):
         raise JbpsError(f"jbps.elastic.run(warm_up=...) takes a function of the state, got {type(warm_up).__name__}")
     decided = sorted(set(settings) & set(_DECIDED))
@@ -427,22 +429,27 @@ def _keep_programs(generation: int, tokens: np.ndarray, cached: np.ndarray) -> s
     return "kept (sized for the links of the generation that traced them)" if runtime.keep_programs() else "kept"
 
 
-def _trace_ahead(warm_up: Callable, state: State, requested: Config, sizing: str) -> None:
+def _trace_ahead(warm_up: Callable, state: State, requested: Config, sizing: str, size: int) -> None:
     """A newcomer's warm_up(state), run before it asks to join a running
     generation, its psums lowered with rank 0's `sizing` (the scheduler's):
     at the join its programs' token is then rank 0's, every member keeps its
-    programs, and the newcomer's first step is the program it traced here. A
-    warm-up that reads the membership only costs the newcomer its time."""
+    programs, and the newcomer's first step is the program it traced here.
+    jbps.size() in it is `size`, the job's size with this worker as the
+    scheduler saw it. A warm-up that reads the rest of the membership, or
+    traces for a size the job does not have at the join, only costs the
+    newcomer its time."""
     started = time.monotonic()
     try:
-        with runtime.tracing_ahead(requested, sizing):
+        with runtime.tracing_ahead(requested, sizing, size):
             warm_up(state)
     except JbpsError as exc:
         log.warning(
             "jbps.elastic: warm_up could not trace the step before the join (%s): it is traced at the join", exc
         )
         return
-    log.info("jbps.elastic: warmed up in %.2f s, before asking to join", time.monotonic() - started)
+    log.info(
+        "jbps.elastic: warmed up in %.2f s, for %d workers, before asking to join", time.monotonic() - started, size
+    )
 
 
 def _elastic(func: Callable, settings: dict, warm_up: Callable | None = None) -> Callable:
@@ -469,7 +476,7 @@ def _elastic(func: Callable, settings: dict, warm_up: Callable | None = None) ->
         try:
             membership = Membership(requested, warms_up=warm_up is not None)
             if membership.job_sizing is not None:  # a running job: its members go on meanwhile
-                _trace_ahead(warm_up, state, requested, membership.job_sizing)
+                _trace_ahead(warm_up, state, requested, membership.job_sizing, membership.job_size)
                 membership.ready()
             while True:
                 left = time.monotonic()

@@ -418,10 +418,14 @@ def _membership(what: str) -> int:
 
 
 def _not_known_ahead(what: str) -> None:
-    if _config is None and _ahead is not None:
+    """While a newcomer traces ahead of its join (tracing_ahead): size() is
+    the size the job will have with it, as the scheduler saw it (a guess that
+    programs_token checks at the join, as it checks any value a trace read);
+    its rank and host's numbers are not known until the generation assembles."""
+    if _config is None and _ahead is not None and what != "size":
         raise JbpsError(
-            f"jbps.{what}() is not known while jbps.elastic.run's warm_up traces: the generation this worker "
-            "joins is not assembled yet"
+            f"jbps.{what}() is not known while jbps.elastic.run's warm_up runs: the generation this worker "
+            "joins is not assembled yet (jbps.size() is: the size the job will have with it)"
         )
 
 
@@ -438,8 +442,6 @@ def _tracing() -> bool:
 def note_traced_read(what: str, value: int) -> int:
     """value, remembered as what `what` was when a program read it while
     jax traced it: a program that baked it in holds only while it stays."""
-    if _tracing():
-        _not_known_ahead(what)  # a value the program would bake in for a generation not known yet
     if what not in _traced_reads and _tracing():
         _traced_reads[what] = value
     return value
@@ -512,16 +514,19 @@ def _sizing_of(words: str) -> _Sizing:
 
 
 @contextlib.contextmanager
-def tracing_ahead(requested: Config, sizing: str):
+def tracing_ahead(requested: Config, sizing: str, size: int):
     """A newcomer to a running elastic job traces its step here before it
     asks to join (jbps.elastic.run's warm_up), so that the others do not wait
     for that trace: psums traced inside are lowered as the members' programs
     were (`sizing`: rank 0's programs_sizing, from the scheduler) and for no
     membership in particular (programs_outlive_membership), so at the join
     this process's programs_token is rank 0's and it keeps them. `requested`
-    gives the user's settings (chunk and bucket sizes given). A read of the
-    membership (rank(), size()) raises JbpsError: the generation is not
-    assembled yet. Where the body raises, what it traced is forgotten."""
+    gives the user's settings (chunk and bucket sizes given). size() is
+    `size`, the job's size once this worker joins as the scheduler saw it (a
+    trace that read it holds only if the generation has that size:
+    programs_token); rank() and the host's numbers raise JbpsError, as the
+    generation is not assembled yet. Where the body raises, what it traced is
+    forgotten."""
     import jax
 
     global _ahead, _outlives_membership, _sizing, _spans_hosts, _programs_sizing, _programs_epoch
@@ -530,9 +535,9 @@ def tracing_ahead(requested: Config, sizing: str):
         if _config is not None or _ahead is not None:
             raise JbpsError("jbps.elastic.run's warm_up runs before the job starts, and jbps is running")
         register_ffi_targets()
-        # Not the launcher's numbers: the generation decides them (elastic._DECIDED).
-        unknown = dict(num_workers=None, worker_rank=None, local_rank=None, local_size=None)
-        _ahead, _outlives_membership = dataclasses.replace(requested, **unknown), True
+        # Not the launcher's numbers: the generation decides them (elastic._DECIDED); its size as foreseen.
+        ahead = dataclasses.replace(requested, num_workers=size, worker_rank=None, local_rank=None, local_size=None)
+        _ahead, _outlives_membership = ahead, True
         _sizing, _spans_hosts = sized, sized.across
         _traced_reads.clear()
     try:

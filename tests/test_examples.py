@@ -213,7 +213,8 @@ def test_mnist_elastic_loses_a_worker_takes_it_back_and_ends_as_a_run_without_fa
             time.sleep(0.05)
         os.kill(_worker_pid(env["JBPS_TEST_MARKER"], 2, "mnist_elastic.py"), signal.SIGKILL)
         # The two left train on; they are paused once they do (by PID) until the worker `jbps run`
-        # starts again has registered, so that it joins before the training ends on a loaded machine.
+        # starts again has compiled its step (its warm_up) and waits to join, so that it joins
+        # before the training ends on a loaded machine.
         while "training with 2 workers" not in out_path.read_text():
             assert proc.poll() is None and time.monotonic() < deadline, err_path.read_text()[-3000:]
             time.sleep(0.05)
@@ -221,7 +222,7 @@ def test_mnist_elastic_loses_a_worker_takes_it_back_and_ends_as_a_run_without_fa
         for pid in survivors:
             os.kill(pid, signal.SIGSTOP)
         try:
-            while err_path.read_text().count("worker registered from") < 4:
+            while "warmed up and waits to join" not in err_path.read_text():
                 assert proc.poll() is None and time.monotonic() < deadline, err_path.read_text()[-3000:]
                 time.sleep(0.05)
         finally:

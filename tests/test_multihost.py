@@ -647,13 +647,14 @@ def test_mnist_trains_elastically_across_hosts_through_a_kill_a_rejoin_and_a_cut
             job.printed("w0", f"epoch 1/{MNIST_ELASTIC_EPOCHS}")
             job.procs["w2"].kill()
             job.printed("w0", "training with 2 workers")
-            # The two left are paused (by PID) until the worker started again has registered,
-            # so that it joins well before the training ends on a loaded machine.
+            # The two left are paused (by PID) until the worker started again has compiled its
+            # step (its warm_up) and waits to join, so that it joins well before the training ends
+            # on a loaded machine.
             for name in ("w0", "w1"):
                 job.procs[name].send_signal(signal.SIGSTOP)
             try:
                 job.worker("w2b", 2, 2, argv=argv)
-                job.printed("scheduler", "worker registered from", count=4, seconds=120, stream="err")
+                job.printed("scheduler", "warmed up and waits to join", seconds=120, stream="err")
             finally:
                 for name in ("w0", "w1"):
                     job.procs[name].send_signal(signal.SIGCONT)

@@ -56,9 +56,12 @@ class Membership:
         # Where this worker warms up and a generation runs: the sizing its rank 0's programs were
         # lowered with. The scheduler waits for ready() before it asks the running workers to regroup.
         self.job_sizing: str | None = None
+        self.job_size = 0  # and the size the job will have once this worker joins, as the scheduler sees it
         if warms_up:
             try:
-                self.job_sizing = self.reg.receive().get("sizing")
+                told = self.reg.receive()
+                if isinstance(told.get("size"), int):
+                    self.job_sizing, self.job_size = told.get("sizing"), told["size"]
             except BaseException:
                 self.reg.close()
                 raise

@@ -91,14 +91,12 @@ def workers(baked: int) -> jax.Array:
     jbps_workers handler's on XLA:CPU, so that an elastic job's mean does not
     bake its generation's size into the program (runtime.programs_outlive_membership);
     on other platforms, which have no such handler, `baked` (the program then
-    holds for this size only: runtime.note_traced_read). `baked` is None
-    where no generation is known yet (runtime.tracing_ahead): only XLA:CPU's
-    handler can count then."""
+    holds for this size only: runtime.note_traced_read)."""
     runtime.register_ffi_targets()
     if jax.default_backend() != "cpu":
         runtime.note_traced_read("size", baked)
     call = jax.ffi.ffi_call("jbps_workers", jax.ShapeDtypeStruct((), np.int32))
-    return jax.lax.platform_dependent(cpu=lambda: call(), default=lambda: np.int32(baked or 0))
+    return jax.lax.platform_dependent(cpu=lambda: call(), default=lambda: np.int32(baked))
 
 
 def encode_in_place(target: str, values: jax.Array, records: jax.ShapeDtypeStruct, *operands, **attributes):

@@ -22,7 +22,8 @@ scheduler hands out generations, and learns:
 - "sizing": rank 0's word on the chunk and bucket sizing its programs were
   lowered with (jbps/runtime.py, programs_sizing). A newcomer that warms up
   (jbps.elastic.run's warm_up) is told it as it registers, while a generation
-  runs, traces its step with it, and only then says "ready" and waits: the
+  runs (and the size the job will have with it), traces its step with it, and
+  only then says "ready" and waits: the
   running workers are not asked to regroup for it before, so they do not wait
   for its trace;
 - the connection's end: the member is gone (a lost server's keys go to the
@@ -176,10 +177,12 @@ class ElasticScheduler(Scheduler):
         if member.warms_up and m.role == "worker":
             # Only while a generation runs: one assembling would wait for the newcomer's trace.
             sizing = self.sizing if _workers(self.running) else None
-            self._answer(m, {"sizing": sizing})
+            # The size the job will have once it joins, as things stand (a guess: jbps.size() in its warm-up).
+            size = min(self.max_workers, len(_workers(self.running + self.ready + self.warming)) + 1)
+            self._answer(m, {"sizing": sizing, "size": size})
             if sizing is not None:
                 self.warming.append(m)
-                log.info("worker from %s registered, warming up (%d running)", peer[0], len(self.running))
+                log.info("%s registered from %s to warm up first (%d running)", m.role, peer[0], len(self.running))
                 return
         self.ready.append(m)
         if not self.anyone_came:  # the first generation's members come within the timeout from now
