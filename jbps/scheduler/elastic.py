@@ -21,11 +21,10 @@ scheduler hands out generations, and learns:
   (so its workers skip the link probe);
 - "sizing": rank 0's word on the chunk and bucket sizing its programs were
   lowered with (jbps/runtime.py, programs_sizing). A newcomer that warms up
-  (jbps.elastic.run's warm_up) is told it as it registers, while a generation
-  runs (and the size the job will have with it), traces its step with it, and
-  only then says "ready" and waits: the
-  running workers are not asked to regroup for it before, so they do not wait
-  for its trace;
+  (jbps.elastic.run's warm_up) is told it as it registers while a generation
+  runs, with the size the job will have with it; it traces its step with them
+  and only then says "ready" and waits. The running workers are not asked to
+  regroup for it before, so they do not wait for its trace;
 - the connection's end: the member is gone (a lost server's keys go to the
   others in the next generation's plan).
 
