@@ -15,7 +15,8 @@ As in Horovod's elastic mode: `run` calls the training function in the job's
 current generation (jbps/scheduler/elastic.py). When a peer is lost, the
 psums of the survivors fail; `run` rolls their state back to its last commit,
 they regroup without the lost worker and the function is called again. A new
-worker waits until the others' next commit, where they regroup with it. At the
+worker waits until the others' next commit, where they regroup with it (given
+run(warm_up=...), it first traces its step, while the others train on). At the
 start of a generation the state is broadcast from rank 0, which held the
 last commit, so a newcomer starts from it; where every member holds the same
 commit (the survivors of a loss, mostly) each goes on from its own, with no

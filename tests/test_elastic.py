@@ -326,8 +326,16 @@ def test_a_newcomer_whose_warm_up_raises_ends_with_its_error_and_the_others_neve
     for i in range(2):
         job.start(i, *steps)
     job.wait_for_step(0, 5)
-    newcomer = job.start(2, "--steps", "60", "--warm-up", "raise")
-    assert job.procs[newcomer].wait(timeout=120) == 1, job.stderr(newcomer)
+    # Paused (by PID) while the newcomer starts, so that their generation still runs when it
+    # registers, however slowly it starts on a loaded machine.
+    for i in range(2):
+        job.procs[i].send_signal(signal.SIGSTOP)
+    try:
+        newcomer = job.start(2, "--steps", "60", "--warm-up", "raise")
+        assert job.procs[newcomer].wait(timeout=120) == 1, job.stderr(newcomer)
+    finally:
+        for i in range(2):
+            job.procs[i].send_signal(signal.SIGCONT)
     assert "ValueError: the warm-up's own error" in job.stderr(newcomer), job.stderr(newcomer)
     assert job.finish()[:2] == [0, 0], [job.stderr(n) for n in range(2)]
     results = [trained(job, n) for n in range(2)]

@@ -559,6 +559,7 @@ def test_a_worker_that_warms_up_rejoins_across_hosts_with_the_steps_it_traced_be
     scheduler) before it asks to join, and at the join every member, the
     newcomer too, keeps its programs. Every sum checked against numpy."""
     argv = [sys.executable, worker_script("elastic_train.py"), "--steps", "60", "--step-seconds", "0.2", "--warm-up"]
+    argv += ["--hold-at", "50", "--hold-for", "3"]  # the restarted worker joins by then, however slowly it starts
     with EmulatedNetwork(3, "1G") as net:
         job = ElasticTrainJob(net, tmp_path, ["--num-workers", "3", "--min-workers", "2", "--max-workers", "3"])
         try:
