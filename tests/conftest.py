@@ -103,6 +103,14 @@ def _mnist_elastic_clean_accuracy() -> float:
 ELASTIC_TRAINED = ("w", "expected", "exact", "acc_exact", "sizes")
 
 
+def newcomer_waits_to_join(scheduler_log: str, registered: int) -> bool:
+    """Whether the elastic scheduler's log shows the `registered`-th worker waiting to join: it
+    registered, and where it warms up first (a generation ran as it came), it has warmed up."""
+    if scheduler_log.count("worker registered from") < registered:
+        return False
+    return "to warm up first" not in scheduler_log or "warmed up and waits to join" in scheduler_log
+
+
 def worker_script(name):
     return os.path.join(WORKERS, name)
 

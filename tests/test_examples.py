@@ -14,7 +14,7 @@ from importlib.metadata import version
 import jax
 import pytest
 
-from conftest import MNIST_ELASTIC_EPOCHS
+from conftest import MNIST_ELASTIC_EPOCHS, newcomer_waits_to_join
 from leftovers import assert_nothing_left
 from jbps.procs import terminate
 from test_launch import MPIEXEC, PYTHON, base_env, needs_mpi, run
@@ -222,7 +222,7 @@ def test_mnist_elastic_loses_a_worker_takes_it_back_and_ends_as_a_run_without_fa
         for pid in survivors:
             os.kill(pid, signal.SIGSTOP)
         try:
-            while "warmed up and waits to join" not in err_path.read_text():
+            while not newcomer_waits_to_join(err_path.read_text(), 4):
                 assert proc.poll() is None and time.monotonic() < deadline, err_path.read_text()[-3000:]
                 time.sleep(0.05)
         finally:

@@ -20,6 +20,7 @@ from conftest import (
     job_free_env,
     last_json,
     needs_emulated_hosts,
+    newcomer_waits_to_join,
     worker_outputs,
     worker_script,
 )
@@ -655,7 +656,8 @@ def test_mnist_trains_elastically_across_hosts_through_a_kill_a_rejoin_and_a_cut
                 job.procs[name].send_signal(signal.SIGSTOP)
             try:
                 job.worker("w2b", 2, 2, argv=argv)
-                job.printed("scheduler", "warmed up and waits to join", seconds=120, stream="err")
+                waits = lambda: newcomer_waits_to_join(job.text("scheduler", "err"), 4)  # noqa: E731
+                job.wait(waits, "the restarted worker waiting to join", 120, ["scheduler"])
             finally:
                 for name in ("w0", "w1"):
                     job.procs[name].send_signal(signal.SIGCONT)
