@@ -471,7 +471,8 @@ def _elastic(func: Callable, settings: dict, warm_up: Callable | None = None) ->
         # Before any compile of ours: a newcomer's first trace then loads the step's program.
         cache = compile_cache.use(requested.scheduler, requested.job_secret) if requested.scheduler else None
         traced = threading.Event()  # while this process registers and waits for its first generation
-        threading.Thread(target=_warm_up, args=(traced,), name="jbps-warm-up", daemon=True).start()
+        warming = threading.Thread(target=_warm_up, args=(traced,), name="jbps-warm-up", daemon=True)
+        warming.start()
         membership = None
         failed_starts = 0
         try:
@@ -553,6 +554,9 @@ def _elastic(func: Callable, settings: dict, warm_up: Callable | None = None) ->
                 runtime.leave()
             if membership is not None:
                 membership.close()
+            # A worker that ends early (its warm-up or training raised) must not exit while this
+            # thread compiles: XLA crashes in a compile the interpreter's exit cuts short (jax 0.12).
+            warming.join(_WARM_UP_BOUND_S)
             if cache is not None:
                 cache.leave()
 
