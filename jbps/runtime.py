@@ -380,11 +380,10 @@ def config() -> Config:
 def config_for_psum() -> Config:
     """config(), and JbpsError if the job has failed: tracing a new psum then
     names the lost peer at once."""
-    if _config is None and _ahead is not None:
-        return _ahead  # no engine yet: nothing to have failed
-    config()
-    _raise_fault()
-    return _config
+    active = config()
+    if _config is not None:  # tracing ahead of a join (tracing_ahead) no engine runs: nothing failed
+        _raise_fault()
+    return active
 
 
 def rank() -> int:
@@ -413,20 +412,15 @@ _MEMBERSHIP = {"rank": "worker_rank", "size": "num_workers", "local_rank": "loca
 
 
 def _membership(what: str) -> int:
-    _not_known_ahead(what)
-    return note_traced_read(what, getattr(config(), _MEMBERSHIP[what]))
-
-
-def _not_known_ahead(what: str) -> None:
-    """While a newcomer traces ahead of its join (tracing_ahead): size() is
-    the size the job will have with it, as the scheduler saw it (a guess that
-    programs_token checks at the join, as it checks any value a trace read);
-    its rank and host's numbers are not known until the generation assembles."""
+    # While a newcomer traces ahead of its join (tracing_ahead), size() is the size the job will
+    # have with it, as the scheduler saw it (a guess programs_token checks at the join, as it checks
+    # any value a trace read); its rank and host's numbers are not known until the generation assembles.
     if _config is None and _ahead is not None and what != "size":
         raise JbpsError(
             f"jbps.{what}() is not known while jbps.elastic.run's warm_up runs: the generation this worker "
             "joins is not assembled yet (jbps.size() is: the size the job will have with it)"
         )
+    return note_traced_read(what, getattr(config(), _MEMBERSHIP[what]))
 
 
 def _tracing() -> bool:

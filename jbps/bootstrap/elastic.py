@@ -119,12 +119,12 @@ class Membership:
         self.reg.send({"rates": rates})
 
     def ready(self) -> None:
-        """After its warm-up: this worker waits to join the running generation."""
-        if self.job_sizing is not None:
-            try:
-                self.reg.send({"ready": True})
-            except JbpsError:
-                pass  # the scheduler's last word (the job is over, or failed) is what join() reads next
+        """After its warm-up (where the scheduler gave job_sizing): this worker
+        waits to join the running generation."""
+        try:
+            self.reg.send({"ready": True})
+        except JbpsError:
+            pass  # the scheduler's last word (the job is over, or failed) is what join() reads next
 
     def tell_sizing(self, sizing: str) -> None:
         """Rank 0's word on the sizing its programs were lowered with, which a
