@@ -28,7 +28,7 @@ survivors' next commit:
 - step joined: the median step of the job with the newcomer (after its first).
 
     python -m benchmarks.elastic_hosts [--runs 2] [--rate 300M] [--slow-rate 60M | --slow-rate 0]
-        [--model resnet --layers 2 --width 32 --batch 8] [--rejoin [--warm-up]] [--user-cache DIR] [--json]
+        [--model resnet --layers 2 --width 32 --batch 8] [--rejoin [--warm-up [run|compile]]] [--user-cache DIR] [--json]
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def _until_commits(
 def run_once(args, workdir: Path) -> dict:
     argv = [sys.executable, "-m", "benchmarks.elastic_model_worker", "--model", args.model, "--steps", "1000000"]
     argv += ["--layers", str(args.layers), "--width", str(args.width), "--batch", str(args.batch)]
-    argv += ["--print-regroups"] + (["--warm-up"] if args.warm_up else [])
+    argv += ["--print-regroups"] + (["--warm-up", args.warm_up] if args.warm_up else [])
     with EmulatedNetwork(3, args.rate) as net:
         deadline = time.monotonic() + args.timeout_s
         flags = ["--num-workers", "3", "--min-workers", "2", "--max-workers", "3"]
@@ -140,9 +140,11 @@ def main(argv=None) -> None:
     p.add_argument("--rejoin", action="store_true", help="then start worker 1 again, and time its join")
     p.add_argument(
         "--warm-up",
-        action="store_true",
-        help="the workers give jbps.elastic.run a warm_up that lowers and compiles their step (with --rejoin: "
-        "the newcomer does so before it asks to join)",
+        nargs="?",
+        const="run",
+        choices=("run", "compile"),
+        help="the workers give jbps.elastic.run a warm_up that runs their step, or lowers and compiles it "
+        "(with --rejoin: the newcomer does so before it asks to join)",
     )
     p.add_argument(
         "--user-cache",

@@ -30,10 +30,11 @@ afresh (its program from the job's compilation cache) and the survivors keep.
 
     python -m benchmarks.elastic_join [--runs 3] [--workers 3] [--local-devices 2]
         [--work-seconds 0.1] [--steps 40] [--placed-state] [--json]
-        [--model resnet --layers 2 --width 32 --batch 8] [--warm-up]
+        [--model resnet --layers 2 --width 32 --batch 8] [--warm-up [run|compile]]
 
 With --warm-up the workers give jbps.elastic.run(warm_up=...) a function that
-lowers and compiles their step: the newcomer does that before it asks to join.
+runs their step (a rehearsal: jbps.elastic.run's docs), or with `compile` one
+that lowers and compiles it: the newcomer does that before it asks to join.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def run_once(args, die_file: str) -> dict:
         *("--steps", str(args.steps), "--die-at", str(DIE_AT), "--die-file", die_file, "--print-regroups"),
         # A restart slower than the steps left (a loaded machine) is waited for, near the end.
         *("--hold-at", str(args.steps - 3), "--hold-for", str(args.workers)),
-        *(["--warm-up"] if args.warm_up else []),
+        *(["--warm-up", args.warm_up] if args.warm_up else []),
     ]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     proc = subprocess.Popen(
@@ -157,9 +158,11 @@ def main(argv=None) -> None:
     p.add_argument("--batch", type=int, default=8, help="with --model: examples per worker per step")
     p.add_argument(
         "--warm-up",
-        action="store_true",
-        help="the workers give jbps.elastic.run a warm_up that lowers and compiles their step: the newcomer "
-        "does so before it asks to join",
+        nargs="?",
+        const="run",
+        choices=("run", "compile"),
+        help="the workers give jbps.elastic.run a warm_up that runs their step (or lowers and compiles it): "
+        "the newcomer does so before it asks to join",
     )
     p.add_argument("--timeout-s", type=float, default=300, help="a run's bound")
     p.add_argument("--json", action="store_true")

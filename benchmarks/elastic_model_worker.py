@@ -41,7 +41,13 @@ def main(argv=None) -> None:
     p.add_argument("--die-at", type=int, default=None)
     p.add_argument("--die-file", default=None)
     p.add_argument("--print-regroups", action="store_true")
-    p.add_argument("--warm-up", action="store_true", help="jbps.elastic.run's warm_up lowers and compiles the step")
+    p.add_argument(
+        "--warm-up",
+        nargs="?",
+        const="run",
+        choices=("run", "compile"),
+        help="jbps.elastic.run's warm_up runs the step (a rehearsal), or lowers and compiles it",
+    )
     add_hold_arguments(p)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # each generation's timings
@@ -68,7 +74,10 @@ def main(argv=None) -> None:
             raise
 
     def warm_up(state):
-        step.lower(state.params, state.opt_state).compile()
+        if args.warm_up == "compile":
+            step.lower(state.params, state.opt_state).compile()
+        else:
+            jax.block_until_ready(step(state.params, state.opt_state))
 
     @jbps.elastic.run(**({"warm_up": warm_up} if args.warm_up else {}))
     def train(state):

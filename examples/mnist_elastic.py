@@ -5,7 +5,7 @@ lost does not end the job, and one that is started again joins it.
 
 Kill one of the workers (kill -9 PID) while it trains: the others roll back to
 their last commit and go on; `jbps run` starts it again and it joins them at
-their next commit, taking the state from rank 0 (it compiles its step first,
+their next commit, taking the state from rank 0 (it runs its step once first,
 in warm_up, while the others go on training). Every step takes the same
 global batch, split over however many workers there are, so the training is
 the same whatever happens to the workers. Prints the test accuracy.
@@ -47,11 +47,13 @@ def main():
     state = jbps.elastic.State(train=train, step=0)
 
     def warm_up(state):
-        # A worker that joins a running job compiles its step before it asks to join, so the
-        # others do not wait for it; jbps.size() here is the size the job will have with it.
+        # A worker that joins a running job runs its step once before it asks to join (a
+        # rehearsal: its psums sum this worker's own gradients, nothing is sent), so the others do
+        # not wait for its trace, compile and first run; jbps.size() here is the size the job will
+        # have with it. The outputs are thrown away: returned, so that jbps waits for them.
         if args.batch_size % jbps.size() == 0:
             per_worker = args.batch_size // jbps.size()
-            train_step.lower(state.train, x_train[:per_worker], y_train[:per_worker]).compile()
+            return train_step(state.train, x_train[:per_worker], y_train[:per_worker])
 
     @jbps.elastic.run(warm_up=warm_up)
     def fit(state):

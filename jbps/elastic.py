@@ -289,14 +289,17 @@ def run(func: Callable | None = None, *, warm_up: Callable | None = None, **sett
     the environment's), but not the ones each generation decides (the servers,
     the number of workers): bad ones are named when the function is decorated.
 
-    warm_up(state): traces (and may compile) the step ahead of a join, e.g.
-    `lambda state: step.lower(state.params, state.opt_state, batch).compile()`.
-    A worker that joins a running job calls it with its own fresh state (the
-    job's layout) before it asks to join, so the others do not wait for its
-    first trace of the step (docs/guide/elastic.md). jbps.size() in it is the
-    size the job will have with this worker, as the scheduler sees it when the
-    worker registers; rank() is not known yet (it raises JbpsError, and the
-    step is traced at the join instead)."""
+    warm_up(state): runs the step ahead of a join and returns its outputs,
+    e.g. `lambda state: step(state.params, state.opt_state, batch)` (or only
+    compiles it: `step.lower(...).compile()`). A worker that joins a running
+    job calls it with its own fresh state (the job's layout) before it asks to
+    join, so the others do not wait for its first trace and run of the step
+    (docs/guide/elastic.md). The step runs as a rehearsal: no engine runs yet,
+    each psum sums this worker's devices only, the outputs are waited for and
+    thrown away. jbps.size() in it is the size the job will have with this
+    worker, as the scheduler sees it when the worker registers; rank() is not
+    known yet (it raises JbpsError, and the step is traced at the join
+    instead)."""
     if warm_up is not None and not callable(warm_up):
         raise JbpsError(f"jbps.elastic.run(warm_up=...) takes a function of the state, got {type(warm_up).__name__}")
     decided = sorted(set(settings) & set(_DECIDED))
@@ -438,19 +441,63 @@ def _trace_ahead(warm_up: Callable, state: State, requested: Config, sizing: str
     jbps.size() in it is `size`, the job's size with this worker as the
     scheduler saw it. A warm-up that reads the rest of the membership, or
     traces for a size the job does not have at the join, only costs the
-    newcomer its time."""
+    newcomer its time. One that runs the step runs it as a rehearsal (its
+    psums sum this worker's devices only), and it is waited for, its
+    outputs thrown away (_after_what_ran): what it assigns to the state is undone,
+    and the state it was given, which the join replaces but for the
+    residuals of error feedback (State.sync), must stay whole: a step that
+    donates its arguments has to be given copies."""
     started = time.monotonic()
+    given = state.values()
     try:
         with runtime.tracing_ahead(requested, sizing, size):
-            warm_up(state)
+            jax.block_until_ready(warm_up(state))
+            _after_what_ran()
     except JbpsError as exc:
+        untraced = str(exc)
+    else:
+        untraced = ""
+    finally:
+        for name, value in given.items():
+            object.__setattr__(state, name, value)
+    _refuse_deleted_leaves(state)
+    if untraced:
         log.warning(
-            "jbps.elastic: warm_up could not trace the step before the join (%s): it is traced at the join", exc
+            "jbps.elastic: warm_up could not trace the step before the join (%s): it is traced at the join", untraced
         )
         return
     log.info(
         "jbps.elastic: warmed up in %.2f s, for %d workers, before asking to join", time.monotonic() - started, size
     )
+
+
+def _after_what_ran() -> None:
+    """Returns once every program the warm-up ran is done, whether or not it
+    kept their outputs: a psum call of one that came after this worker's
+    engine started would be taken for the generation's. XLA runs a device's
+    single-device programs in the order they were dispatched, and programs
+    over several devices one at a time, in order (its PJRT clients), so a
+    program of each kind run now and waited for comes after them all."""
+    for device in jax.local_devices():
+        jax.block_until_ready(_FENCE(jax.device_put(np.int32(0), device)))
+    if jax.local_device_count() > 1:
+        jax.block_until_ready(_FENCES(np.zeros((jax.local_device_count(),), np.int32)))
+
+
+_FENCE = jax.jit(lambda x: x + 1)
+_FENCES = jax.pmap(lambda x: x + 1)
+
+
+def _refuse_deleted_leaves(state: State) -> None:
+    """Raises, naming the first, where the warm-up left a leaf of the state
+    deleted (a step that donates its arguments, run on the state itself): the
+    join reads every leaf, and this worker could not join with it."""
+    for path, leaf in jax.tree_util.tree_flatten_with_path(state.values())[0]:
+        if isinstance(leaf, jax.Array) and leaf.is_deleted():
+            raise JbpsError(
+                f"jbps.elastic.run's warm_up deleted the state's {jax.tree_util.keystr(path)} (a step that donates "
+                "its arguments ran on the state itself): give it copies, e.g. jax.tree.map(jnp.copy, ...)"
+            )
 
 
 def _elastic(func: Callable, settings: dict, warm_up: Callable | None = None) -> Callable:

@@ -519,7 +519,11 @@ def tracing_ahead(requested: Config, sizing: str, size: int):
     `size`, the job's size once this worker joins as the scheduler saw it (a
     trace that read it holds only if the generation has that size:
     programs_token); rank() and the host's numbers raise JbpsError, as the
-    generation is not assembled yet. Where the body raises, what it traced is
+    generation is not assembled yet. A step run inside is a rehearsal (the
+    engine's): its psums sum this worker's devices only, sending nothing, so
+    the first execution of its programs, slower than the next, is paid here
+    too. The rehearsal lasts until the engine starts (a late call of it is
+    then still one) or the body raises; where it raises, what it traced is
     forgotten."""
     import jax
 
@@ -534,10 +538,12 @@ def tracing_ahead(requested: Config, sizing: str, size: int):
         _ahead, _outlives_membership = ahead, True
         _sizing, _spans_hosts = sized, sized.across
         _traced_reads.clear()
+        _core.engine_set_rehearsal(size)
     try:
         yield
         _programs_sizing, _programs_epoch = sized, 0  # what the join compares (programs_token)
     except BaseException:
+        _core.engine_set_rehearsal(0)
         jax.clear_caches()  # nothing lowered for the job before it is known whose sizing holds
         raise
     finally:

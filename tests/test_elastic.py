@@ -5,6 +5,7 @@ membership it ran in (tests/workers/elastic_train.py); the final parameters
 against numpy's total over the sizes each step was committed with. Every
 process is ended by PID and checked gone."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -22,7 +23,9 @@ from benchmarks.elastic_log import generations
 from conftest import ELASTIC_TRAINED, REPO, job_free_env, soaking, worker_outputs, worker_script
 from leftovers import assert_nothing_left
 from test_launch import run as launched
-from jbps import elastic
+import jbps
+from jbps import elastic, runtime
+from jbps.config import Config
 from jbps.cpu_loop_deadlock import _version as jax_version
 from jbps.errors import JbpsError
 from jbps.procs import terminate
@@ -292,16 +295,18 @@ def test_a_join_traces_again_on_every_member_where_the_newcomer_has_no_compilati
         assert programs[2] == "forgotten (traced again: a member that traces afresh has no compilation cache)", programs
 
 
-@pytest.mark.parametrize("in_trace", [False, True], ids=["step-reads-nothing", "step-reads-rank-and-size"])
-def test_a_newcomer_that_warms_up_traces_its_step_before_it_asks_to_join(job_factory, tmp_path, in_trace):
-    # With jbps.elastic.run(warm_up=...) a worker that joins a running job lowers and compiles its
-    # step (with rank 0's sizing, from the scheduler) before it asks to join: at the join every
-    # member, the newcomer too, keeps its programs and none traces the step while the others wait.
-    # A warm-up whose trace reads jbps.size() cannot run before the generation is known: it says so
+@pytest.mark.parametrize("warm_up", ["run", "compile"], ids=["runs-the-step", "step-reads-rank-and-size"])
+def test_a_newcomer_that_warms_up_traces_its_step_before_it_asks_to_join(job_factory, tmp_path, warm_up):
+    # With jbps.elastic.run(warm_up=...) a worker that joins a running job traces, compiles and runs
+    # its step (with rank 0's sizing, from the scheduler; a rehearsal, whose psums return their
+    # operands, checked by the worker) before it asks to join: at the join every member, the
+    # newcomer too, keeps its programs and none traces the step while the others wait.
+    # A warm-up whose trace reads jbps.rank() cannot run before the generation is known: it says so
     # and the newcomer traces at the join, as without one. Every sum checked against numpy.
     job = job_factory(3, 2, 3, devices=2 if RUNTIME_RECOVERS else 1)
-    steps = ["--steps", "40", "--step-seconds", "0.05", "--hold-at", "34", "--hold-for", "3", "--warm-up"]
-    steps += ["--membership-in-trace"] if in_trace else []
+    steps = ["--steps", "40", "--step-seconds", "0.05", "--hold-at", "34", "--hold-for", "3"]
+    in_trace = warm_up == "compile"
+    steps += ["--warm-up", warm_up] + (["--membership-in-trace"] if in_trace else [])
     newcomer, _ = lose_and_restart_worker_2(job, steps, 5, tmp_path, smaller_first=True)
     log = job.stderr(newcomer)
     programs = [g["programs"] for g in generations(log)]
@@ -317,10 +322,19 @@ def test_a_newcomer_that_warms_up_traces_its_step_before_it_asks_to_join(job_fac
         assert [g["programs"] for g in generations(job.stderr(n))][2] == "kept", job.stderr(n)
 
 
-def test_a_newcomer_whose_warm_up_raises_ends_with_its_error_and_the_others_never_regroup(job_factory):
+@pytest.mark.parametrize(
+    "fault, error",
+    [
+        ("raise", "ValueError: the warm-up's own error"),
+        ("donate", "jbps.elastic.run's warm_up deleted the state's ['w'] (a step that donates its arguments ran on"),
+    ],
+    ids=["raises", "donates-the-state"],
+)
+def test_a_newcomer_whose_warm_up_raises_ends_with_its_error_and_the_others_never_regroup(job_factory, fault, error):
     # The warm-up is the training's own code: its error ends the newcomer, as one in the training
-    # function would. It had not asked to join yet, so the running workers train on in their
-    # generation, and finish with every sum exact.
+    # function would; so does a warm-up that deletes the state it was given (a step donating its
+    # arguments), which the join needs, named in one line. It had not asked to join yet, so the
+    # running workers train on in their generation, and finish with every sum exact.
     job = job_factory(2, 2, 3, devices=2 if RUNTIME_RECOVERS else 1)
     steps = ["--steps", "60", "--step-seconds", "0.05", "--warm-up"]
     for i in range(2):
@@ -331,17 +345,40 @@ def test_a_newcomer_whose_warm_up_raises_ends_with_its_error_and_the_others_neve
     for i in range(2):
         job.procs[i].send_signal(signal.SIGSTOP)
     try:
-        newcomer = job.start(2, "--steps", "60", "--warm-up", "raise")
+        newcomer = job.start(2, "--steps", "60", "--warm-up", fault)
         assert job.procs[newcomer].wait(timeout=120) == 1, job.stderr(newcomer)
     finally:
         for i in range(2):
             job.procs[i].send_signal(signal.SIGCONT)
-    assert "ValueError: the warm-up's own error" in job.stderr(newcomer), job.stderr(newcomer)
+    assert error in job.stderr(newcomer), job.stderr(newcomer)
     assert job.finish()[:2] == [0, 0], [job.stderr(n) for n in range(2)]
     results = [trained(job, n) for n in range(2)]
     assert results[0] == results[1] and results[0]["exact"], results
     for n in range(2):  # one generation: the newcomer never asked to join
         assert [g["generation"] for g in generations(job.stderr(n))] == [1], job.stderr(n)
+
+
+def test_a_rehearsal_sums_the_local_devices_only_and_is_refused_while_the_engine_runs(server):
+    # A newcomer's warm-up may run its step before it joins: no engine runs, and each psum sums
+    # this worker's devices only (XLA's part of a psum), the mean dividing by the size foreseen.
+    # Against numpy, with the conftest's 4 local devices.
+    k = jax.local_device_count()
+
+    def step():  # a function of its own each time: nothing traced for the rehearsal is reused
+        return jax.pmap(lambda x: (jbps.psum(x, "i", name="rehearsed"), jbps.pmean(x, "i", name="mean")), "i")
+
+    x = np.arange(1, k + 1, dtype=np.float32)[:, None] * np.linspace(0.5, 4.0, 8, dtype=np.float32)
+    sizing = json.dumps(dataclasses.asdict(runtime._Sizing()))
+    with runtime.tracing_ahead(Config.resolve({}, caller="the test"), sizing, 3):
+        total, mean = jax.block_until_ready(step()(x))
+    np.testing.assert_array_equal(np.asarray(total), np.broadcast_to(x.sum(0), x.shape))
+    np.testing.assert_allclose(np.asarray(mean), np.broadcast_to(x.sum(0) / (3 * k), x.shape), rtol=1e-6)
+    with jbps.init(servers=[server], num_workers=1, worker_rank=0, timeout_s=20):
+        with pytest.raises(RuntimeError, match="a rehearsal runs before the engine starts, and the engine is running"):
+            runtime._core.engine_set_rehearsal(2)
+        total, mean = jax.block_until_ready(step()(x))  # the engine's sums
+    np.testing.assert_array_equal(np.asarray(total), np.broadcast_to(x.sum(0), x.shape))
+    np.testing.assert_allclose(np.asarray(mean), np.broadcast_to(x.sum(0) / k, x.shape), rtol=1e-6)
 
 
 def test_a_warm_up_that_is_not_a_function_is_named_when_the_training_function_is_decorated():

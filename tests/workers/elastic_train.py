@@ -101,9 +101,11 @@ def main():
         "--warm-up",
         nargs="?",
         const="compile",
-        choices=("compile", "raise"),
+        choices=("compile", "run", "raise", "donate"),
         help="gives jbps.elastic.run a warm_up that lowers and compiles the step (a newcomer then does so "
-        "before it asks to join), or one that raises ValueError (a bug in the training's code)",
+        "before it asks to join), one that runs it (a rehearsal: its psums sum this worker's devices only, checked), "
+        "one that raises ValueError (a bug in the training's code), or one that runs a step donating the "
+        "state's w (a jax array then)",
     )
     add_hold_arguments(p)
     args = p.parse_args()
@@ -141,7 +143,10 @@ def main():
     accumulate = jax.pmap(lambda acc, out: acc + out, axis_name="i")
     extra = {"acc": np.zeros((k, args.width), np.float32)} if args.placed_state else {}
     state = jbps.elastic.State(
-        w=np.zeros((args.width,), np.float32), sizes=np.zeros((args.steps,), np.int32), step=0, **extra
+        w=(jnp if args.warm_up == "donate" else np).zeros((args.width,), np.float32),
+        sizes=np.zeros((args.steps,), np.int32),
+        step=0,
+        **extra,
     )
 
     def check(step, n, total, out):
@@ -163,8 +168,18 @@ def main():
     def warm_up(state):
         if args.warm_up == "raise":
             raise ValueError("the warm-up's own error")
+        if args.warm_up == "donate":
+            jax.jit(lambda w: w + 1.0, donate_argnums=0)(state.w)
+            return
         zeros = np.zeros((k,), np.float32)
-        contribute.lower(zeros, zeros).compile()
+        if args.warm_up == "compile":
+            contribute.lower(zeros, zeros).compile()
+            return
+        out = contribute(zeros, zeros)  # a rehearsal: each psum sums this worker's devices only
+        rehearsed = np.asarray(out[0] if isinstance(out, tuple) else out)
+        if not np.all(rehearsed == np.arange(1, k + 1, dtype=np.float32).sum()):
+            print(json.dumps({"wrong_rehearsal": rehearsed[:, 0].tolist()}))
+            sys.exit(3)
 
     @jbps.elastic.run(
         **({} if args.timeout_s is None else {"timeout_s": args.timeout_s}),

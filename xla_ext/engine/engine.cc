@@ -36,6 +36,18 @@ bool Engine::huge_pages() const { return impl_->huge_pages.load(std::memory_orde
 
 uint32_t Engine::num_workers() const { return impl_->num_workers.load(std::memory_order_relaxed); }
 
+bool Engine::SetRehearsal(uint32_t workers, std::string* err) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  if (impl_->running && workers > 0) {
+    *err = "a rehearsal runs before the engine starts, and the engine is running";
+    return false;
+  }
+  impl_->rehearsal.store(workers, std::memory_order_relaxed);
+  return true;
+}
+
+uint32_t Engine::rehearsal() const { return impl_->rehearsal.load(std::memory_order_relaxed); }
+
 bool Engine::running() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   return impl_->running;
@@ -94,6 +106,7 @@ bool Engine::Start(const EngineOptions& options, std::string* err) {
     *err = "the jbps engine is already running";
     return false;
   }
+  s.rehearsal.store(0, std::memory_order_relaxed);  // a job's calls are never a rehearsal's
   if (options.servers.empty()) {
     *err = "no summation servers given";
     return false;

@@ -175,6 +175,15 @@ class Engine {
   bool huge_pages() const;
   // options.num_workers of the running engine (0 before Start).
   uint32_t num_workers() const;
+  // A rehearsal: a worker about to join an elastic job runs its step once
+  // before it joins (jbps.elastic.run's warm_up), so that its programs' first
+  // execution, slower than the next, is not the others' wait. While
+  // `workers` > 0 and no engine runs, every psum call returns its operands
+  // (nothing sent) and jbps_workers reads `workers`; 0 ends it. False with
+  // *err while the engine runs; Start ends it.
+  bool SetRehearsal(uint32_t workers, std::string* err);
+  // The rehearsal's worker count, 0 when none runs.
+  uint32_t rehearsal() const;
   // Why the job failed (a lost server, or a lost worker a server reported),
   // or empty. Set once; every pending and later call fails with it until Stop().
   std::string fault() const;

@@ -388,6 +388,8 @@ struct Engine::Impl {
   // taking another); cleared at Start.
   std::mutex dealt_mu;
   std::vector<double> dealt_fractions;
+  // Engine::SetRehearsal's workers, read by the handlers without mu.
+  std::atomic<uint32_t> rehearsal{0};
   std::atomic<uint32_t> num_workers{0};  // options.num_workers, for jbps_workers
   uint32_t routes_announced = 0;
   std::atomic<uint32_t> routes_used{0};

@@ -82,6 +82,14 @@ ffi::Future PsumCpu(ffi::Buffer<ffi::S32> shard_index, ffi::RemainingArgs args, 
   spec.servers.assign(chunk_servers.begin() + first, chunk_servers.begin() + first + chunks_per_shard);
   // The plan routes every local device's shard: one call per device each step.
   if (chunks_per_shard > 0) spec.slots = static_cast<uint32_t>(chunk_servers.size() / chunks_per_shard);
+  if (Engine::Get().rehearsal() > 0) {  // a newcomer's warm-up runs its step: the result is thrown away
+    for (const Operand& op : spec.operands)
+      if (op.out != op.in) std::memcpy(op.out, op.in, op.nbytes);
+    ffi::Promise done;
+    ffi::Future future(done);
+    done.SetAvailable();
+    return future;
+  }
   size_t call_bytes = 0;
   for (const Operand& op : spec.operands) call_bytes += op.nbytes;
   ffi::Promise promise;
@@ -121,7 +129,8 @@ ffi::Error JoinCpu(ffi::RemainingArgs args, ffi::RemainingRets rets) {
 // program runs rather than baked in when it was traced: an elastic job's mean
 // divides by it, so that its programs are the same for every membership.
 ffi::Error WorkersCpu(ffi::Result<ffi::BufferR0<ffi::S32>> out) {
-  const uint32_t n = Engine::Get().num_workers();
+  uint32_t n = Engine::Get().rehearsal();  // set only while no engine runs
+  if (n == 0) n = Engine::Get().num_workers();
   if (n == 0) return ffi::Error(ffi::ErrorCode::kFailedPrecondition, "jbps: the engine is not running");
   *out->typed_data() = static_cast<int32_t>(n);
   return ffi::Error::Success();

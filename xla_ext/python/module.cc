@@ -248,6 +248,14 @@ NB_MODULE(_core, m) {
         if (!jbps::Engine::Get().SetCredit(credit, &err)) throw std::runtime_error(err);
       },
       nb::arg("credit"));
+  // A warm-up's rehearsal of the step (Engine::SetRehearsal): its psums return their operands; 0 ends it.
+  m.def(
+      "engine_set_rehearsal",
+      [](uint32_t workers) {
+        std::string err;
+        if (!jbps::Engine::Get().SetRehearsal(workers, &err)) throw std::runtime_error(err);
+      },
+      nb::arg("workers"));
   m.def(
       "engine_stop",
       [](const std::string& reason) {
