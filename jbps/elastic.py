@@ -597,6 +597,7 @@ def _elastic(func: Callable, settings: dict, warm_up: Callable | None = None) ->
                 membership.leave_generation()
         finally:
             object.__setattr__(state, "_membership", None)
+            runtime.end_rehearsal()
             if runtime.is_initialized():
                 runtime.leave()
             if membership is not None:

@@ -551,6 +551,13 @@ def tracing_ahead(requested: Config, sizing: str, size: int):
             _ahead, _outlives_membership, _sizing, _spans_hosts = None, False, _Sizing(), False
 
 
+def end_rehearsal() -> None:
+    """Ends the rehearsal a tracing_ahead left on, where this worker's engine
+    never started (it ends it when it starts): a psum this process runs later
+    without an engine must fail, not sum its own devices alone."""
+    _core.engine_set_rehearsal(0)
+
+
 def engine_stats() -> dict:
     """Counters of this process's engine (bytes pushed/pulled, calls, chunks; per
     server, in JBPS_SERVERS order: bytes pushed, pulled and acknowledged, and the

@@ -358,7 +358,7 @@ def test_a_newcomer_whose_warm_up_raises_ends_with_its_error_and_the_others_neve
         assert [g["generation"] for g in generations(job.stderr(n))] == [1], job.stderr(n)
 
 
-def test_a_rehearsal_sums_the_local_devices_only_and_is_refused_while_the_engine_runs(server):
+def test_a_rehearsal_sums_the_local_devices_only_until_it_ends_and_is_refused_while_the_engine_runs(server):
     # A newcomer's warm-up may run its step before it joins: no engine runs, and each psum sums
     # this worker's devices only (XLA's part of a psum), the mean dividing by the size foreseen.
     # Against numpy, with the conftest's 4 local devices.
@@ -369,10 +369,19 @@ def test_a_rehearsal_sums_the_local_devices_only_and_is_refused_while_the_engine
 
     x = np.arange(1, k + 1, dtype=np.float32)[:, None] * np.linspace(0.5, 4.0, 8, dtype=np.float32)
     sizing = json.dumps(dataclasses.asdict(runtime._Sizing()))
+    rehearsed = step()
     with runtime.tracing_ahead(Config.resolve({}, caller="the test"), sizing, 3):
-        total, mean = jax.block_until_ready(step()(x))
+        total, mean = jax.block_until_ready(rehearsed(x))
     np.testing.assert_array_equal(np.asarray(total), np.broadcast_to(x.sum(0), x.shape))
     np.testing.assert_allclose(np.asarray(mean), np.broadcast_to(x.sum(0) / (3 * k), x.shape), rtol=1e-6)
+    # It lasts until the engine starts (a late call of it is still one), or until jbps.elastic.run
+    # ends it where this worker never joined: its program, run without an engine, then fails.
+    late, _ = jax.block_until_ready(rehearsed(x))
+    np.testing.assert_array_equal(np.asarray(late), np.broadcast_to(x.sum(0), x.shape))
+    runtime.end_rehearsal()
+    if RUNTIME_RECOVERS:  # older jax's CPU runtime fails every later multi-device program after one fails
+        with pytest.raises(Exception, match="the engine is not running"):
+            jax.block_until_ready(rehearsed(x))
     with jbps.init(servers=[server], num_workers=1, worker_rank=0, timeout_s=20):
         with pytest.raises(RuntimeError, match="a rehearsal runs before the engine starts, and the engine is running"):
             runtime._core.engine_set_rehearsal(2)
