@@ -939,8 +939,8 @@ def test_randomized_membership_changes_never_give_a_wrong_sum(job_factory, reque
     """Workers killed and started at random (1 to 3 of them): after every change the test waits
     for a commit of the new membership; every worker checks every step's sum against numpy for
     the size it ran with and exits 3 on a wrong one. Every other worker started gives
-    jbps.elastic.run a warm_up (it lowers and compiles its step before it asks to join, with
-    whatever changes meanwhile). The suite runs 8 changes; `pytest --soak` (or
+    jbps.elastic.run a warm_up (it runs its step as a rehearsal, or only compiles it, before it
+    asks to join, with whatever changes meanwhile). The suite runs 8 changes; `pytest --soak` (or
     JBPS_SOAK=1) runs 1,000. Two devices per worker: a step whose psum failed on one device fails
     on the other too (the engine completes a step's device calls together), so no survivor is
     left waiting in XLA's all-gather of the two."""
@@ -970,7 +970,8 @@ def test_randomized_membership_changes_never_give_a_wrong_sum(job_factory, reque
             job.procs[victim].send_signal(signal.SIGKILL)
             job.procs[victim].wait(timeout=30)
         else:
-            warms_up = ["--warm-up"] if len(job.procs) % 2 else []
+            started = len(job.procs)  # every other one warms up: it runs its step, or compiles it
+            warms_up = ["--warm-up", "run" if started % 4 == 1 else "compile"] if started % 2 else []
             running.append(job.start(len(job.procs), *args, *warms_up))
         committed_with(len(running), since)
         if (change + 1) % 100 == 0:
