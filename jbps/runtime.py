@@ -543,7 +543,7 @@ def tracing_ahead(requested: Config, sizing: str, size: int):
         yield
         _programs_sizing, _programs_epoch = sized, 0  # what the join compares (programs_token)
     except BaseException:
-        _core.engine_set_rehearsal(0)
+        end_rehearsal()
         jax.clear_caches()  # nothing lowered for the job before it is known whose sizing holds
         raise
     finally:
